@@ -1,0 +1,54 @@
+"""Approvals, the rollback manifest they freeze, and the audit trail."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+
+class Approval(models.Model):
+    class Verdict(models.TextChoices):
+        APPROVED = "approved"
+        REJECTED = "rejected"
+
+    experiment = models.OneToOneField("experiments.Experiment", on_delete=models.CASCADE, related_name="approval")
+    approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="approvals")
+    verdict = models.CharField(max_length=16, choices=Verdict.choices)
+    chosen_cell = models.CharField(max_length=32)
+    reason = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class RollbackManifest(models.Model):
+    """Baseline record plus the approved candidate as an overlay. Immutable once written."""
+
+    experiment = models.OneToOneField("experiments.Experiment", on_delete=models.CASCADE, related_name="manifest")
+    approval = models.OneToOneField(Approval, on_delete=models.PROTECT, related_name="manifest")
+    content = models.JSONField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def save(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.pk is not None:
+            raise ValidationError("an approved rollback manifest is immutable; start a new experiment instead")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ValidationError("an approved rollback manifest is immutable")
+
+
+class AuditEvent(models.Model):
+    """Who changed what, when: one row for every state change."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    experiment = models.ForeignKey(
+        "experiments.Experiment", null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events"
+    )
+    action = models.CharField(max_length=64, db_index=True)
+    target = models.CharField(max_length=200, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]

@@ -1,0 +1,138 @@
+"""An experiment: baseline B0, candidate cells, request classes and the workload."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Experiment(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft"
+        PLANNED = "planned"
+        RUNNING = "running"
+        ANALYSED = "analysed"
+        APPROVED = "approved"
+        REJECTED = "rejected"
+        CANCELLED = "cancelled"
+
+    # Which transitions a status change may make; anything else is a bug.
+    TRANSITIONS: dict[str, set[str]] = {
+        "draft": {"planned", "cancelled"},
+        "planned": {"running", "cancelled"},
+        "running": {"analysed", "cancelled", "planned"},
+        "analysed": {"approved", "rejected", "running"},
+        "approved": set(),
+        "rejected": set(),
+        "cancelled": {"planned"},
+    }
+
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="experiments")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT, db_index=True)
+    status_reason = models.TextField(blank=True)
+
+    # Frozen controls: identical for every cell, so only scheduler args vary.
+    model_path = models.CharField(max_length=500)
+    model_revision = models.CharField(max_length=200)
+    tokenizer_revision = models.CharField(max_length=200)
+    dtype = models.CharField(max_length=32, default="auto")
+    tensor_parallel_size = models.PositiveIntegerField(default=1)
+    max_model_len = models.PositiveIntegerField()
+    gpu_memory_utilization = models.FloatField(null=True, blank=True)
+    kv_cache_memory_bytes = models.BigIntegerField(null=True, blank=True)
+    enable_prefix_caching = models.BooleanField(default=False)
+    speculative_decoding = models.BooleanField(default=False)
+    engine_seed = models.IntegerField(default=0)
+    generation = models.JSONField(default=dict, blank=True)
+    engine_image = models.CharField(max_length=300, blank=True)
+
+    # The spec as imported, kept verbatim so an export round-trips exactly.
+    spec = models.JSONField(default=dict)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    def can_transition(self, to: str) -> bool:
+        return to in self.TRANSITIONS.get(self.status, set())
+
+
+class ServerConfig(models.Model):
+    """One cell of the grid: B0 or a candidate, as vLLM scheduler args."""
+
+    class Role(models.TextChoices):
+        BASELINE = "baseline"
+        CANDIDATE = "candidate"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="cells")
+    cell_id = models.CharField(max_length=32)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    args = models.JSONField(default=dict)
+    captured_from = models.TextField(blank=True)
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["position", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["experiment", "cell_id"], name="uniq_cell_per_experiment"),
+        ]
+
+    def __str__(self) -> str:
+        return self.cell_id
+
+
+class RequestClass(models.Model):
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="classes")
+    name = models.CharField(max_length=64)
+    input_tokens = models.PositiveIntegerField()
+    output_tokens = models.PositiveIntegerField()
+    priority = models.IntegerField(default=0)
+    shared_prefix_tokens = models.PositiveIntegerField(default=0)
+    # The contract this class must keep.
+    ttft_p99_ms = models.FloatField()
+    e2e_p99_ms = models.FloatField()
+    max_stall_ms = models.FloatField()
+    error_rate = models.FloatField()
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["position", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["experiment", "name"], name="uniq_class_per_experiment"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Workload(models.Model):
+    class Arrival(models.TextChoices):
+        CONSTANT = "constant"
+        POISSON = "poisson"
+        GAMMA = "gamma"
+        TRACE = "trace"
+
+    experiment = models.OneToOneField(Experiment, on_delete=models.CASCADE, related_name="workload")
+    mixtures = models.JSONField(default=dict)  # name -> {class: weight by request count}
+    rates = models.JSONField(default=dict)  # name -> req/s
+    rates_source = models.CharField(max_length=16, default="manual")  # manual | probe
+    rates_derivation = models.JSONField(default=dict, blank=True)
+    arrival_process = models.CharField(max_length=16, choices=Arrival.choices, default=Arrival.POISSON)
+    arrival_cv = models.FloatField(null=True, blank=True)
+    imported_trace_sha256 = models.CharField(max_length=64, blank=True)
+    repeats = models.PositiveIntegerField(default=3)
+    seed = models.BigIntegerField(default=0)
+    warmup_s = models.FloatField(default=10)
+    observation_s = models.FloatField(default=120)
+    drain_deadline_s = models.FloatField(default=60)
+    max_dispatch_lag_ms = models.FloatField(default=5)
+
+    def __str__(self) -> str:
+        return f"workload of {self.experiment_id}"

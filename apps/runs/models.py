@@ -1,0 +1,207 @@
+"""Runs, the hosts that execute them, and their measurements.
+
+Measurements live in their own rows; a measure that was not taken is NULL,
+never 0.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+
+class Host(models.Model):
+    """A machine that serves one candidate at a time (a GPU host, or this CPU)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    queue = models.CharField(max_length=100, unique=True)
+    devices = models.CharField(max_length=100, blank=True)  # CUDA_VISIBLE_DEVICES
+    vllm_command = models.JSONField(default=list)  # argv prefix, e.g. ["vllm", "serve"]
+    bind_host = models.CharField(max_length=100, default="127.0.0.1")
+    max_model_len = models.PositiveIntegerField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    hardware_id = models.CharField(max_length=300, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    worker_pid = models.IntegerField(null=True, blank=True)
+    # Lease: the run this host is serving now; claimed with a conditional update.
+    current_run = models.OneToOneField(
+        "runs.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="leased_host"
+    )
+    # Server processes this host's worker started and has not yet reaped.
+    server_pids = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        STARTING = "starting"
+        WARMING = "warming"
+        MEASURING = "measuring"
+        DRAINING = "draining"
+        DONE = "done"
+        INVALID = "invalid"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    FINISHED = {"done", "invalid", "failed", "cancelled"}
+    ACTIVE = {"starting", "warming", "measuring", "draining"}
+
+    run_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    experiment = models.ForeignKey("experiments.Experiment", on_delete=models.CASCADE, related_name="runs")
+    cell = models.ForeignKey("experiments.ServerConfig", on_delete=models.CASCADE, related_name="runs")
+    mixture = models.CharField(max_length=64)
+    rate_name = models.CharField(max_length=64)
+    rate_rps = models.FloatField()
+    repeat = models.PositiveIntegerField()
+    # Position inside its repeat round (a randomised order per round) and in the whole plan.
+    round_position = models.PositiveIntegerField()
+    plan_position = models.PositiveIntegerField()
+    # Non-empty for failure-scenario and calibration runs (apart from the sweep).
+    scenario = models.CharField(max_length=64, blank=True)
+    trace = models.ForeignKey("workloads.Trace", null=True, blank=True, on_delete=models.PROTECT)
+    trace_sha256 = models.CharField(max_length=64, blank=True)
+    corpus_sha256 = models.CharField(max_length=64, blank=True)
+    image_digest = models.CharField(max_length=300, blank=True)
+    vllm_version = models.CharField(max_length=100, blank=True)
+    model_revision = models.CharField(max_length=200, blank=True)
+    tokenizer_revision = models.CharField(max_length=200, blank=True)
+    hardware_id = models.CharField(max_length=300, blank=True)
+    effective_args = models.JSONField(null=True, blank=True)
+    warmup_seconds = models.FloatField()
+    observation_seconds = models.FloatField()
+    drain_deadline_seconds = models.FloatField()
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    reason = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    server_pid = models.IntegerField(null=True, blank=True)
+    log_path = models.CharField(max_length=500, blank=True)
+    log_tail = models.TextField(blank=True)
+
+    # Progress, written by the worker so the UI never has to ask it.
+    requests_planned = models.PositiveIntegerField(null=True, blank=True)
+    requests_sent = models.PositiveIntegerField(default=0)
+    # Validity of the load generator itself.
+    dispatch_lag_p50_ms = models.FloatField(null=True, blank=True)
+    dispatch_lag_p99_ms = models.FloatField(null=True, blank=True)
+    dispatch_lag_max_ms = models.FloatField(null=True, blank=True)
+    achieved_rate_rps = models.FloatField(null=True, blank=True)
+    summary = models.JSONField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    measuring_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["plan_position", "id"]
+        indexes = [models.Index(fields=["experiment", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.cell.cell_id}/{self.mixture}/{self.rate_name}/r{self.repeat}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+    def _finish(self, status: str, reason: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.finished_at = timezone.now()
+        self.save(update_fields=["status", "reason", "finished_at", "updated_at"])
+
+    def mark_failed(self, *, reason: str) -> None:
+        self._finish(self.Status.FAILED, reason)
+
+    def mark_invalid(self, *, reason: str) -> None:
+        self._finish(self.Status.INVALID, reason)
+
+    def mark_cancelled(self, *, reason: str) -> None:
+        self._finish(self.Status.CANCELLED, reason)
+
+    def mark_done(self) -> None:
+        self._finish(self.Status.DONE, "")
+
+    def set_phase(self, status: str) -> None:
+        """Advance through starting -> warming -> measuring -> draining."""
+        self.status = status
+        fields = ["status", "updated_at"]
+        if status == self.Status.STARTING and self.started_at is None:
+            self.started_at = timezone.now()
+            fields.append("started_at")
+        if status == self.Status.MEASURING:
+            self.measuring_at = timezone.now()
+            fields.append("measuring_at")
+        self.save(update_fields=fields)
+
+
+class RequestRecord(models.Model):
+    """One replayed request, as the load generator observed it.
+
+    Times are nanoseconds from the run's origin (perf_counter_ns); NULL means
+    never observed. An experiment can hold millions of these: rows are written
+    in bulk (COPY on Postgres) and (run, index) is unique, so a retried batch
+    can never double a measurement.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="records")
+    index = models.PositiveIntegerField()
+    request_class = models.CharField(max_length=64)
+    warmup = models.BooleanField(default=False)
+    priority = models.IntegerField(default=0)
+    input_tokens = models.PositiveIntegerField()
+    expected_output_tokens = models.PositiveIntegerField()
+    planned_ns = models.BigIntegerField()
+    sent = models.BooleanField(default=True)
+    sent_ns = models.BigIntegerField(null=True)
+    admission_delay_ns = models.BigIntegerField(null=True)
+    first_token_ns = models.BigIntegerField(null=True)
+    last_token_ns = models.BigIntegerField(null=True)
+    end_ns = models.BigIntegerField(null=True)
+    output_tokens = models.IntegerField(null=True)
+    prompt_tokens = models.IntegerField(null=True)
+    chunks = models.IntegerField(default=0)
+    max_gap_ns = models.BigIntegerField(null=True)
+    chunk_gaps = models.JSONField(default=dict)
+    token_gaps = models.JSONField(default=dict)
+    http_status = models.IntegerField(null=True)
+    error_kind = models.CharField(max_length=16, null=True)
+    error = models.TextField(null=True)
+    finish_reason = models.CharField(max_length=32, null=True)
+    cancelled = models.BooleanField(default=False)
+    unfinished = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="uniq_record_per_run_index")]
+        indexes = [models.Index(fields=["run", "request_class"])]
+
+
+class MetricSample(models.Model):
+    """One value scraped from the server's /metrics during a run.
+
+    ``phase`` is before / during / after the measured window; ``epoch`` counts
+    server restarts seen inside the run (a counter that went down), so deltas
+    are only ever taken within one epoch.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_samples")
+    t_ns = models.BigIntegerField()
+    taken_at = models.DateTimeField(default=timezone.now)
+    phase = models.CharField(max_length=16)
+    epoch = models.PositiveIntegerField(default=0)
+    name = models.CharField(max_length=200)
+    labels = models.JSONField(default=dict)
+    kind = models.CharField(max_length=16)  # counter | gauge | histogram | info
+    value = models.FloatField(null=True)
+    # For histograms: {"buckets": [[le, cumulative_count], ...], "sum": s, "count": n}
+    histogram = models.JSONField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "name"])]

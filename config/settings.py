@@ -1,0 +1,179 @@
+"""tailtune settings: one module, driven by the environment.
+
+Unset, ``DATABASE_URL`` and ``CELERY_BROKER_URL`` give the embedded defaults
+(SQLite in WAL mode and kombu's filesystem transport under ``TAILTUNE_DATA``),
+so one machine runs web and worker with no server installed. A ``postgres://``
+and a ``redis://`` URL select the real services.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from config.env import ImproperEnv, envbool, envint, envlist, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(envstr("TAILTUNE_DATA", str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = envbool("DEBUG", False)
+
+
+def _secret_key() -> str:
+    key = envstr("SECRET_KEY")
+    if key:
+        return key
+    if envstr("DATABASE_URL"):
+        # A shared database means a real deployment: its key must be given.
+        raise ImproperEnv("SECRET_KEY must be set when DATABASE_URL points at a shared database")
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "apps.accounts",
+    "apps.experiments",
+    "apps.workloads",
+    "apps.runs",
+    "apps.analysis",
+    "apps.approvals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.accounts.middleware.LoginRequiredEverywhere",
+]
+
+ROOT_URLCONF = "config.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+
+def _database() -> dict:
+    url = envstr("DATABASE_URL")
+    if not url:
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "tailtune.sqlite3",
+            # WAL lets the web process read while the worker writes; the
+            # timeout rides out the short write locks between them.
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    if not url.startswith(("postgres://", "postgresql://", "sqlite://")):
+        raise ImproperEnv(f"DATABASE_URL={url!r}: only postgres:// (or sqlite://) URLs are supported")
+    return dj_database_url.parse(url, conn_max_age=envint("DB_CONN_MAX_AGE", 60))
+
+
+DATABASES = {"default": _database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+
+# --- Celery ---------------------------------------------------------------
+# The hard limit bounds one run (warm-up + observation + drain + start/stop);
+# the broker must not redeliver a task that is still legitimately running, so
+# its visibility timeout sits above the hard limit.
+CELERY_TASK_TIME_LIMIT = envint("CELERY_TASK_TIME_LIMIT", 4 * 3600)
+CELERY_TASK_SOFT_TIME_LIMIT = CELERY_TASK_TIME_LIMIT - 120
+_VISIBILITY_TIMEOUT = CELERY_TASK_TIME_LIMIT + 3600
+
+_broker = envstr("CELERY_BROKER_URL")
+if _broker:
+    if not _broker.startswith(("redis://", "rediss://", "filesystem://", "memory://")):
+        raise ImproperEnv(f"CELERY_BROKER_URL={_broker!r}: expected a redis:// URL")
+    CELERY_BROKER_URL = _broker
+    CELERY_RESULT_BACKEND = envstr("CELERY_RESULT_BACKEND", _broker if _broker.startswith("redis") else "")
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": _VISIBILITY_TIMEOUT}
+else:
+    _queue_dir = DATA_DIR / "broker"
+    _results_dir = DATA_DIR / "results"
+    for _d in (_queue_dir, _queue_dir / "processed", _results_dir):
+        _d.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    # Web and worker read and write the same folder: that is the whole broker.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_queue_dir / "processed"),
+        "store_processed": False,
+        "visibility_timeout": _VISIBILITY_TIMEOUT,
+    }
+    CELERY_RESULT_BACKEND = envstr("CELERY_RESULT_BACKEND", f"file://{_results_dir}")
+
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
+
+# --- The engine ----------------------------------------------------------
+# Where `make engine` puts the CPU vLLM environment and the tiny local model.
+ENGINE_DIR = Path(envstr("TAILTUNE_ENGINE_DIR", str(BASE_DIR / ".engine"))).resolve()
+# The name of the host this worker serves (its queue is "host.<name>").
+TAILTUNE_HOST = envstr("TAILTUNE_HOST", "local-cpu")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
