@@ -12,7 +12,9 @@ class Decision(models.Model):
         ISOLATE = "isolate"
         INCONCLUSIVE = "inconclusive"
 
-    experiment = models.OneToOneField("experiments.Experiment", on_delete=models.CASCADE, related_name="decision")
+    experiment = models.OneToOneField(
+        "experiments.Experiment", on_delete=models.CASCADE, related_name="decision"
+    )
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     # Cell id of the candidate to adopt (retune), else B0's.
     chosen_cell = models.CharField(max_length=32, blank=True)

@@ -12,7 +12,9 @@ class Approval(models.Model):
         APPROVED = "approved"
         REJECTED = "rejected"
 
-    experiment = models.OneToOneField("experiments.Experiment", on_delete=models.CASCADE, related_name="approval")
+    experiment = models.OneToOneField(
+        "experiments.Experiment", on_delete=models.CASCADE, related_name="approval"
+    )
     approver = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="approvals")
     verdict = models.CharField(max_length=16, choices=Verdict.choices)
     chosen_cell = models.CharField(max_length=32)
@@ -23,7 +25,9 @@ class Approval(models.Model):
 class RollbackManifest(models.Model):
     """Baseline record plus the approved candidate as an overlay. Immutable once written."""
 
-    experiment = models.OneToOneField("experiments.Experiment", on_delete=models.CASCADE, related_name="manifest")
+    experiment = models.OneToOneField(
+        "experiments.Experiment", on_delete=models.CASCADE, related_name="manifest"
+    )
     approval = models.OneToOneField(Approval, on_delete=models.PROTECT, related_name="manifest")
     content = models.JSONField()
     sha256 = models.CharField(max_length=64)
@@ -31,7 +35,9 @@ class RollbackManifest(models.Model):
 
     def save(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         if self.pk is not None:
-            raise ValidationError("an approved rollback manifest is immutable; start a new experiment instead")
+            raise ValidationError(
+                "an approved rollback manifest is immutable; start a new experiment instead"
+            )
         super().save(*args, **kwargs)
 
     def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -44,7 +50,11 @@ class AuditEvent(models.Model):
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     experiment = models.ForeignKey(
-        "experiments.Experiment", null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events"
+        "experiments.Experiment",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="audit_events",
     )
     action = models.CharField(max_length=64, db_index=True)
     target = models.CharField(max_length=200, blank=True)
