@@ -21,6 +21,9 @@ class Approval(models.Model):
     reason = models.TextField()
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"{self.verdict} {self.chosen_cell} by {self.approver_id}"
+
 
 class RollbackManifest(models.Model):
     """Baseline record plus the approved candidate as an overlay. Immutable once written."""
@@ -43,6 +46,9 @@ class RollbackManifest(models.Model):
     def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise ValidationError("an approved rollback manifest is immutable")
 
+    def __str__(self) -> str:
+        return f"manifest {self.sha256[:12]}"
+
 
 class AuditEvent(models.Model):
     """Who changed what, when: one row for every state change."""
@@ -62,3 +68,6 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.action} {self.target}"

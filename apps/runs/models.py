@@ -182,6 +182,9 @@ class RequestRecord(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "index"], name="uniq_record_per_run_index")]
         indexes = [models.Index(fields=["run", "request_class"])]
 
+    def __str__(self) -> str:
+        return f"run {self.run_id} request {self.index}"
+
 
 class MetricSample(models.Model):
     """One value scraped from the server's /metrics during a run.
@@ -205,3 +208,6 @@ class MetricSample(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["run", "name"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.value}"
