@@ -36,6 +36,9 @@ class RollbackManifest(models.Model):
     sha256 = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"manifest {self.sha256[:12]}"
+
     def save(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         if self.pk is not None:
             raise ValidationError(
@@ -45,9 +48,6 @@ class RollbackManifest(models.Model):
 
     def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise ValidationError("an approved rollback manifest is immutable")
-
-    def __str__(self) -> str:
-        return f"manifest {self.sha256[:12]}"
 
 
 class AuditEvent(models.Model):
