@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.accounts.roles import ROLES
+
+
+class Command(BaseCommand):
+    help = "Create a user (or update its password) with the given roles."
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument("username")
+        parser.add_argument("--password", required=True)
+        parser.add_argument("--role", action="append", default=[], choices=ROLES)
+
+    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+        if not options["role"]:
+            raise CommandError("--role: give at least one of " + ", ".join(ROLES))
+        User = get_user_model()
+        user, _ = User.objects.get_or_create(username=options["username"])
+        user.set_password(options["password"])
+        user.save()
+        user.groups.set(Group.objects.filter(name__in=options["role"]))
+        self.stdout.write(f"{user.username}: {', '.join(options['role'])}")

@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from django.db import migrations
+
+ROLES = ("viewer", "experimenter", "approver")
+
+
+def create_roles(apps, schema_editor):  # type: ignore[no-untyped-def]
+    Group = apps.get_model("auth", "Group")
+    for name in ROLES:
+        Group.objects.get_or_create(name=name)
+
+
+def remove_roles(apps, schema_editor):  # type: ignore[no-untyped-def]
+    apps.get_model("auth", "Group").objects.filter(name__in=ROLES).delete()
+
+
+class Migration(migrations.Migration):
+    dependencies = [("auth", "0012_alter_user_first_name_max_length")]
+    operations = [migrations.RunPython(create_roles, remove_roles)]

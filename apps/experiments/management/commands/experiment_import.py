@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.experiments.services import experiment_create
+from apps.experiments.spec import SpecError, parse_spec
+
+
+class Command(BaseCommand):
+    help = "Create an experiment and its run plan from a YAML spec; prints the new experiment's id."
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument("file", help="path to the YAML spec (see docs/SPEC.md)")
+        parser.add_argument("--owner", help="username that owns the experiment (default: the spec's owner)")
+
+    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+        path = Path(options["file"])
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise CommandError(f"{path}: {exc.strerror}") from None
+        owner = None
+        if options["owner"]:
+            try:
+                owner = get_user_model().objects.get(username=options["owner"])
+            except get_user_model().DoesNotExist:
+                raise CommandError(f"--owner: no user named {options['owner']!r}") from None
+        try:
+            spec = parse_spec(text)
+            experiment = experiment_create(spec=spec, owner=owner)
+        except SpecError as exc:
+            raise CommandError(
+                f"{path}: invalid spec, nothing saved:\n" + "\n".join(f"  {e}" for e in exc.errors)
+            ) from None
+        self.stdout.write(str(experiment.pk))

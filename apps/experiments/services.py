@@ -1,0 +1,222 @@
+"""Writes for experiments: create from a spec, plan, and export back to a spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from apps.approvals.audit import audit_record
+from apps.experiments.models import Experiment, RequestClass, ServerConfig, Workload
+from apps.experiments.plan import expand_plan
+from apps.experiments.spec import FieldError, SpecError, validate_spec
+from apps.runs.models import Run
+
+
+def _resolve_owner(spec: dict[str, Any], owner: Any) -> Any:
+    if owner is not None:
+        return owner
+    User = get_user_model()
+    username = spec.get("owner") or ""
+    if not username:
+        raise SpecError([FieldError("owner", "is required (or pass an owner)")])
+    try:
+        return User.objects.get(username=username)
+    except User.DoesNotExist:
+        raise SpecError([FieldError("owner", f"no user named {username!r}")]) from None
+
+
+@transaction.atomic
+def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
+    """Create an experiment, its cells, classes, workload and run plan from a spec.
+
+    The spec is validated again here, so no caller can save a half-valid one;
+    everything happens in one transaction: a failure leaves nothing behind.
+    """
+    spec = validate_spec(spec)
+    owner = _resolve_owner(spec, owner)
+    spec["owner"] = owner.get_username()
+    controls = spec["controls"]
+    experiment = Experiment.objects.create(
+        name=spec["name"],
+        description=spec["description"],
+        owner=owner,
+        status=Experiment.Status.DRAFT,
+        model_path=spec["model"]["path"],
+        model_revision=spec["model"]["revision"],
+        tokenizer_revision=spec["model"]["tokenizer_revision"],
+        dtype=controls["dtype"],
+        tensor_parallel_size=controls["tensor_parallel_size"],
+        max_model_len=controls["max_model_len"],
+        gpu_memory_utilization=controls["gpu_memory_utilization"],
+        kv_cache_memory_bytes=controls["kv_cache_memory_bytes"],
+        enable_prefix_caching=controls["enable_prefix_caching"],
+        speculative_decoding=controls["speculative_decoding"],
+        engine_seed=controls["seed"],
+        generation=controls["generation"],
+        engine_image=spec["engine"]["image"],
+        spec=spec,
+    )
+    cells = [
+        ServerConfig(
+            experiment=experiment,
+            cell_id=spec["baseline"]["id"],
+            role=ServerConfig.Role.BASELINE,
+            args=spec["baseline"]["args"],
+            captured_from=spec["baseline"]["captured_from"],
+            position=0,
+        )
+    ]
+    for i, cand in enumerate(spec["candidates"], start=1):
+        cells.append(
+            ServerConfig(
+                experiment=experiment,
+                cell_id=cand["id"],
+                role=ServerConfig.Role.CANDIDATE,
+                args=cand["args"],
+                position=i,
+            )
+        )
+    ServerConfig.objects.bulk_create(cells)
+    RequestClass.objects.bulk_create(
+        [
+            RequestClass(
+                experiment=experiment,
+                name=cls["name"],
+                input_tokens=cls["input_tokens"],
+                output_tokens=cls["output_tokens"],
+                priority=cls["priority"],
+                shared_prefix_tokens=cls["shared_prefix_tokens"],
+                position=i,
+                **cls["contract"],
+            )
+            for i, cls in enumerate(spec["classes"])
+        ]
+    )
+    w = spec["workload"]
+    Workload.objects.create(
+        experiment=experiment,
+        mixtures=w["mixtures"],
+        rates=w["rates"],
+        rates_source=w["rates_source"],
+        arrival_process=w["arrival"]["process"],
+        arrival_cv=w["arrival"].get("cv"),
+        repeats=w["repeats"],
+        seed=w["seed"],
+        warmup_s=w["warmup_s"],
+        observation_s=w["observation_s"],
+        drain_deadline_s=w["drain_deadline_s"],
+        max_dispatch_lag_ms=w["max_dispatch_lag_ms"],
+    )
+    audit_record(action="experiment.created", actor=owner, experiment=experiment, target=experiment.name)
+    experiment_plan(experiment=experiment, actor=owner)
+    return experiment
+
+
+@transaction.atomic
+def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
+    """Expand cells x mixtures x rates x repeats into queued runs (replacing an unstarted plan)."""
+    if experiment.runs.exclude(status=Run.Status.QUEUED).exists():
+        raise ValueError("the plan has runs that started already; create a new experiment to change it")
+    experiment.runs.all().delete()
+    workload = experiment.workload
+    cells = {c.cell_id: c for c in experiment.cells.all()}
+    planned = expand_plan(
+        cell_ids=list(cells),
+        mixtures=list(workload.mixtures),
+        rates=list(workload.rates),
+        repeats=workload.repeats,
+        seed=workload.seed,
+    )
+    runs = Run.objects.bulk_create(
+        [
+            Run(
+                experiment=experiment,
+                cell=cells[p.cell_id],
+                mixture=p.mixture,
+                rate_name=p.rate_name,
+                rate_rps=workload.rates[p.rate_name],
+                repeat=p.repeat,
+                round_position=p.round_position,
+                plan_position=p.plan_position,
+                model_revision=experiment.model_revision,
+                tokenizer_revision=experiment.tokenizer_revision,
+                warmup_seconds=workload.warmup_s,
+                observation_seconds=workload.observation_s,
+                drain_deadline_seconds=workload.drain_deadline_s,
+            )
+            for p in planned
+        ]
+    )
+    experiment.status = Experiment.Status.PLANNED
+    experiment.save(update_fields=["status", "updated_at"])
+    audit_record(action="experiment.planned", actor=actor, experiment=experiment, detail={"runs": len(runs)})
+    return runs
+
+
+def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
+    """The experiment as a spec document, built from its rows (what will really run)."""
+    cells = list(experiment.cells.all())
+    baseline = next(c for c in cells if c.role == ServerConfig.Role.BASELINE)
+    w = experiment.workload
+    controls: dict[str, Any] = {
+        "dtype": experiment.dtype,
+        "tensor_parallel_size": experiment.tensor_parallel_size,
+        "max_model_len": experiment.max_model_len,
+        "enable_prefix_caching": experiment.enable_prefix_caching,
+        "speculative_decoding": experiment.speculative_decoding,
+        "seed": experiment.engine_seed,
+        "generation": experiment.generation,
+    }
+    if experiment.gpu_memory_utilization is not None:
+        controls["gpu_memory_utilization"] = experiment.gpu_memory_utilization
+    if experiment.kv_cache_memory_bytes is not None:
+        controls["kv_cache_memory_bytes"] = experiment.kv_cache_memory_bytes
+    arrival: dict[str, Any] = {"process": w.arrival_process}
+    if w.arrival_cv is not None:
+        arrival["cv"] = w.arrival_cv
+    return {
+        "name": experiment.name,
+        "description": experiment.description,
+        "owner": experiment.owner.get_username(),
+        "model": {
+            "path": experiment.model_path,
+            "revision": experiment.model_revision,
+            "tokenizer_revision": experiment.tokenizer_revision,
+        },
+        "controls": controls,
+        "engine": {"image": experiment.engine_image},
+        "baseline": {"id": baseline.cell_id, "captured_from": baseline.captured_from, "args": baseline.args},
+        "candidates": [
+            {"id": c.cell_id, "args": c.args} for c in cells if c.role == ServerConfig.Role.CANDIDATE
+        ],
+        "classes": [
+            {
+                "name": rc.name,
+                "input_tokens": rc.input_tokens,
+                "output_tokens": rc.output_tokens,
+                "priority": rc.priority,
+                "shared_prefix_tokens": rc.shared_prefix_tokens,
+                "contract": {
+                    "ttft_p99_ms": rc.ttft_p99_ms,
+                    "e2e_p99_ms": rc.e2e_p99_ms,
+                    "max_stall_ms": rc.max_stall_ms,
+                    "error_rate": rc.error_rate,
+                },
+            }
+            for rc in experiment.classes.all()
+        ],
+        "workload": {
+            "mixtures": w.mixtures,
+            "rates": w.rates,
+            "rates_source": w.rates_source,
+            "arrival": arrival,
+            "repeats": w.repeats,
+            "seed": w.seed,
+            "warmup_s": w.warmup_s,
+            "observation_s": w.observation_s,
+            "drain_deadline_s": w.drain_deadline_s,
+            "max_dispatch_lag_ms": w.max_dispatch_lag_ms,
+        },
+    }

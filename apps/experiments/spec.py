@@ -1,0 +1,428 @@
+"""The experiment spec: YAML in, a validated plain dict out (and back).
+
+Pure: no Django. ``parse_spec`` collects every problem it finds, each naming
+the field path (``workload.mixtures.80-20``, ``candidates[2].args``) and the
+reason, so a user fixes a spec in one pass. Nothing is saved by this module;
+the service that creates the experiment only runs once the spec is valid.
+The format is documented in docs/SPEC.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+# Scheduler args a cell may vary, with their types. Everything else that
+# shapes the server is a frozen control (same for every cell) or is refused.
+CELL_ARGS: dict[str, type] = {
+    "max_num_batched_tokens": int,
+    "max_num_seqs": int,
+    "enable_chunked_prefill": bool,
+    "scheduling_policy": str,
+    "long_prefill_token_threshold": int,
+    "max_num_queued_reqs": int,
+}
+SCHEDULING_POLICIES = ("fcfs", "priority")
+ARRIVAL_PROCESSES = ("constant", "poisson", "gamma")
+CONTROL_KEYS = {
+    "dtype",
+    "tensor_parallel_size",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "enable_prefix_caching",
+    "speculative_decoding",
+    "seed",
+    "generation",
+}
+TOP_KEYS = {
+    "name",
+    "description",
+    "owner",
+    "model",
+    "controls",
+    "engine",
+    "baseline",
+    "candidates",
+    "classes",
+    "workload",
+}
+WORKLOAD_KEYS = {
+    "mixtures",
+    "rates",
+    "rates_source",
+    "arrival",
+    "repeats",
+    "seed",
+    "warmup_s",
+    "observation_s",
+    "drain_deadline_s",
+    "max_dispatch_lag_ms",
+}
+CONTRACT_KEYS = ("ttft_p99_ms", "e2e_p99_ms", "max_stall_ms", "error_rate")
+WEIGHT_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; ``errors`` lists every problem found."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.errors.append(FieldError(path, message))
+
+    def mapping(self, value: Any, path: str, *, required: bool = True) -> dict[str, Any]:
+        if value is None and not required:
+            return {}
+        if not isinstance(value, Mapping):
+            self.fail(path, "required mapping is missing" if value is None else "must be a mapping")
+            return {}
+        return {str(k): v for k, v in value.items()}
+
+    def unknown(self, data: Mapping[str, Any], allowed: set[str], path: str) -> None:
+        for key in sorted(set(data) - allowed):
+            self.fail(f"{path}.{key}" if path else key, "unknown field")
+
+    def text(self, data: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> str:
+        value = data.get(key)
+        where = f"{path}.{key}" if path else key
+        if value is None or value == "":
+            if required:
+                self.fail(where, "is required")
+            return ""
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            self.fail(where, "must be a string")
+            return ""
+        return str(value)
+
+    def number(
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        path: str,
+        *,
+        required: bool = True,
+        positive: bool = False,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        integer: bool = False,
+        default: Any = None,
+    ) -> Any:
+        where = f"{path}.{key}" if path else key
+        if key not in data or data[key] is None:
+            if required:
+                self.fail(where, "is required")
+            return default
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(where, f"must be a number, got {value!r}")
+            return default
+        if integer and not (isinstance(value, int) or float(value).is_integer()):
+            self.fail(where, f"must be a whole number, got {value!r}")
+            return default
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(where, f"must be finite, got {value!r}")
+            return default
+        if positive and value <= 0:
+            self.fail(where, f"must be positive, got {value!r}")
+            return default
+        if minimum is not None and value < minimum:
+            self.fail(where, f"must be at least {minimum}, got {value!r}")
+            return default
+        if maximum is not None and value > maximum:
+            self.fail(where, f"must be at most {maximum}, got {value!r}")
+            return default
+        return int(value) if integer else float(value)
+
+    def boolean(self, data: Mapping[str, Any], key: str, path: str, *, default: bool) -> bool:
+        if key not in data or data[key] is None:
+            return default
+        if not isinstance(data[key], bool):
+            self.fail(f"{path}.{key}", f"must be true or false, got {data[key]!r}")
+            return default
+        return data[key]
+
+
+def _check_args(c: _Checker, raw: Any, path: str, max_model_len: int | None) -> dict[str, Any]:
+    args = c.mapping(raw, path)
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        where = f"{path}.{key}"
+        if key not in CELL_ARGS:
+            if key in CONTROL_KEYS:
+                c.fail(where, "is a frozen control: set it once under controls, not per cell")
+            else:
+                allowed = ", ".join(sorted(CELL_ARGS))
+                c.fail(where, f"is not an allowed vLLM scheduler flag (allowed: {allowed})")
+            continue
+        kind = CELL_ARGS[key]
+        if kind is bool:
+            if not isinstance(value, bool):
+                c.fail(where, f"must be true or false, got {value!r}")
+                continue
+            out[key] = value
+        elif kind is int:
+            number = c.number(args, key, path, positive=True, integer=True)
+            if number is not None:
+                out[key] = number
+        elif key == "scheduling_policy":
+            if value not in SCHEDULING_POLICIES:
+                c.fail(where, f"must be one of {', '.join(SCHEDULING_POLICIES)}, got {value!r}")
+                continue
+            out[key] = value
+    budget = out.get("max_num_batched_tokens")
+    chunked = out.get("enable_chunked_prefill", True)
+    if budget is not None and max_model_len is not None and not chunked and budget < max_model_len:
+        # vLLM refuses this: without chunking, one prompt must fit in one step.
+        c.fail(
+            f"{path}.max_num_batched_tokens",
+            f"{budget} is below controls.max_model_len ({max_model_len}) with chunked prefill off; "
+            "vLLM refuses that (raise it or set enable_chunked_prefill: true)",
+        )
+    return out
+
+
+def parse_spec(text: str) -> dict[str, Any]:
+    """Parse and validate a YAML spec; return the normalised spec or raise SpecError."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "document"
+        raise SpecError([FieldError(where, f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+    return validate_spec(raw)
+
+
+def validate_spec(raw: Any) -> dict[str, Any]:
+    """Validate a spec already loaded into Python; return it normalised."""
+    c = _Checker()
+    top = c.mapping(raw, "spec")
+    if not top:
+        raise SpecError(c.errors or [FieldError("spec", "is empty")])
+    c.unknown(top, TOP_KEYS, "")
+    spec: dict[str, Any] = {
+        "name": c.text(top, "name", ""),
+        "description": c.text(top, "description", "", required=False),
+        "owner": c.text(top, "owner", "", required=False),
+    }
+
+    model = c.mapping(top.get("model"), "model")
+    c.unknown(model, {"path", "revision", "tokenizer_revision"}, "model")
+    spec["model"] = {
+        "path": c.text(model, "path", "model"),
+        "revision": c.text(model, "revision", "model"),
+        "tokenizer_revision": c.text(model, "tokenizer_revision", "model"),
+    }
+
+    controls = c.mapping(top.get("controls"), "controls")
+    c.unknown(controls, CONTROL_KEYS, "controls")
+    max_model_len = c.number(controls, "max_model_len", "controls", positive=True, integer=True)
+    generation = c.mapping(controls.get("generation"), "controls.generation", required=False)
+    spec["controls"] = {
+        "dtype": c.text(controls, "dtype", "controls", required=False) or "auto",
+        "tensor_parallel_size": c.number(
+            controls,
+            "tensor_parallel_size",
+            "controls",
+            required=False,
+            positive=True,
+            integer=True,
+            default=1,
+        ),
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": c.number(
+            controls, "gpu_memory_utilization", "controls", required=False, positive=True, maximum=1.0
+        ),
+        "kv_cache_memory_bytes": c.number(
+            controls, "kv_cache_memory_bytes", "controls", required=False, positive=True, integer=True
+        ),
+        "enable_prefix_caching": c.boolean(controls, "enable_prefix_caching", "controls", default=False),
+        "speculative_decoding": c.boolean(controls, "speculative_decoding", "controls", default=False),
+        "seed": c.number(controls, "seed", "controls", required=False, integer=True, default=0),
+        "generation": generation,
+    }
+    if spec["controls"]["speculative_decoding"]:
+        c.fail(
+            "controls.speculative_decoding",
+            "speculative decoding is not supported by the engine launcher yet",
+        )
+
+    engine = c.mapping(top.get("engine"), "engine", required=False)
+    c.unknown(engine, {"image"}, "engine")
+    spec["engine"] = {"image": c.text(engine, "image", "engine", required=False)}
+
+    baseline = c.mapping(top.get("baseline"), "baseline")
+    c.unknown(baseline, {"id", "args", "captured_from"}, "baseline")
+    spec["baseline"] = {
+        "id": c.text(baseline, "id", "baseline"),
+        "captured_from": c.text(baseline, "captured_from", "baseline", required=False),
+        "args": _check_args(c, baseline.get("args"), "baseline.args", max_model_len),
+    }
+
+    candidates_raw = top.get("candidates")
+    candidates: list[dict[str, Any]] = []
+    if not isinstance(candidates_raw, list) or not candidates_raw:
+        c.fail("candidates", "must be a non-empty list of {id, args}")
+    else:
+        for i, item in enumerate(candidates_raw):
+            path = f"candidates[{i}]"
+            cand = c.mapping(item, path)
+            c.unknown(cand, {"id", "args"}, path)
+            candidates.append(
+                {
+                    "id": c.text(cand, "id", path),
+                    "args": _check_args(c, cand.get("args"), f"{path}.args", max_model_len),
+                }
+            )
+    spec["candidates"] = candidates
+    seen: dict[str, str] = {}
+    for path, cell_id in [("baseline.id", spec["baseline"]["id"])] + [
+        (f"candidates[{i}].id", cand["id"]) for i, cand in enumerate(candidates)
+    ]:
+        if not cell_id:
+            continue
+        if cell_id in seen:
+            c.fail(path, f"duplicate cell id {cell_id!r} (also at {seen[cell_id]})")
+        else:
+            seen[cell_id] = path
+
+    classes_raw = top.get("classes")
+    classes: list[dict[str, Any]] = []
+    if not isinstance(classes_raw, list) or not classes_raw:
+        c.fail("classes", "must be a non-empty list of request classes")
+    else:
+        names: set[str] = set()
+        for i, item in enumerate(classes_raw):
+            path = f"classes[{i}]"
+            cls = c.mapping(item, path)
+            c.unknown(
+                cls,
+                {"name", "input_tokens", "output_tokens", "priority", "shared_prefix_tokens", "contract"},
+                path,
+            )
+            name = c.text(cls, "name", path)
+            if name in names:
+                c.fail(f"{path}.name", f"duplicate class name {name!r}")
+            names.add(name)
+            contract_raw = c.mapping(cls.get("contract"), f"{path}.contract")
+            c.unknown(contract_raw, set(CONTRACT_KEYS), f"{path}.contract")
+            contract = {
+                "ttft_p99_ms": c.number(contract_raw, "ttft_p99_ms", f"{path}.contract", positive=True),
+                "e2e_p99_ms": c.number(contract_raw, "e2e_p99_ms", f"{path}.contract", positive=True),
+                "max_stall_ms": c.number(contract_raw, "max_stall_ms", f"{path}.contract", positive=True),
+                "error_rate": c.number(
+                    contract_raw, "error_rate", f"{path}.contract", minimum=0.0, maximum=1.0
+                ),
+            }
+            entry = {
+                "name": name,
+                "input_tokens": c.number(cls, "input_tokens", path, positive=True, integer=True),
+                "output_tokens": c.number(cls, "output_tokens", path, positive=True, integer=True),
+                "priority": c.number(cls, "priority", path, required=False, integer=True, default=0),
+                "shared_prefix_tokens": c.number(
+                    cls, "shared_prefix_tokens", path, required=False, minimum=0, integer=True, default=0
+                ),
+                "contract": contract,
+            }
+            if (
+                max_model_len
+                and entry["input_tokens"]
+                and entry["output_tokens"]
+                and entry["input_tokens"] + entry["output_tokens"] > max_model_len
+            ):
+                c.fail(
+                    f"{path}.input_tokens",
+                    f"input {entry['input_tokens']} + output {entry['output_tokens']} tokens exceed "
+                    f"controls.max_model_len ({max_model_len})",
+                )
+            if (
+                entry["shared_prefix_tokens"]
+                and entry["input_tokens"]
+                and entry["shared_prefix_tokens"] > entry["input_tokens"]
+            ):
+                c.fail(f"{path}.shared_prefix_tokens", "must not exceed input_tokens")
+            classes.append(entry)
+    spec["classes"] = classes
+    class_names = {cls["name"] for cls in classes}
+
+    workload = c.mapping(top.get("workload"), "workload")
+    c.unknown(workload, WORKLOAD_KEYS, "workload")
+    mixtures_raw = c.mapping(workload.get("mixtures"), "workload.mixtures")
+    mixtures: dict[str, dict[str, float]] = {}
+    if "mixtures" in workload and not mixtures_raw and isinstance(workload.get("mixtures"), Mapping):
+        c.fail("workload.mixtures", "must name at least one mixture")
+    for mix_name, weights_raw in mixtures_raw.items():
+        path = f"workload.mixtures.{mix_name}"
+        weights = c.mapping(weights_raw, path)
+        clean: dict[str, float] = {}
+        for cls_name, _w in weights.items():
+            if cls_name not in class_names:
+                c.fail(
+                    f"{path}.{cls_name}",
+                    f"names unknown class {cls_name!r} (known: {', '.join(sorted(class_names))})",
+                )
+                continue
+            w = c.number(weights, cls_name, path, minimum=0.0)
+            if w is not None:
+                clean[cls_name] = w
+        if weights and len(clean) == len(weights) and abs(sum(clean.values()) - 1.0) > WEIGHT_TOLERANCE:
+            c.fail(path, f"weights must sum to 1 (they sum to {sum(clean.values()):g})")
+        mixtures[mix_name] = clean
+    rates_raw = c.mapping(workload.get("rates"), "workload.rates")
+    if "rates" in workload and not rates_raw and isinstance(workload.get("rates"), Mapping):
+        c.fail("workload.rates", "must name at least one rate")
+    rates = {name: c.number(rates_raw, name, "workload.rates", positive=True) for name in rates_raw}
+    arrival = c.mapping(workload.get("arrival"), "workload.arrival", required=False) or {"process": "poisson"}
+    c.unknown(arrival, {"process", "cv"}, "workload.arrival")
+    process = arrival.get("process", "poisson")
+    if process not in ARRIVAL_PROCESSES:
+        c.fail("workload.arrival.process", f"must be one of {', '.join(ARRIVAL_PROCESSES)}, got {process!r}")
+    cv = None
+    if process == "gamma":
+        cv = c.number(arrival, "cv", "workload.arrival", positive=True)
+    elif "cv" in arrival:
+        c.fail("workload.arrival.cv", f"only applies to the gamma process, not {process!r}")
+    rates_source = workload.get("rates_source", "manual")
+    if rates_source not in ("manual", "probe"):
+        c.fail("workload.rates_source", f"must be manual or probe, got {rates_source!r}")
+    spec["workload"] = {
+        "mixtures": mixtures,
+        "rates": rates,
+        "rates_source": rates_source,
+        "arrival": {"process": process, **({"cv": cv} if cv is not None else {})},
+        "repeats": c.number(workload, "repeats", "workload", positive=True, integer=True),
+        "seed": c.number(workload, "seed", "workload", integer=True),
+        "warmup_s": c.number(workload, "warmup_s", "workload", minimum=0.0),
+        "observation_s": c.number(workload, "observation_s", "workload", positive=True),
+        "drain_deadline_s": c.number(workload, "drain_deadline_s", "workload", positive=True),
+        "max_dispatch_lag_ms": c.number(workload, "max_dispatch_lag_ms", "workload", positive=True),
+    }
+
+    if c.errors:
+        raise SpecError(c.errors)
+    return spec
+
+
+def dump_spec(spec: Mapping[str, Any]) -> str:
+    """Serialise a normalised spec as YAML (keys in the documented order)."""
+    return yaml.safe_dump(dict(spec), sort_keys=False, default_flow_style=False, allow_unicode=True)
