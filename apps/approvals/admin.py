@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from apps.accounts.readonly import ReadOnlyAdmin
+from apps.approvals.models import Approval, AuditEvent, RollbackManifest
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnlyAdmin):
+    list_display = ("experiment", "verdict", "chosen_cell", "approver", "created_at")
+
+
+@admin.register(RollbackManifest)
+class RollbackManifestAdmin(ReadOnlyAdmin):
+    list_display = ("experiment", "sha256", "created_at")
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    list_display = ("at", "actor", "experiment", "action", "target")
+    list_filter = ("action",)

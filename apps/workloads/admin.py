@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from apps.workloads.models import Trace
+
+
+@admin.register(Trace)
+class TraceAdmin(admin.ModelAdmin):
+    list_display = ("sha256", "kind", "label", "requests", "duration_s", "created_at")
+    exclude = ("content_gz",)
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False  # a frozen trace never changes: its hash names it
