@@ -32,10 +32,12 @@ def round_seed(seed: int, repeat: int) -> int:
 def expand_plan(
     *, cell_ids: list[str], mixtures: list[str], rates: list[str], repeats: int, seed: int
 ) -> list[PlannedRun]:
-    """Steps: 1. list every (cell, mixture, rate) in declaration order;
+    """Steps: 1. list every (cell, mixture, rate): cells in declared order, mixture
+       and rate names sorted (Postgres jsonb does not keep key order, and the
+       plan must not depend on how a database stored a mapping);
     2. for each repeat, shuffle a copy with that round's seed;
     3. number the runs inside the round and across the plan."""
-    combos = [(c, m, r) for m in mixtures for r in rates for c in cell_ids]
+    combos = [(c, m, r) for m in sorted(mixtures) for r in sorted(rates) for c in cell_ids]
     plan: list[PlannedRun] = []
     for repeat in range(1, repeats + 1):
         order = list(combos)

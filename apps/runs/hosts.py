@@ -1,0 +1,54 @@
+"""The host registry: which machines serve candidates, and their heartbeats."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.runs.models import Host
+
+
+def host_queue(name: str) -> str:
+    return f"host.{name}"
+
+
+def host_register_local() -> Host:
+    """Register (or refresh) the host this process runs on, from the environment.
+
+    ``TAILTUNE_HOST`` names it; ``TAILTUNE_VLLM_COMMAND`` (a JSON list) is its
+    vLLM argv prefix, defaulting to the CPU engine built by ``make engine``;
+    ``TAILTUNE_DEVICES`` becomes CUDA_VISIBLE_DEVICES for its servers.
+    """
+    import json
+
+    name = settings.TAILTUNE_HOST
+    raw = os.environ.get("TAILTUNE_VLLM_COMMAND", "")
+    if raw:
+        try:
+            command = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"TAILTUNE_VLLM_COMMAND is not a JSON list: {exc}") from None
+        if not isinstance(command, list) or not all(isinstance(x, str) for x in command) or not command:
+            raise ValueError('TAILTUNE_VLLM_COMMAND must be a JSON list of strings, e.g. ["vllm", "serve"]')
+    else:
+        engine_python = settings.ENGINE_DIR / "venv" / "bin" / "python"
+        command = [
+            str(engine_python if engine_python.exists() else sys.executable),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+        ]
+    host, _ = Host.objects.update_or_create(
+        name=name,
+        defaults={
+            "queue": host_queue(name),
+            "vllm_command": command,
+            "devices": os.environ.get("TAILTUNE_DEVICES", ""),
+            "bind_host": os.environ.get("TAILTUNE_BIND_HOST", "127.0.0.1"),
+            "enabled": True,
+            "last_heartbeat": timezone.now(),
+        },
+    )
+    return host

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import os
+import sys
+
+from django.core.management.base import BaseCommand
+
+from apps.runs.hosts import host_register_local
+from apps.runs.management.commands.serve import worker_argv
+
+
+class Command(BaseCommand):
+    help = "Register this machine as a host (TAILTUNE_HOST) and run its Celery worker (concurrency 1)."
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument(
+            "--no-default-queue", action="store_true", help="serve only this host's run queue"
+        )
+
+    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+        host = host_register_local()
+        queues = [host.queue] if options["no_default_queue"] else ["default", host.queue]
+        self.stdout.write(f"host {host.name}: worker on queues {', '.join(queues)}")
+        sys.stdout.flush()
+        argv = worker_argv(queues)
+        os.execv(argv[0], argv)

@@ -1,0 +1,79 @@
+"""Run the whole service on one machine: migrate, first admin, web and worker together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+
+def worker_argv(queues: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.celery", "worker",
+        "--queues", ",".join(queues),
+        "--concurrency", "1",  # a host serves one candidate at a time
+        "--hostname", f"tailtune-{settings.TAILTUNE_HOST}@%h",
+        "--loglevel", "INFO",
+    ]  # fmt: skip
+
+
+class Command(BaseCommand):
+    help = "Serve tailtune on embedded defaults: web on http://HOST:PORT plus one worker for this host."
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument("--addr", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-worker", action="store_true", help="serve the web only")
+
+    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("ensure_admin")
+        from apps.runs.hosts import host_register_local
+
+        host = host_register_local()
+        procs: list[subprocess.Popen[bytes]] = []
+        if not options["no_worker"]:
+            procs.append(subprocess.Popen(worker_argv(["default", host.queue])))
+        web = [
+            sys.executable, "manage.py", "runserver", f"{options['addr']}:{options['port']}",
+            "--noreload", "--insecure",  # --insecure: serve static files with DEBUG off
+        ]  # fmt: skip
+        procs.append(subprocess.Popen(web, cwd=settings.BASE_DIR))
+        db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+        self.stdout.write(
+            f"tailtune is up: http://{options['addr']}:{options['port']}/  "
+            f"(database: {db}, broker: {settings.CELERY_BROKER_URL.split(':')[0]}, host: {host.name}). Ctrl-C stops it."
+        )
+        stopping = False
+
+        def stop(signum: int, frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        try:
+            while not stopping and all(p.poll() is None for p in procs):
+                time.sleep(0.5)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        failed = [
+            p.args[4] if len(p.args) > 4 else p.args for p in procs if p.returncode not in (0, -15, None)
+        ]
+        if failed and not stopping:
+            self.stderr.write(f"a process exited unexpectedly (pid {os.getpid()}): {failed}")
+            sys.exit(1)

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_SPEC = REPO / "examples" / "seed-sweep.yaml"
+
+
+@pytest.fixture
+def seed_spec_text() -> str:
+    return SEED_SPEC.read_text()
+
+
+@pytest.fixture
+def admin_user(django_user_model):  # type: ignore[no-untyped-def]
+    return django_user_model.objects.create_superuser("admin", password="pw-admin-123")

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import io
+from collections import Counter
+
+import pytest
+from django.core.management import call_command
+
+from apps.experiments.models import Experiment
+from apps.experiments.plan import expand_plan
+from apps.runs.models import Run
+from tests.conftest import SEED_SPEC
+
+
+def _import(path: str) -> Experiment:
+    out = io.StringIO()
+    call_command("experiment_import", path, stdout=out)
+    return Experiment.objects.get(pk=int(out.getvalue().strip()))
+
+
+def _plan(experiment: Experiment) -> list[tuple[str, str, str, int, int]]:
+    return [
+        (r.cell.cell_id, r.mixture, r.rate_name, r.repeat, r.round_position)
+        for r in Run.objects.filter(experiment=experiment).select_related("cell").order_by("plan_position")
+    ]
+
+
+@pytest.mark.django_db
+def test_it_plans_the_seed_sweep_as_126_runs_each_cell_once_per_group(admin_user) -> None:
+    experiment = _import(str(SEED_SPEC))
+    plan = _plan(experiment)
+    assert len(plan) == 126
+    assert experiment.status == Experiment.Status.PLANNED
+    groups = Counter((m, r, rep) for _, m, r, rep, _ in plan)
+    assert len(groups) == 3 * 2 * 3
+    for (mixture, rate, repeat), count in groups.items():
+        cells = sorted(c for c, m, r, rep, _ in plan if (m, r, rep) == (mixture, rate, repeat))
+        assert cells == ["B0", "C1", "C2", "C3", "C4", "C5", "C6"], (mixture, rate, repeat)
+        assert count == 7
+    rounds = {rep: [(c, m, r) for c, m, r, rp, _ in plan if rp == rep] for rep in (1, 2, 3)}
+    assert rounds[1] != rounds[2] != rounds[3] and rounds[1] != rounds[3]
+    assert sorted(rounds[1]) == sorted(rounds[2])
+
+
+@pytest.mark.django_db
+def test_it_plans_the_same_order_on_a_second_import_and_after_export(admin_user, tmp_path) -> None:
+    first = _import(str(SEED_SPEC))
+    second = _import(str(SEED_SPEC))
+    assert _plan(first) == _plan(second)
+    out = io.StringIO()
+    call_command("experiment_export", str(first.pk), stdout=out)
+    exported = tmp_path / "exported.yaml"
+    exported.write_text(out.getvalue())
+    third = _import(str(exported))
+    assert _plan(third) == _plan(first)
+    assert third.spec == first.spec
+
+
+def test_it_changes_the_order_with_the_seed() -> None:
+    a = expand_plan(cell_ids=["B0", "C1", "C2"], mixtures=["m"], rates=["low", "high"], repeats=2, seed=1)
+    b = expand_plan(cell_ids=["B0", "C1", "C2"], mixtures=["m"], rates=["low", "high"], repeats=2, seed=2)
+    assert [(p.cell_id, p.rate_name) for p in a] != [(p.cell_id, p.rate_name) for p in b]
+    assert [p.plan_position for p in a] == list(range(12))
