@@ -141,7 +141,7 @@ if _broker:
 else:
     _queue_dir = DATA_DIR / "broker"
     _results_dir = DATA_DIR / "results"
-    for _d in (_queue_dir, _queue_dir / "processed", _results_dir):
+    for _d in (_queue_dir, _queue_dir / "processed", _queue_dir / "control", _results_dir):
         _d.mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     # Web and worker read and write the same folder: that is the whole broker.
@@ -149,6 +149,8 @@ else:
         "data_folder_in": str(_queue_dir),
         "data_folder_out": str(_queue_dir),
         "processed_folder": str(_queue_dir / "processed"),
+        # Broadcast (remote control) exchanges; kombu's default is ./control.
+        "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
         "visibility_timeout": _VISIBILITY_TIMEOUT,
     }
