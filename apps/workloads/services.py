@@ -1,0 +1,177 @@
+"""Writes and verified reads of frozen traces.
+
+A trace is stored once, gzip-compressed, keyed by the sha256 of its
+canonical bytes. Every read re-hashes the bytes it returns, so a run that
+names a hash can only ever replay exactly that traffic.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from apps.workloads import stats as trace_stats_module
+from apps.workloads.generate import generate_trace
+from apps.workloads.models import Trace
+from apps.workloads.prompts import PromptTokenizer
+from apps.workloads.tracefile import Trace as TraceFile
+from apps.workloads.tracefile import trace_dumps, trace_loads, trace_sha256
+
+
+class TraceIntegrityError(RuntimeError):
+    """Stored bytes that do not hash to the name they are stored under."""
+
+
+class TraceNotFound(LookupError):
+    pass
+
+
+def _compress(data: bytes) -> bytes:
+    # mtime=0: the same trace always compresses to the same bytes.
+    return gzip.compress(data, compresslevel=6, mtime=0)
+
+
+def _content(row: Trace) -> bytes:
+    data = gzip.decompress(bytes(row.content_gz))
+    actual = trace_sha256(data)
+    if actual != row.sha256:
+        raise TraceIntegrityError(f"trace {row.sha256} holds bytes hashing to {actual}: refusing to use it")
+    return data
+
+
+def file_stats(trace: TraceFile) -> dict[str, Any]:
+    """trace_stats of a canonical trace's planned arrivals and token counts."""
+    return trace_stats_module.trace_stats(
+        [r.t_offset_s for r in trace.requests],
+        [r.input_tokens for r in trace.requests],
+        [r.output_tokens for r in trace.requests],
+    )
+
+
+@transaction.atomic
+def trace_store(*, trace: TraceFile, label: str = "") -> Trace:
+    """Store a trace once by hash and return its row (the existing one if already stored).
+
+    The bytes are checked to parse back to themselves and the compressed
+    blob to inflate to the same hash before anything is written.
+    """
+    data = trace_dumps(trace)
+    sha = trace_sha256(data)
+    if trace_dumps(trace_loads(data)) != data:
+        raise TraceIntegrityError("trace does not re-serialise to its own bytes")
+    existing = Trace.objects.filter(sha256=sha).first()
+    if existing is not None:
+        _content(existing)
+        return existing
+    blob = _compress(data)
+    if trace_sha256(gzip.decompress(blob)) != sha:
+        raise TraceIntegrityError("compressed trace does not inflate to the same bytes")
+    row, created = Trace.objects.get_or_create(
+        sha256=sha,
+        defaults={
+            "corpus_sha256": trace.meta.get("corpus_sha256", ""),
+            "kind": str(trace.meta.get("kind", "generated"))[:32],
+            "label": label[:200],
+            "requests": len(trace.requests),
+            "duration_s": trace.duration_s,
+            "meta": trace.meta,
+            "stats": file_stats(trace),
+            "content_gz": blob,
+        },
+    )
+    if not created:
+        # Another writer stored it between our check and our insert.
+        _content(row)
+    return row
+
+
+def trace_store_bytes(*, data: bytes, label: str = "") -> Trace:
+    """Store an uploaded canonical trace file; a bad file raises TraceFormatError and saves nothing."""
+    return trace_store(trace=trace_loads(data), label=label)
+
+
+def trace_content(*, sha256: str) -> bytes:
+    """The canonical bytes named by ``sha256``, verified."""
+    row = Trace.objects.filter(sha256=sha256).first()
+    if row is None:
+        raise TraceNotFound(f"no stored trace with sha256 {sha256}")
+    return _content(row)
+
+
+def trace_load(*, sha256: str) -> TraceFile:
+    """The parsed trace named by ``sha256``; its bytes are re-hashed first."""
+    return trace_loads(trace_content(sha256=sha256))
+
+
+def tokenizer_dir(model_path: str) -> Path:
+    """The model directory (which holds tokenizer.json); relative paths start at BASE_DIR."""
+    path = Path(model_path)
+    return path if path.is_absolute() else Path(settings.BASE_DIR) / path
+
+
+def workload_traces_freeze(*, experiment: Any, uniform: bool = False) -> dict[tuple[str, str, int], Trace]:
+    """Generate and store every trace of the experiment's plan: one per (mixture, rate, repeat).
+
+    Repeats are 1-based as in the run plan. ``uniform`` gives the constant
+    -spacing companions instead. All traces are generated before anything
+    is written, then stored in one transaction: a failure stores none. An
+    experiment replaying an imported trace maps every key to that trace.
+    """
+    workload = experiment.workload
+    keys = [
+        (mixture, rate_name, repeat)
+        for mixture in workload.mixtures
+        for rate_name in workload.rates
+        for repeat in range(1, workload.repeats + 1)
+    ]
+    if workload.arrival_process == "trace":
+        row = Trace.objects.filter(sha256=workload.imported_trace_sha256).first()
+        if row is None:
+            raise TraceNotFound(
+                f"workload names imported trace {workload.imported_trace_sha256!r}, not stored"
+            )
+        _content(row)
+        return dict.fromkeys(keys, row)
+    classes = [
+        {
+            "name": c.name,
+            "input_tokens": c.input_tokens,
+            "output_tokens": c.output_tokens,
+            "priority": c.priority,
+            "shared_prefix_tokens": c.shared_prefix_tokens,
+        }
+        for c in experiment.classes.all()
+    ]
+    tok_dir = tokenizer_dir(experiment.model_path)
+    tok = PromptTokenizer(tok_dir)
+    traces: dict[tuple[str, str, int], TraceFile] = {}
+    for mixture, rate_name, repeat in keys:
+        traces[(mixture, rate_name, repeat)] = generate_trace(
+            classes=classes,
+            mixture_name=mixture,
+            mixture=workload.mixtures[mixture],
+            rate_name=rate_name,
+            rate_rps=float(workload.rates[rate_name]),
+            arrival_process=workload.arrival_process,
+            arrival_cv=workload.arrival_cv,
+            seed=workload.seed,
+            repeat=repeat,
+            warmup_s=workload.warmup_s,
+            observation_s=workload.observation_s,
+            tokenizer_dir=tok_dir,
+            tokenizer_revision=experiment.tokenizer_revision,
+            uniform=uniform,
+            tokenizer=tok,
+        )
+    with transaction.atomic():
+        return {
+            key: trace_store(
+                trace=trace,
+                label=f"{experiment.name} {key[0]} {key[1]} r{key[2]}{' uniform' if uniform else ''}",
+            )
+            for key, trace in traces.items()
+        }
