@@ -11,3 +11,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("tailtune")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["workers"], related_name="tasks")
+# Register, recover and heartbeat when a worker starts (signal handlers).
+app.conf.imports = ("workers.heartbeat",)

@@ -1,4 +1,9 @@
-"""Celery tasks: thin wrappers that re-read rows by primary key and call services."""
+"""Celery tasks: thin wrappers that take primary keys, re-read rows, and call services.
+
+A redelivered task is harmless: ``execute_run`` claims its run with a
+conditional update from ``queued`` and returns at once if the run is past
+that; ``analyse_experiment`` recomputes the same decision from the same rows.
+"""
 
 from __future__ import annotations
 
@@ -13,3 +18,20 @@ from django.conf import settings
 def health() -> dict[str, object]:
     """Answer who is listening: used by the README's check and the tests."""
     return {"ok": True, "hostname": socket.gethostname(), "pid": os.getpid(), "host": settings.TAILTUNE_HOST}
+
+
+@shared_task(name="tailtune.execute_run", acks_late=True, reject_on_worker_lost=True)
+def execute_run(*, run_pk: int) -> str:
+    from workers.pipeline import run_execute
+
+    return run_execute(run_pk=run_pk)
+
+
+@shared_task(name="tailtune.analyse_experiment", acks_late=True)
+def analyse_experiment(*, experiment_pk: int) -> str:
+    from apps.analysis.services import experiment_analyse
+    from apps.runs.services import experiment_mark_analysed
+
+    decision = experiment_analyse(experiment_id=experiment_pk)
+    experiment_mark_analysed(experiment_id=experiment_pk)
+    return f"{decision.outcome} {decision.chosen_cell}".strip()

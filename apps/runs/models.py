@@ -79,6 +79,11 @@ class Run(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     reason = models.TextField(blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # A run that failed through no fault of the candidate (host lost, worker
+    # killed) is re-run once as a new row; the failed one stays as evidence.
+    retry_of = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retry"
+    )
     host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
     server_pid = models.IntegerField(null=True, blank=True)
     log_path = models.CharField(max_length=500, blank=True)

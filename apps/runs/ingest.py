@@ -1,0 +1,118 @@
+"""Bulk writes of measurements while a run goes on.
+
+Postgres gets ``COPY`` (through psycopg 3) into a temporary table, then one
+``INSERT ... ON CONFLICT DO NOTHING``: COPY is the fast path for millions of
+rows, and the conflict clause on (run, index) makes a retried batch harmless.
+SQLite (the embedded default) gets ``bulk_create(ignore_conflicts=True)``,
+which is the same guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection, transaction
+
+from apps.runs.models import MetricSample, RequestRecord
+from workers.replay.records import RequestRecord as Observed
+
+_RECORD_COLUMNS = (
+    "run_id", "index", "request_class", "warmup", "priority", "input_tokens", "expected_output_tokens",
+    "planned_ns", "sent", "sent_ns", "admission_delay_ns", "first_token_ns", "last_token_ns", "end_ns",
+    "output_tokens", "prompt_tokens", "chunks", "max_gap_ns", "chunk_gaps", "token_gaps", "http_status",
+    "error_kind", "error", "finish_reason", "cancelled", "unfinished",
+)  # fmt: skip
+_JSON_COLUMNS = {"chunk_gaps", "token_gaps"}
+
+
+def _row(run_pk: int, rec: Observed) -> dict[str, Any]:
+    return {
+        "run_id": run_pk,
+        "index": rec.index,
+        "request_class": rec.request_class,
+        "warmup": rec.warmup,
+        "priority": rec.priority,
+        "input_tokens": rec.input_tokens,
+        "expected_output_tokens": rec.expected_output_tokens,
+        "planned_ns": rec.planned_ns,
+        "sent": rec.sent,
+        "sent_ns": rec.sent_ns,
+        "admission_delay_ns": rec.admission_delay_ns,
+        "first_token_ns": rec.first_token_ns,
+        "last_token_ns": rec.last_token_ns,
+        "end_ns": rec.end_ns,
+        "output_tokens": rec.output_tokens,
+        "prompt_tokens": rec.prompt_tokens,
+        "chunks": rec.chunks,
+        "max_gap_ns": rec.max_gap_ns,
+        "chunk_gaps": rec.chunk_gaps.to_json(),
+        "token_gaps": rec.token_gaps.to_json(),
+        "http_status": rec.http_status,
+        "error_kind": rec.error_kind,
+        "error": rec.error,
+        "finish_reason": rec.finish_reason,
+        "cancelled": rec.cancelled,
+        "unfinished": rec.unfinished,
+    }
+
+
+def records_ingest(*, run_pk: int, records: Sequence[Observed]) -> int:
+    """Store a batch of observed records for one run; returns how many were new."""
+    if not records:
+        return 0
+    rows = [_row(run_pk, r) for r in records]
+    if connection.vendor == "postgresql":
+        return _copy_ignore_conflicts(
+            RequestRecord._meta.db_table, _RECORD_COLUMNS, rows, ("run_id", "index")
+        )
+    before = RequestRecord.objects.filter(run_id=run_pk).count()
+    RequestRecord.objects.bulk_create(
+        [RequestRecord(**row) for row in rows], ignore_conflicts=True, batch_size=500
+    )
+    return RequestRecord.objects.filter(run_id=run_pk).count() - before
+
+
+def _copy_ignore_conflicts(
+    table: str, columns: Sequence[str], rows: Iterable[dict[str, Any]], conflict: Sequence[str]
+) -> int:
+    quoted = ", ".join(f'"{c}"' for c in columns)
+    with transaction.atomic(), connection.cursor() as cursor:
+        # A column-only copy of the table: no identity, no constraints, dropped at commit.
+        create = f"CREATE TEMP TABLE tt_ingest ON COMMIT DROP AS SELECT {quoted} FROM {table} WITH NO DATA"  # noqa: S608 - names are ours
+        cursor.execute(create)
+        raw = cursor.cursor  # the psycopg 3 cursor under Django's wrapper
+        with raw.copy(f"COPY tt_ingest ({quoted}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(
+                    [
+                        json.dumps(row[c]) if c in _JSON_COLUMNS and row[c] is not None else row[c]
+                        for c in columns
+                    ]
+                )
+        keys = ", ".join(f'"{c}"' for c in conflict)
+        cursor.execute(
+            f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM tt_ingest ON CONFLICT ({keys}) DO NOTHING"  # noqa: S608
+        )
+        return cursor.rowcount
+
+
+def metric_samples_ingest(*, run_pk: int, samples: Sequence[dict[str, Any]]) -> int:
+    """Store scraped /metrics samples (dicts with MetricSample's field names)."""
+    objs = [
+        MetricSample(
+            run_id=run_pk,
+            t_ns=s["t_ns"],
+            phase=s["phase"],
+            epoch=s.get("epoch", 0),
+            name=s["name"],
+            labels=s.get("labels") or {},
+            kind=s["kind"],
+            value=s.get("value"),
+            histogram=s.get("histogram"),
+        )
+        for s in samples
+    ]
+    MetricSample.objects.bulk_create(objs, batch_size=1000)
+    return len(objs)

@@ -1,0 +1,215 @@
+"""Run lifecycle: start and cancel an experiment, claim runs, leases, recovery.
+
+Every status change is a conditional update (``filter(status=...).update``)
+whose row count says whether this caller won, so a redelivered task, a second
+worker or a racing cancel can never move a run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from apps.approvals.audit import audit_record
+from apps.experiments.models import Experiment
+from apps.runs.models import Host, Run
+
+log = logging.getLogger(__name__)
+
+# A host whose worker has not written a heartbeat for this long is lost.
+HEARTBEAT_TIMEOUT = timedelta(seconds=90)
+
+
+class StartError(ValueError):
+    pass
+
+
+def hosts_alive(*, max_model_len: int | None = None) -> list[Host]:
+    cutoff = timezone.now() - HEARTBEAT_TIMEOUT
+    qs = Host.objects.filter(enabled=True, last_heartbeat__gte=cutoff).order_by("name")
+    if max_model_len:
+        qs = qs.filter(Q(max_model_len__isnull=True) | Q(max_model_len__gte=max_model_len))
+    return list(qs)
+
+
+def _enqueue(run: Run, host: Host) -> None:
+    from workers.tasks import execute_run
+
+    Run.objects.filter(pk=run.pk).update(host=host)
+    transaction.on_commit(lambda: execute_run.apply_async(kwargs={"run_pk": run.pk}, queue=host.queue))
+
+
+def _assign(runs: list[Run], hosts: list[Host]) -> None:
+    """Round-robin in plan order: several hosts drain one plan in parallel."""
+    for i, run in enumerate(runs):
+        _enqueue(run, hosts[i % len(hosts)])
+
+
+def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
+    """Freeze the workload (every trace generated and stored once), then enqueue the plan.
+
+    Returns the number of runs enqueued. Enqueueing happens only after the
+    transaction commits, so no task can see a run that was rolled back.
+    """
+    from apps.workloads.services import workload_traces_freeze
+
+    if experiment.status not in (Experiment.Status.PLANNED, Experiment.Status.CANCELLED):
+        raise StartError(f"experiment is {experiment.status}; only a planned experiment can start")
+    hosts = hosts_alive(max_model_len=experiment.max_model_len)
+    if not hosts:
+        raise StartError(
+            "no host can serve this experiment: no worker has sent a heartbeat in the last "
+            f"{int(HEARTBEAT_TIMEOUT.total_seconds())} s (start one with `make run` or `make worker`)"
+        )
+    traces = workload_traces_freeze(experiment=experiment)
+    with transaction.atomic():
+        runs = list(
+            experiment.runs.filter(status__in=[Run.Status.QUEUED, Run.Status.CANCELLED]).order_by(
+                "plan_position"
+            )
+        )
+        for run in runs:
+            trace = traces[(run.mixture, run.rate_name, run.repeat)]
+            run.trace = trace
+            run.trace_sha256 = trace.sha256
+            run.corpus_sha256 = trace.corpus_sha256
+            run.requests_planned = trace.requests
+            run.status = Run.Status.QUEUED
+            run.reason = ""
+        Run.objects.bulk_update(
+            runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned", "status", "reason"]
+        )
+        Experiment.objects.filter(pk=experiment.pk).update(
+            status=Experiment.Status.RUNNING, status_reason="", updated_at=timezone.now()
+        )
+        experiment.status = Experiment.Status.RUNNING
+        audit_record(
+            action="experiment.started",
+            actor=actor,
+            experiment=experiment,
+            detail={"runs": len(runs), "hosts": [h.name for h in hosts]},
+        )
+        _assign(runs, hosts)
+    return len(runs)
+
+
+def experiment_cancel(*, experiment: Experiment, actor: Any = None, reason: str = "cancelled by user") -> int:
+    """Dequeue the rest and tell the running run's worker to stop (it watches this status)."""
+    with transaction.atomic():
+        n = experiment.runs.filter(status=Run.Status.QUEUED).update(
+            status=Run.Status.CANCELLED, reason=reason, finished_at=timezone.now()
+        )
+        Experiment.objects.filter(pk=experiment.pk).update(
+            status=Experiment.Status.CANCELLED, status_reason=reason, updated_at=timezone.now()
+        )
+        experiment.status = Experiment.Status.CANCELLED
+        audit_record(
+            action="experiment.cancelled", actor=actor, experiment=experiment, detail={"dequeued": n}
+        )
+    return n
+
+
+def run_claim(*, run_pk: int, host: Host) -> Run | None:
+    """Move a queued run to starting for this host; None if someone else has it (or it is done)."""
+    now = timezone.now()
+    won = Run.objects.filter(pk=run_pk, status=Run.Status.QUEUED).update(
+        status=Run.Status.STARTING, host=host, attempts=F("attempts") + 1, started_at=now, updated_at=now
+    )
+    if won != 1:
+        return None
+    return Run.objects.select_related("experiment", "cell", "trace", "experiment__workload").get(pk=run_pk)
+
+
+def host_lease(*, host: Host, run: Run) -> bool:
+    """Claim the host for this run; a host serves one candidate at a time."""
+    return Host.objects.filter(pk=host.pk, current_run__isnull=True).update(current_run=run) == 1
+
+
+def host_release(*, host: Host, run: Run) -> None:
+    Host.objects.filter(pk=host.pk, current_run=run).update(current_run=None)
+
+
+def host_heartbeat(*, host: Host) -> None:
+    Host.objects.filter(pk=host.pk).update(last_heartbeat=timezone.now())
+
+
+def run_requeue_once(*, run: Run, reason: str) -> Run | None:
+    """Fail ``run`` with the reason and, if it is not itself a retry, queue a fresh copy."""
+    failed = (
+        Run.objects.filter(pk=run.pk)
+        .exclude(status__in=Run.FINISHED)
+        .update(status=Run.Status.FAILED, reason=reason, finished_at=timezone.now())
+    )
+    run.refresh_from_db()
+    Host.objects.filter(current_run=run).update(current_run=None)
+    if not failed and run.status != Run.Status.FAILED:
+        return None
+    if run.retry_of_id is not None or Run.objects.filter(retry_of=run).exists():
+        return None
+    if run.experiment.status != Experiment.Status.RUNNING:
+        return None
+    fields = {
+        f.name: getattr(run, f.name)
+        for f in Run._meta.concrete_fields
+        if f.name
+        not in {"id", "run_id", "status", "reason", "attempts", "host", "server_pid", "log_path", "log_tail",
+                "requests_sent", "effective_args", "started_at", "measuring_at", "finished_at", "created_at",
+                "updated_at", "summary", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms",
+                "achieved_rate_rps", "image_digest", "vllm_version", "hardware_id", "retry_of"}
+    }  # fmt: skip
+    retry = Run.objects.create(**fields, retry_of=run)
+    hosts = hosts_alive(max_model_len=run.experiment.max_model_len) or [run.host]
+    with transaction.atomic():
+        _enqueue(retry, hosts[0])
+    audit_record(
+        action="run.requeued", experiment=run.experiment, target=str(run.run_id), detail={"reason": reason}
+    )
+    return retry
+
+
+def hosts_reap_lost() -> list[Run]:
+    """Fail (and re-queue once) the running run of every host that stopped heartbeating."""
+    cutoff = timezone.now() - HEARTBEAT_TIMEOUT
+    lost = Host.objects.filter(current_run__isnull=False, last_heartbeat__lt=cutoff).select_related(
+        "current_run"
+    )
+    retried = []
+    for host in lost:
+        run = host.current_run
+        if run is None:
+            continue
+        log.warning(
+            "host %s lost (last heartbeat %s): failing run %s", host.name, host.last_heartbeat, run.pk
+        )
+        retry = run_requeue_once(run=run, reason=f"host lost: {host.name} stopped heartbeating")
+        if retry:
+            retried.append(retry)
+        experiment_check_finished(experiment_id=run.experiment_id)
+    return retried
+
+
+def experiment_check_finished(*, experiment_id: int) -> bool:
+    """After the last run finishes, enqueue the analysis (once)."""
+    experiment = Experiment.objects.get(pk=experiment_id)
+    if experiment.status != Experiment.Status.RUNNING:
+        return False
+    if experiment.runs.exclude(status__in=Run.FINISHED).exists():
+        return False
+    from workers.tasks import analyse_experiment
+
+    transaction.on_commit(
+        lambda: analyse_experiment.apply_async(kwargs={"experiment_pk": experiment_id}, queue="default")
+    )
+    return True
+
+
+def experiment_mark_analysed(*, experiment_id: int) -> None:
+    Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).update(
+        status=Experiment.Status.ANALYSED, updated_at=timezone.now()
+    )
+    audit_record(action="experiment.analysed", experiment=Experiment.objects.get(pk=experiment_id))

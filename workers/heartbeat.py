@@ -1,0 +1,78 @@
+"""The worker side of the host registry: register, recover, heartbeat.
+
+When a worker process starts it (1) registers its host, (2) reaps any vLLM
+server that a previous worker of this host started and never stopped (killed
+with SIGKILL, say), and fails or re-runs the run it left mid-flight, then
+(3) keeps a heartbeat thread writing ``Host.last_heartbeat`` and failing the
+runs of other hosts that went silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from celery.signals import worker_ready, worker_shutdown
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 10.0
+_stop = threading.Event()
+
+
+def recover_host() -> list[int]:
+    """Steps 1-2: returns the pids that were reaped."""
+    from apps.runs.hosts import host_register_local
+    from apps.runs.models import Host, Run
+    from apps.runs.services import experiment_check_finished, run_requeue_once
+    from workers.engine.procs import reap_pids
+
+    host = host_register_local()
+    reaped: list[int] = []
+    # The pool process that ran the last run may have outlived its killed parent.
+    if host.worker_pid and host.worker_pid != os.getpid():
+        try:
+            os.kill(host.worker_pid, signal.SIGKILL)
+            reaped.append(host.worker_pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if host.server_pids:
+        reaped += reap_pids(host.server_pids)
+    Host.objects.filter(pk=host.pk).update(server_pids=[], worker_pid=None, current_run=None)
+    for run in Run.objects.filter(host=host, status__in=Run.ACTIVE).select_related("experiment"):
+        log.warning("run %s was %s when this host's worker died: failing it", run.pk, run.status)
+        run_requeue_once(run=run, reason=f"worker lost mid-run on host {host.name} (was {run.status})")
+        experiment_check_finished(experiment_id=run.experiment_id)
+    if reaped:
+        log.warning("reaped processes left by a previous worker: %s", reaped)
+    return reaped
+
+
+def _beat() -> None:
+    from django.db import close_old_connections
+
+    from apps.runs.hosts import host_register_local
+    from apps.runs.services import host_heartbeat, hosts_reap_lost
+
+    while not _stop.wait(HEARTBEAT_INTERVAL_S):
+        try:
+            close_old_connections()
+            host = host_register_local()
+            host_heartbeat(host=host)
+            hosts_reap_lost()
+        except Exception:  # a failed beat must not kill the thread; the next one retries
+            log.exception("heartbeat failed")
+
+
+@worker_ready.connect
+def _on_ready(**kwargs: object) -> None:
+    recover_host()
+    _stop.clear()
+    threading.Thread(target=_beat, name="tailtune-heartbeat", daemon=True).start()
+
+
+@worker_shutdown.connect
+def _on_shutdown(**kwargs: object) -> None:
+    _stop.set()
