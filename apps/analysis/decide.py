@@ -1,0 +1,652 @@
+"""The four checks, the findings and the retain / retune / isolate decision. Pure.
+
+Inputs are the report's own parts (per-run results, pooled aggregates and
+paired comparisons, see apps/analysis/report.py), so a decision can always be
+re-derived from a stored report. Nothing here depends on dict or set
+iteration order of the inputs: cells are taken in their plan order, the rest
+is sorted, so the same records give the same decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from apps.analysis.metrics import pvalue
+
+RETAIN, RETUNE, ISOLATE, INCONCLUSIVE = "retain", "retune", "isolate", "inconclusive"
+P99_KEYS = {"ttft_ms": "ttft", "e2e_ms": "e2e", "max_stall_ms": "stall"}
+
+FINDINGS: dict[str, dict[str, str]] = {
+    "stall_during_prefill": {
+        "title": "streams stall while prefill advances",
+        "suggests": "a lower token budget; reject it if long-class TTFT or goodput then breaks its contract",
+    },
+    "short_requests_wait": {
+        "title": "new short requests wait while streams are healthy",
+        "suggests": "bounded ingress, verified priority, or isolation; a lower budget alone is not fairness",
+    },
+    "preemptions_rise_with_max_num_seqs": {
+        "title": "preemptions rise with the sequence limit",
+        "suggests": "fewer simultaneous sequences; reject configs that fit memory only by recomputing",
+    },
+    "throughput_up_class_loses": {
+        "title": "aggregate throughput rises while one class loses",
+        "suggests": "reject that candidate; retain B0 or change capacity",
+    },
+    "long_requests_never_finish": {
+        "title": "long requests never finish under stress",
+        "suggests": "bound waiting and reserve capacity",
+    },
+    "no_material_gain": {
+        "title": "no material gain",
+        "suggests": "keep the simpler baseline",
+    },
+}
+
+
+def _num(x: float | None) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return float(round(x, 6))
+
+
+# --- checks ---------------------------------------------------------------
+
+
+def validity_check(
+    *,
+    experiment: Mapping[str, Any],
+    cells: Sequence[Mapping[str, Any]],
+    baseline: str,
+    run_results: Sequence[Mapping[str, Any]],
+    combos: Sequence[tuple[str, str, int]],
+) -> dict[str, Any]:
+    """Are all cells comparable? Every problem names its cell; a cell with one is invalid.
+
+    1. Every cell has exactly one done sweep run per (mixture, rate, repeat).
+    2. Its trace and corpus hashes equal B0's in that (mixture, rate, repeat),
+       and its cohort has as many requests per class as B0's.
+    3. Hardware, model and tokenizer revisions and generation settings are the
+       same in every run (and match the experiment's where it names them).
+    4. The load generator's dispatch lag p99 is within the experiment's tolerance.
+    """
+    problems: list[dict[str, Any]] = []
+    max_lag = float(experiment.get("max_dispatch_lag_ms") or math.inf)
+    sweep: dict[tuple[str, str, str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for r in run_results:
+        if not r.get("scenario"):
+            sweep[(r["cell"], r["mixture"], r["rate"], int(r["repeat"]))].append(r)
+
+    def add(cell: str, problem: str, combo: tuple[str, str, int] | None = None, **detail: Any) -> None:
+        entry: dict[str, Any] = {"cell": cell, "problem": problem}
+        if combo is not None:
+            entry.update(mixture=combo[0], rate=combo[1], repeat=combo[2])
+        entry.update(detail)
+        problems.append(entry)
+
+    chosen: dict[tuple[str, str, str, int], Mapping[str, Any]] = {}
+    for cell in (c["cell_id"] for c in cells):
+        for combo in combos:
+            runs = sweep.get((cell, *combo), [])
+            done = [r for r in runs if r["status"] == "done"]
+            if not done:
+                states = sorted({r["status"] for r in runs}) or ["not run"]
+                add(cell, "missing", combo, statuses=states)
+                continue
+            if len(done) > 1:
+                add(cell, "duplicate runs", combo, runs=sorted(r["key"] for r in done))
+            chosen[(cell, *combo)] = done[0]
+
+    identity = ("hardware_id", "model_revision", "tokenizer_revision")
+    reference: dict[str, Any] = {}
+    for field in identity:
+        expected = experiment.get(field) or None
+        if expected is None:
+            base_runs = [chosen[(baseline, *c)] for c in combos if (baseline, *c) in chosen]
+            expected = base_runs[0].get(field) if base_runs else None
+        reference[field] = expected
+    reference["generation"] = experiment.get("generation")
+
+    for (cell, *combo_l), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):
+        combo = (combo_l[0], combo_l[1], combo_l[2])
+        base = chosen.get((baseline, *combo))
+        for field in ("trace_sha256", "corpus_sha256"):
+            if not run.get(field):
+                add(cell, f"no {field}", combo)
+            elif base is not None and run.get(field) != base.get(field):
+                add(cell, f"{field} differs from {baseline}", combo, value=run.get(field), b0=base.get(field))
+        if base is not None and run is not base:
+            mine = {c: m["counts"]["offered"] for c, m in run["classes"].items()}
+            theirs = {c: m["counts"]["offered"] for c, m in base["classes"].items()}
+            if mine != theirs:
+                add(cell, f"cohort differs from {baseline}", combo, offered=mine, b0=theirs)
+        for field in identity:
+            if reference[field] and run.get(field) and run.get(field) != reference[field]:
+                add(cell, f"{field} differs", combo, value=run.get(field), expected=reference[field])
+            elif not run.get(field):
+                add(cell, f"no {field}", combo)
+        if run.get("generation") is not None and run.get("generation") != reference["generation"]:
+            add(cell, "generation settings differ", combo, value=run.get("generation"))
+        lag = run.get("dispatch_lag_p99_ms")
+        if lag is None:
+            lag = run.get("lateness_ms", {}).get("p99")
+        if lag is not None and lag > max_lag:
+            add(cell, "dispatch lag over tolerance", combo, p99_ms=lag, tolerance_ms=max_lag)
+
+    invalid = sorted({p["cell"] for p in problems if p["problem"] != "duplicate runs"})
+    order = [c["cell_id"] for c in cells]
+    invalid.sort(key=order.index)
+    return {
+        "status": "pass" if not invalid else "fail",
+        "invalid_cells": invalid,
+        "baseline_valid": baseline not in invalid,
+        "problems": problems,
+        "reference": reference,
+        "max_dispatch_lag_ms": _num(max_lag),
+    }
+
+
+def acceptance_check(
+    *,
+    cells: Sequence[Mapping[str, Any]],
+    run_results: Sequence[Mapping[str, Any]],
+    agreed: Sequence[tuple[str, str, int]],
+) -> dict[str, Any]:
+    """Per cell: does every class keep its contract in every repeat at every agreed (mixture, rate)?"""
+    by_key: dict[tuple[str, str, str, int], Mapping[str, Any]] = {}
+    for r in run_results:
+        if not r.get("scenario") and r["status"] == "done":
+            by_key.setdefault((r["cell"], r["mixture"], r["rate"], int(r["repeat"])), r)
+    out: dict[str, Any] = {}
+    for cell in (c["cell_id"] for c in cells):
+        failures: list[dict[str, Any]] = []
+        for combo in agreed:
+            run = by_key.get((cell, *combo))
+            if run is None:
+                failures.append(
+                    {
+                        "mixture": combo[0],
+                        "rate": combo[1],
+                        "repeat": combo[2],
+                        "class": None,
+                        "broken": ["no done run"],
+                    }
+                )
+                continue
+            for name, m in sorted(run["classes"].items()):
+                verdict = m["contract"]
+                if not verdict["met"]:
+                    broken = sorted(k for k, v in verdict.items() if v is False and k != "met")
+                    failures.append(
+                        {
+                            "mixture": combo[0],
+                            "rate": combo[1],
+                            "repeat": combo[2],
+                            "class": name,
+                            "broken": broken or [verdict.get("reason", "contract")],
+                            "ttft_p99": m["ttft_ms"]["p99"],
+                            "e2e_p99": m["e2e_ms"]["p99"],
+                            "max_stall_p99": m["max_stall_ms"]["p99"],
+                            "error_rate": m["error_rate"],
+                        }
+                    )
+        out[cell] = {"passed": not failures and bool(agreed), "failures": failures, "checked": len(agreed)}
+    return {
+        "status": "pass" if any(v["passed"] for v in out.values()) else "fail",
+        "cells": out,
+        "agreed": [list(c) for c in agreed],
+    }
+
+
+def scenario_check(run_results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Failure-scenario runs, listed apart from the sweep with what held and what did not."""
+    listed = []
+    for r in sorted(
+        (r for r in run_results if r.get("scenario")),
+        key=lambda r: (r["scenario"], r["cell"], r["mixture"], r["rate"], int(r["repeat"]), r["key"]),
+    ):
+        classes = {}
+        for name, m in sorted(r["classes"].items()):
+            c = m["counts"]
+            classes[name] = {
+                "offered": c["offered"],
+                "completed": c["completed"],
+                "rejected": c["rejected"],
+                "errors": c["errors"],
+                "timeouts": c["timeouts"],
+                "cancelled": c["cancelled"],
+                "unfinished": c["unfinished"],
+                "contract_met": m["contract"]["met"],
+                "ttft_p99": m["ttft_ms"]["p99"],
+                "e2e_p99": m["e2e_ms"]["p99"],
+                "oldest_queue_age_ms": m["oldest_queue_age_ms"],
+            }
+        listed.append(
+            {
+                "scenario": r["scenario"],
+                "cell": r["cell"],
+                "mixture": r["mixture"],
+                "rate": r["rate"],
+                "repeat": r["repeat"],
+                "run": r["key"],
+                "status": r["status"],
+                "held": r["status"] == "done" and all(v["contract_met"] for v in classes.values()),
+                "preemptions": (r.get("server") or {}).get("counters", {}).get("preemptions"),
+                "classes": classes,
+            }
+        )
+    status = "none" if not listed else ("pass" if all(x["held"] for x in listed) else "listed")
+    return {"status": status, "runs": listed}
+
+
+def recovery_check(rollback: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The rollback manifest exists and names a baseline (it is written at approval, after analysis)."""
+    rb = dict(rollback or {})
+    exists = bool(rb.get("exists"))
+    baseline = rb.get("baseline") or None
+    if exists and baseline:
+        return {"status": "pass", "manifest": True, "baseline": baseline}
+    reason = "no rollback manifest yet" if not exists else "the manifest names no baseline"
+    return {
+        "status": "pending" if not exists else "fail",
+        "manifest": exists,
+        "baseline": baseline,
+        "reason": reason,
+    }
+
+
+# --- findings -------------------------------------------------------------
+
+
+def _class_roles(classes: Sequence[Mapping[str, Any]]) -> tuple[str | None, str | None]:
+    """The short class has the fewest input tokens, the long class the most (ties: list order)."""
+    if not classes:
+        return None, None
+    short = min(classes, key=lambda c: (c.get("input_tokens", 0), classes.index(c)))
+    long = max(classes, key=lambda c: (c.get("input_tokens", 0), -classes.index(c)))
+    return short["name"], long["name"]
+
+
+def findings(
+    *,
+    cells: Sequence[Mapping[str, Any]],
+    classes: Sequence[Mapping[str, Any]],
+    baseline: str,
+    run_results: Sequence[Mapping[str, Any]],
+    aggregates: Sequence[Mapping[str, Any]],
+    comparisons: Sequence[Mapping[str, Any]],
+    stall_ratio: float = 2.0,
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    short, long = _class_roles(classes)
+    contracts = {c["name"]: c for c in classes}
+    agg = {(a["cell"], a["mixture"], a["rate"], a["class"]): a["pooled"] for a in aggregates}
+    order = {c["cell_id"]: i for i, c in enumerate(cells)}
+    keys = sorted(
+        {(a["cell"], a["mixture"], a["rate"]) for a in aggregates},
+        key=lambda k: (order.get(k[0], 1 << 30), k[1], k[2]),
+    )
+
+    def emit(fid: str, evidence: list[dict[str, Any]]) -> None:
+        if evidence:
+            out.append(
+                {
+                    "id": fid,
+                    **FINDINGS[fid],
+                    "evidence": evidence,
+                    "cells": sorted(
+                        {e["cell"] for e in evidence if "cell" in e}, key=lambda c: order.get(c, 1 << 30)
+                    ),
+                }
+            )
+
+    def offered(cell: str, mix: str, rate: str, name: str | None) -> int:
+        m = agg.get((cell, mix, rate, name))
+        return m["counts"]["offered"] if m else 0
+
+    # 1 and 2: the short class next to long traffic.
+    stall_ev: list[dict[str, Any]] = []
+    wait_ev: list[dict[str, Any]] = []
+    if short is not None and long is not None and short != long:
+        sc = contracts[short]
+        for cell, mix, rate in keys:
+            s = agg.get((cell, mix, rate, short))
+            if s is None or s["counts"]["offered"] == 0 or offered(cell, mix, rate, long) == 0:
+                continue
+            # The same cell and rate without long traffic, if the plan has it.
+            ref_mix = next(
+                (
+                    k[1]
+                    for k in keys
+                    if k[0] == cell
+                    and k[2] == rate
+                    and offered(cell, k[1], rate, short) > 0
+                    and offered(cell, k[1], rate, long) == 0
+                ),
+                None,
+            )
+            ref = agg.get((cell, ref_mix, rate, short)) if ref_mix else None
+            stall = pvalue(s["max_stall_ms"]["p99"])
+            ref_stall = pvalue(ref["max_stall_ms"]["p99"]) if ref else None
+            breaks = stall > sc["max_stall_ms"]
+            ref_breaks = ref_stall is not None and ref_stall > sc["max_stall_ms"]
+            grew = ref_stall is not None and ref_stall > 0 and stall >= stall_ratio * ref_stall
+            if (breaks and not ref_breaks) or grew:
+                lg = agg[(cell, mix, rate, long)]
+                stall_ev.append(
+                    {
+                        "cell": cell,
+                        "mixture": mix,
+                        "rate": rate,
+                        "short_max_stall_p99": s["max_stall_ms"]["p99"],
+                        "limit_ms": sc["max_stall_ms"],
+                        "short_itl_p99_ms": s["itl_ms"]["p99"],
+                        "short_only_mixture": ref_mix,
+                        "short_only_max_stall_p99": ref["max_stall_ms"]["p99"] if ref else None,
+                        "long_ttft_p99": lg["ttft_ms"]["p99"],
+                        "long_goodput_rps": lg["goodput_rps"],
+                    }
+                )
+            ttft = pvalue(s["ttft_ms"]["p99"])
+            if ttft > sc["ttft_p99_ms"] and stall <= sc["max_stall_ms"]:
+                wait_ev.append(
+                    {
+                        "cell": cell,
+                        "mixture": mix,
+                        "rate": rate,
+                        "short_ttft_p99": s["ttft_ms"]["p99"],
+                        "limit_ms": sc["ttft_p99_ms"],
+                        "short_oldest_queue_age_ms": s["oldest_queue_age_ms"],
+                        "short_max_stall_p99": s["max_stall_ms"]["p99"],
+                        "short_itl_p99_ms": s["itl_ms"]["p99"],
+                    }
+                )
+    emit("stall_during_prefill", stall_ev)
+    emit("short_requests_wait", wait_ev)
+
+    # 3: preemptions against max_num_seqs, comparing cells that differ in nothing else.
+    preempt: dict[str, list[float]] = defaultdict(list)
+    for r in run_results:
+        p = (r.get("server") or {}).get("counters", {}).get("preemptions")
+        if not r.get("scenario") and r["status"] == "done" and p is not None:
+            preempt[r["cell"]].append(float(p))
+    points = []
+    for c in cells:
+        seqs = (c.get("args") or {}).get("max_num_seqs")
+        if seqs is not None and preempt.get(c["cell_id"]):
+            rest = {k: v for k, v in sorted((c.get("args") or {}).items()) if k != "max_num_seqs"}
+            vals = preempt[c["cell_id"]]
+            points.append((repr(rest), int(seqs), sum(vals) / len(vals), c["cell_id"]))
+    rising = falling = 0
+    for a in points:
+        for b in points:
+            if a[0] == b[0] and a[1] < b[1]:
+                rising += b[2] > a[2]
+                falling += b[2] < a[2]
+    if rising > falling and rising > 0:
+        emit(
+            "preemptions_rise_with_max_num_seqs",
+            [
+                {"cell": cid, "max_num_seqs": seqs, "mean_preemptions_per_run": _num(mean)}
+                for _, seqs, mean, cid in sorted(points, key=lambda p: (p[0], p[1], order[p[3]]))
+            ]
+            + [{"pairs_rising": rising, "pairs_falling": falling}],
+        )
+
+    # 4: more tokens per second overall, but a class materially worse than B0.
+    tput_ev = []
+    by_pair: dict[tuple[str, str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for cmp in comparisons:
+        by_pair[(cmp["cell"], cmp["mixture"], cmp["rate"])].append(cmp)
+    for cell, mix, rate in sorted(by_pair, key=lambda k: (order.get(k[0], 1 << 30), k[1], k[2])):
+
+        def tput(c: str, mix: str = mix, rate: str = rate) -> float:
+            ms = [agg[k] for k in agg if k[0] == c and k[1] == mix and k[2] == rate]
+            return sum(m["output_tokens"] for m in ms) / max(1e-9, ms[0]["observation_s"]) if ms else 0.0
+
+        cand_t, base_t = tput(cell), tput(baseline)
+        if base_t <= 0 or cand_t <= base_t:
+            continue
+        losses = [
+            {
+                "class": cmp["class"],
+                "metric": m,
+                "b0": v["b0"],
+                "candidate": v["candidate"],
+                "diff": v["diff"],
+                "ci": v["ci"],
+            }
+            for cmp in sorted(by_pair[(cell, mix, rate)], key=lambda x: x["class"])
+            for m, v in sorted(cmp["metrics"].items())
+            if v["direction"] == "worse"
+        ]
+        if losses:
+            tput_ev.append(
+                {
+                    "cell": cell,
+                    "mixture": mix,
+                    "rate": rate,
+                    "tokens_per_s": _num(cand_t),
+                    "b0_tokens_per_s": _num(base_t),
+                    "losses": losses,
+                }
+            )
+    emit("throughput_up_class_loses", tput_ev)
+
+    # 5: long requests still unfinished at the drain deadline.
+    long_ev = []
+    if long is not None:
+        for r in sorted(
+            run_results,
+            key=lambda r: (
+                order.get(r["cell"], 1 << 30),
+                r["mixture"],
+                r["rate"],
+                int(r["repeat"]),
+                r.get("scenario") or "",
+                r["key"],
+            ),
+        ):
+            m = r["classes"].get(long)
+            if r["status"] == "done" and m and m["counts"]["unfinished"] > 0:
+                long_ev.append(
+                    {
+                        "cell": r["cell"],
+                        "mixture": r["mixture"],
+                        "rate": r["rate"],
+                        "repeat": r["repeat"],
+                        "scenario": r.get("scenario") or "",
+                        "class": long,
+                        "unfinished": m["counts"]["unfinished"],
+                        "offered": m["counts"]["offered"],
+                        "still_waiting": m["counts"]["still_waiting"],
+                        "e2e_p99": m["e2e_ms"]["p99"],
+                    }
+                )
+    emit("long_requests_never_finish", long_ev)
+
+    # 6: nothing any candidate did was a material change for the better.
+    if comparisons and not any(
+        v["direction"] == "better" for c in comparisons for v in c["metrics"].values()
+    ):
+        largest = []
+        for c in comparisons:
+            for m, v in sorted(c["metrics"].items()):
+                if v["diff"] is not None and v["threshold"]:
+                    largest.append(
+                        (
+                            abs(v["diff"]) / v["threshold"],
+                            c["cell"],
+                            c["mixture"],
+                            c["rate"],
+                            c["class"],
+                            m,
+                            v,
+                        )
+                    )
+        largest.sort(key=lambda x: (-x[0], order.get(x[1], 1 << 30), x[2], x[3], x[4], x[5]))
+        out_ev = [{"comparisons": len(comparisons), "material_better": 0}]
+        for ratio, cell, mix, rate, cls, m, v in largest[:5]:
+            out_ev.append(
+                {
+                    "cell": cell,
+                    "mixture": mix,
+                    "rate": rate,
+                    "class": cls,
+                    "metric": m,
+                    "diff": v["diff"],
+                    "ci": v["ci"],
+                    "threshold": v["threshold"],
+                    "repeat_std": v["repeat_std"],
+                    "diff_over_threshold": _num(ratio),
+                }
+            )
+        emit("no_material_gain", out_ev)
+    return out
+
+
+# --- the decision ---------------------------------------------------------
+
+
+def decide(
+    *,
+    cells: Sequence[Mapping[str, Any]],
+    baseline: str,
+    validity: Mapping[str, Any],
+    acceptance: Mapping[str, Any],
+    comparisons: Sequence[Mapping[str, Any]],
+    agreed: Sequence[tuple[str, str, int]],
+) -> dict[str, Any]:
+    """retain / retune / isolate (or inconclusive when B0 itself is not valid data).
+
+    1. B0 invalid or incomplete: inconclusive; nothing can be compared.
+    2. Eligible candidates: valid, every class keeps its contract in every
+       repeat at every agreed (mixture, rate), and no class is materially worse
+       than B0 on any compared metric there; and, when B0 keeps its contracts,
+       a material gain somewhere (when B0 breaks them, meeting them is the gain).
+    3. Any eligible: retune to the best, ranked by (a) the largest smallest
+       goodput gain over agreed (mixture, rate, class), relative to B0, then
+       (b) the lowest worst p99 ratio candidate / B0, then (c) plan order.
+    4. Else B0 keeps its contracts: retain. Else no configuration does: isolate.
+    """
+    agreed_pairs = {(m, r) for m, r, _ in agreed}
+    accept = acceptance["cells"]
+    invalid = set(validity["invalid_cells"])
+    if baseline in invalid or baseline not in accept:
+        return {
+            "outcome": INCONCLUSIVE,
+            "chosen_cell": baseline,
+            "rule": "B0 has invalid or missing runs: no comparison is possible",
+            "evidence": {"problems": [p for p in validity["problems"] if p["cell"] == baseline][:20]},
+        }
+    b0_passes = accept[baseline]["passed"]
+    by_cell: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for c in comparisons:
+        if (c["mixture"], c["rate"]) in agreed_pairs:
+            by_cell[c["cell"]].append(c)
+
+    considered = []
+    ranked = []
+    for pos, cell in enumerate(c["cell_id"] for c in cells):
+        if cell == baseline:
+            continue
+        comps = by_cell.get(cell, [])
+        worse = [
+            (c["mixture"], c["rate"], c["class"], m)
+            for c in comps
+            for m, v in sorted(c["metrics"].items())
+            if v["direction"] == "worse"
+        ]
+        better = [
+            (c["mixture"], c["rate"], c["class"], m)
+            for c in comps
+            for m, v in sorted(c["metrics"].items())
+            if v["direction"] == "better"
+        ]
+        reasons = []
+        if cell in invalid:
+            reasons.append("invalid")
+        if not accept.get(cell, {}).get("passed"):
+            reasons.append("breaks a contract")
+        if worse:
+            reasons.append("a class is materially worse than B0")
+        if b0_passes and not better:
+            reasons.append("no material gain")
+        gains = []
+        ratios = []
+        for c in comps:
+            g = c["metrics"]["goodput_rps"]
+            if g["b0"]:
+                gains.append((g["candidate"] or 0.0) / g["b0"] - 1.0)
+            elif g["candidate"] is not None:
+                gains.append(g["candidate"])
+            for m in ("ttft_p99_ms", "e2e_p99_ms", "max_stall_p99_ms"):
+                v = c["metrics"][m]
+                if v["candidate_censored"]:
+                    ratios.append(math.inf)
+                elif v["b0"] and v["candidate"] is not None:
+                    ratios.append(v["candidate"] / v["b0"])
+        min_gain = min(gains) if gains else -math.inf
+        worst_ratio = max(ratios) if ratios else math.inf
+        considered.append(
+            {
+                "cell": cell,
+                "eligible": not reasons,
+                "reasons": reasons,
+                "min_goodput_gain": _num(min_gain),
+                "worst_p99_ratio": _num(worst_ratio),
+                "material_better": [list(b) for b in better[:10]],
+                "material_worse": [list(w) for w in worse[:10]],
+            }
+        )
+        if not reasons:
+            ranked.append((-min_gain, worst_ratio, pos, cell))
+    ranked.sort()
+    evidence: dict[str, Any] = {
+        "b0_meets_contracts": b0_passes,
+        "candidates": considered,
+        "b0_failures": accept[baseline]["failures"][:20],
+    }
+    if ranked:
+        best = ranked[0][3]
+        rule = (
+            "best candidate that keeps every class contract in every repeat at every agreed rate and "
+            "mixture, with a material gain and no class materially worse than B0 "
+            "(ranked by smallest goodput gain, then worst p99 ratio, then plan order)"
+        )
+        if not b0_passes:
+            rule = (
+                "B0 breaks a class contract; best candidate that keeps every contract in every repeat at "
+                "every agreed rate and mixture with no class materially worse than B0"
+            )
+        return {"outcome": RETUNE, "chosen_cell": best, "rule": rule, "evidence": evidence}
+    if b0_passes:
+        return {
+            "outcome": RETAIN,
+            "chosen_cell": baseline,
+            "rule": "B0 keeps every class contract and no candidate passes every gate with a material gain",
+            "evidence": evidence,
+        }
+    passing = [
+        c["cell"] for c in considered if c["cell"] not in invalid and accept.get(c["cell"], {}).get("passed")
+    ]
+    if passing:
+        # Contracts are kept somewhere, so isolation is not called for, yet the
+        # candidates that keep them are materially worse than B0 elsewhere.
+        return {
+            "outcome": INCONCLUSIVE,
+            "chosen_cell": baseline,
+            "rule": "B0 breaks a contract; the candidates that keep every contract are materially worse "
+            "than B0 on some class: a person must weigh it",
+            "evidence": {**evidence, "passing": passing},
+        }
+    return {
+        "outcome": ISOLATE,
+        "chosen_cell": baseline,
+        "rule": "no configuration keeps every class's contract on shared capacity: separate the classes "
+        "with admission control or capacity",
+        "evidence": evidence,
+    }

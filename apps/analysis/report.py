@@ -1,0 +1,434 @@
+"""The whole experiment report, from plain inputs. Pure: the database service and tests both call it.
+
+Inputs (dicts, as the service builds them from the models):
+
+- experiment: id, name, model_revision, tokenizer_revision, hardware_id
+  (optional), generation, max_dispatch_lag_ms, mixtures, rates (optional).
+- cells: cell_id, role ("baseline" | "candidate"), args, position.
+- classes: name, input_tokens, and the contract (ttft_p99_ms, e2e_p99_ms,
+  max_stall_ms, error_rate).
+- runs: key (the run id the records carry), cell, mixture, rate, rate_rps,
+  repeat, scenario, status, trace_sha256, corpus_sha256, hardware_id,
+  model_revision, tokenizer_revision, dispatch_lag_p99_ms, warmup_s,
+  observation_s, drain_deadline_s (and optionally generation).
+- table: a RecordTable of every run's records.
+- samples: run key -> MetricSample dicts (optional).
+- token_hists / chunk_hists: (run key, class) -> merged cohort GapHistogram,
+  when the caller merged them already (else they come from the table).
+- rollback: {"exists": bool, "baseline": str | None}.
+
+The output is JSON-serialisable: no NaN or infinity anywhere (a value that
+is not a finite number is null, with a flag saying why).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from apps.analysis import compare, decide, metrics
+from apps.analysis.columns import RecordTable
+from apps.analysis.server import server_metrics
+from workers.replay.records import GapHistogram
+
+REPORT_FORMAT = "tailtune-report"
+REPORT_VERSION = 1
+HEADLINE = ("goodput_rps", "contract_share", "ttft_p99", "e2e_p99", "max_stall_p99", "itl_p99")
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    compare: compare.CompareOptions = field(default_factory=compare.CompareOptions)
+    # The rates (names) at which acceptance and the decision are judged; None: every rate.
+    agreed_rates: tuple[str, ...] | None = None
+    # Short-class max-stall growth next to long traffic that counts as a stall finding.
+    stall_ratio: float = 2.0
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None) -> ReportOptions:
+        data = dict(data or {})
+        unknown = set(data) - {"compare", "agreed_rates", "stall_ratio"}
+        if unknown:
+            raise ValueError(f"unknown analysis options: {', '.join(sorted(unknown))}")
+        agreed = data.get("agreed_rates")
+        return cls(
+            compare=compare.CompareOptions.from_mapping(data.get("compare")),
+            agreed_rates=tuple(str(r) for r in agreed) if agreed is not None else None,
+            stall_ratio=float(data.get("stall_ratio", 2.0)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "compare": self.compare.to_json(),
+            "agreed_rates": list(self.agreed_rates) if self.agreed_rates is not None else None,
+            "stall_ratio": self.stall_ratio,
+        }
+
+
+def jsonable(value: Any) -> Any:
+    """numpy scalars to Python, non-finite floats to None, tuples to lists."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    return value
+
+
+def _merge(hists: Sequence[GapHistogram | None]) -> GapHistogram | None:
+    present = [h for h in hists if h is not None]
+    if not present:
+        return None
+    out = GapHistogram()
+    for h in present:
+        out.merge(h)
+    return out
+
+
+def _headline(m: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        "goodput_rps": m["goodput_rps"],
+        "contract_share": m["contract_share"] if m["contract_share"] is not None else math.nan,
+        "ttft_p99": metrics.pvalue(m["ttft_ms"]["p99"]),
+        "e2e_p99": metrics.pvalue(m["e2e_ms"]["p99"]),
+        "max_stall_p99": metrics.pvalue(m["max_stall_ms"]["p99"]),
+        "itl_p99": m["itl_ms"]["p99"] if m["itl_ms"]["p99"] is not None else math.inf,
+    }
+
+
+def _variation(per_repeat: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for name in HEADLINE:
+        vals = [_headline(m)[name] for m in per_repeat]
+        finite = [v for v in vals if math.isfinite(v)]
+        out[name] = {
+            "repeats": [v if math.isfinite(v) else None for v in vals],
+            "censored": sum(1 for v in vals if math.isinf(v)),
+            "mean": float(np.mean(finite)) if finite else None,
+            "std": float(np.std(finite)) if len(finite) > 1 else None,
+            "min": min(finite) if finite else None,
+            "max": max(finite) if finite else None,
+        }
+    return out
+
+
+def build_report(
+    *,
+    experiment: Mapping[str, Any],
+    cells: Sequence[Mapping[str, Any]],
+    classes: Sequence[Mapping[str, Any]],
+    runs: Sequence[Mapping[str, Any]],
+    table: RecordTable,
+    samples: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    token_hists: Mapping[tuple[str, str], GapHistogram] | None = None,
+    chunk_hists: Mapping[tuple[str, str], GapHistogram] | None = None,
+    rollback: Mapping[str, Any] | None = None,
+    options: Mapping[str, Any] | ReportOptions | None = None,
+) -> dict[str, Any]:
+    """Per-run metrics, pooled aggregates, paired comparisons, checks, findings and the decision.
+
+    1. Derive every record's outcome and latencies from its planned arrival.
+    2. Per run and class: counts, censored percentiles, goodput, contract verdict.
+    3. Per (cell, mixture, rate, class): repeats pooled, with their variation.
+    4. Per candidate, (mixture, rate) and class: paired bootstrap against B0.
+    5. The four checks, the findings, the decision; chart-ready aggregates.
+    """
+    opts = options if isinstance(options, ReportOptions) else ReportOptions.from_mapping(options)
+    cells = sorted(cells, key=lambda c: (int(c.get("position", 0)), str(c["cell_id"])))
+    cell_ids = [c["cell_id"] for c in cells]
+    if len(set(cell_ids)) != len(cell_ids):
+        raise ValueError("cell ids must be unique")
+    baselines = [c["cell_id"] for c in cells if c.get("role") == "baseline"]
+    if len(baselines) != 1:
+        raise ValueError(f"expected exactly one baseline cell, got {len(baselines)}")
+    baseline = baselines[0]
+    contracts = {c["name"]: metrics.Contract.from_mapping(c) for c in classes}
+    class_names = [c["name"] for c in classes]
+    windows = {str(r["key"]): metrics.run_window(r) for r in runs}
+
+    # 1. Derive, then group cohort rows by (run, class) with one sort.
+    d = metrics.derive(table, windows, contracts)
+    n_cls = max(1, len(table.class_names))
+    rows = np.flatnonzero(d.cohort)
+    gkey = table.run[rows] * n_cls + table.cls[rows]
+    order = np.argsort(gkey, kind="stable")
+    rows, gkey = rows[order], gkey[order]
+    uniq, starts = np.unique(gkey, return_index=True)
+    ends = np.append(starts[1:], rows.size)
+    groups: dict[tuple[str, str], np.ndarray] = {}
+    for g, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        run_i, cls_i = divmod(g, n_cls)
+        groups[(table.run_keys[run_i], table.class_names[cls_i])] = rows[s:e]
+    unknown_classes = sorted({c for (_, c) in groups} - set(class_names))
+    if token_hists is None:
+        token_hists = metrics.cohort_histograms(d, which="token_gaps")
+    if chunk_hists is None:
+        chunk_hists = metrics.cohort_histograms(d, which="chunk_gaps")
+    empty = np.zeros(0, dtype=np.int64)
+
+    # 2. Per run, per class.
+    run_results: list[dict[str, Any]] = []
+    for r in runs:
+        key = str(r["key"])
+        w = windows[key]
+        per_class = {
+            name: metrics.class_metrics(
+                d,
+                groups.get((key, name), empty),
+                contract=contracts[name],
+                observation_s=w.observation_s,
+                token_hist=token_hists.get((key, name)),
+                chunk_hist=chunk_hists.get((key, name)),
+            )
+            for name in class_names
+        }
+        all_rows = np.concatenate([groups.get((key, n), empty) for n in class_names])
+        total_tokens = sum(m["output_tokens"] for m in per_class.values())
+        run_results.append(
+            {
+                "key": key,
+                "cell": r["cell"],
+                "mixture": r["mixture"],
+                "rate": r["rate"],
+                "rate_rps": r.get("rate_rps"),
+                "repeat": int(r["repeat"]),
+                "scenario": r.get("scenario") or "",
+                "status": r["status"],
+                "trace_sha256": r.get("trace_sha256") or "",
+                "corpus_sha256": r.get("corpus_sha256") or "",
+                "hardware_id": r.get("hardware_id") or "",
+                "model_revision": r.get("model_revision") or "",
+                "tokenizer_revision": r.get("tokenizer_revision") or "",
+                **({"generation": r["generation"]} if r.get("generation") is not None else {}),
+                "dispatch_lag_p99_ms": r.get("dispatch_lag_p99_ms"),
+                "window": {
+                    "warmup_s": float(r["warmup_s"]),
+                    "observation_s": w.observation_s,
+                    "drain_deadline_s": float(r["drain_deadline_s"]),
+                },
+                "lateness_ms": metrics._plain_stats(d.lateness_ms[all_rows]),
+                "tokens_per_s": round(total_tokens / w.observation_s, 6) if w.observation_s > 0 else None,
+                "classes": per_class,
+                "server": server_metrics((samples or {}).get(key, [])),
+            }
+        )
+    run_by_key = {r["key"]: r for r in run_results}
+
+    # The sweep's (mixture, rate, repeat) combinations, and those judged.
+    sweep = [r for r in run_results if not r["scenario"]]
+    combo_set = {(r["mixture"], r["rate"], r["repeat"]) for r in sweep}
+    repeats = sorted({c[2] for c in combo_set})
+    for mix in experiment.get("mixtures") or {}:
+        for rate in experiment.get("rates") or {}:
+            for rep in repeats or [0]:
+                combo_set.add((mix, rate, rep))
+    combos = sorted(combo_set)
+    agreed = [c for c in combos if opts.agreed_rates is None or c[1] in opts.agreed_rates]
+    done: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    for r in sweep:
+        if r["status"] == "done":
+            done.setdefault((r["cell"], r["mixture"], r["rate"], r["repeat"]), r)
+
+    # 3. Pooled across repeats.
+    aggregates = []
+    for cell in cell_ids:
+        for mix, rate in sorted({(c[0], c[1]) for c in combos}):
+            reps = [done[(cell, mix, rate, rep)] for rep in repeats if (cell, mix, rate, rep) in done]
+            if not reps:
+                continue
+            obs = sum(run_by_key[x["key"]]["window"]["observation_s"] for x in reps)
+            for name in class_names:
+                pooled_rows = np.concatenate([groups.get((x["key"], name), empty) for x in reps])
+                pooled = metrics.class_metrics(
+                    d,
+                    pooled_rows,
+                    contract=contracts[name],
+                    observation_s=obs,
+                    token_hist=_merge([token_hists.get((x["key"], name)) for x in reps]),
+                    chunk_hist=_merge([chunk_hists.get((x["key"], name)) for x in reps]),
+                )
+                aggregates.append(
+                    {
+                        "cell": cell,
+                        "mixture": mix,
+                        "rate": rate,
+                        "class": name,
+                        "repeats": [x["repeat"] for x in reps],
+                        "pooled": pooled,
+                        "variation": _variation([x["classes"][name] for x in reps]),
+                    }
+                )
+
+    # 4. Paired comparison with B0, one shared resampling per (mixture, rate, class).
+    comparisons = []
+    for mix, rate in sorted({(c[0], c[1]) for c in combos}):
+        base_runs = [
+            (rep, done[(baseline, mix, rate, rep)]) for rep in repeats if (baseline, mix, rate, rep) in done
+        ]
+        if not base_runs:
+            continue
+        for name in class_names:
+            frames = [np.sort(table.index[groups.get((br["key"], name), empty)]) for _, br in base_runs]
+            sizes = [int(f.size) for f in frames]
+            if sum(sizes) == 0:
+                continue
+            rs = compare.resampling(
+                sizes,
+                resamples=opts.compare.resamples,
+                rng=compare.group_rng(opts.compare, f"{mix}|{rate}|{name}"),
+            )
+            base_aligned = [
+                compare.align(f, groups.get((br["key"], name)), table.index)
+                for f, (_, br) in zip(frames, base_runs, strict=True)
+            ]
+            obs_s = [run_by_key[br["key"]]["window"]["observation_s"] for _, br in base_runs]
+            base_h = [token_hists.get((br["key"], name)) for _, br in base_runs]
+            for cell in cell_ids:
+                if cell == baseline:
+                    continue
+                cand = [done.get((cell, mix, rate, rep)) for rep, _ in base_runs]
+                if all(c is None for c in cand):
+                    continue
+                cand_aligned = [
+                    compare.align(f, groups.get((c["key"], name)) if c else None, table.index)
+                    for f, c in zip(frames, cand, strict=True)
+                ]
+                cand_h = [token_hists.get((c["key"], name)) if c else None for c in cand]
+                comparisons.append(
+                    {
+                        "cell": cell,
+                        "mixture": mix,
+                        "rate": rate,
+                        "class": name,
+                        "requests": sizes,
+                        "metrics": compare.compare_class(
+                            d,
+                            rs=rs,
+                            base_aligned=base_aligned,
+                            cand_aligned=cand_aligned,
+                            obs_s=obs_s,
+                            base_hists=base_h,
+                            cand_hists=cand_h,
+                            options=opts.compare,
+                        ),
+                    }
+                )
+
+    # 5. Checks, findings, decision.
+    validity = decide.validity_check(
+        experiment=experiment, cells=cells, baseline=baseline, run_results=run_results, combos=combos
+    )
+    acceptance = decide.acceptance_check(cells=cells, run_results=run_results, agreed=agreed)
+    checks = {
+        "validity": validity,
+        "acceptance": acceptance,
+        "failure_scenarios": decide.scenario_check(run_results),
+        "recovery": decide.recovery_check(rollback),
+    }
+    found = decide.findings(
+        cells=cells,
+        classes=classes,
+        baseline=baseline,
+        run_results=run_results,
+        aggregates=aggregates,
+        comparisons=comparisons,
+        stall_ratio=opts.stall_ratio,
+    )
+    decision = decide.decide(
+        cells=cells,
+        baseline=baseline,
+        validity=validity,
+        acceptance=acceptance,
+        comparisons=comparisons,
+        agreed=agreed,
+    )
+
+    report = {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "experiment": {k: experiment.get(k) for k in ("id", "name", "model_revision", "tokenizer_revision")},
+        "options": opts.to_json(),
+        "baseline": baseline,
+        "cells": [
+            {"cell_id": c["cell_id"], "role": c.get("role"), "args": c.get("args") or {}} for c in cells
+        ],
+        "classes": [dict(c) for c in classes],
+        "records": {"total": len(table), "cohort": int(rows.size), "unknown_classes": unknown_classes},
+        "runs": run_results,
+        "aggregates": aggregates,
+        "comparisons": comparisons,
+        "checks": checks,
+        "findings": found,
+        "decision": decision,
+        "charts": charts(
+            cell_ids=cell_ids, aggregates=aggregates, comparisons=comparisons, run_results=run_results
+        ),
+    }
+    return jsonable(report)
+
+
+def charts(
+    *,
+    cell_ids: Sequence[str],
+    aggregates: Sequence[Mapping[str, Any]],
+    comparisons: Sequence[Mapping[str, Any]],
+    run_results: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """Small aggregates the UI plots directly (it never reads records)."""
+    per_group: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for a in aggregates:
+        k = (a["mixture"], a["rate"], a["class"])
+        g = per_group.setdefault(
+            k,
+            {
+                "mixture": k[0],
+                "rate": k[1],
+                "class": k[2],
+                "cells": [],
+                **{h: [] for h in HEADLINE},
+                "censored": {h: [] for h in HEADLINE},
+            },
+        )
+        g["cells"].append(a["cell"])
+        head = _headline(a["pooled"])
+        for h in HEADLINE:
+            g[h].append(head[h] if math.isfinite(head[h]) else None)
+            g["censored"][h].append(math.isinf(head[h]))
+    forest = [
+        {
+            "cell": c["cell"],
+            "mixture": c["mixture"],
+            "rate": c["rate"],
+            "class": c["class"],
+            "metric": m,
+            "diff": v["diff"],
+            "ci": v["ci"],
+            "direction": v["direction"],
+        }
+        for c in comparisons
+        for m, v in sorted(c["metrics"].items())
+    ]
+    preempt: dict[str, list[float]] = defaultdict(list)
+    for r in run_results:
+        p = r["server"]["counters"].get("preemptions")
+        if not r["scenario"] and r["status"] == "done" and p is not None:
+            preempt[r["cell"]].append(p)
+    return {
+        "class_metrics": [per_group[k] for k in sorted(per_group)],
+        "diffs": forest,
+        "preemptions_per_run": [
+            {"cell": c, "mean": (sum(preempt[c]) / len(preempt[c])) if preempt.get(c) else None}
+            for c in cell_ids
+        ],
+    }
