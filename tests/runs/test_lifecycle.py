@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from apps.experiments.models import Experiment
+from apps.runs.models import Host, Run
+from apps.runs.services import (
+    experiment_cancel,
+    host_lease,
+    host_release,
+    hosts_reap_lost,
+    run_claim,
+)
+from tests.experiments.factories import make_experiment
+from tests.runs.factories import make_host
+
+
+@pytest.mark.django_db
+def test_it_lets_only_one_claim_win() -> None:
+    run = make_experiment().runs.first()
+    host = make_host()
+    assert run_claim(run_pk=run.pk, host=host) is not None
+    assert run_claim(run_pk=run.pk, host=host) is None  # the redelivered task returns early
+    run.refresh_from_db()
+    assert run.status == Run.Status.STARTING and run.attempts == 1
+
+
+@pytest.mark.django_db
+def test_it_leases_a_host_to_one_run_at_a_time() -> None:
+    first, second = make_experiment().runs.all()[:2]
+    host = make_host()
+    assert host_lease(host=host, run=first)
+    assert not host_lease(host=host, run=second)
+    host_release(host=host, run=first)
+    assert host_lease(host=host, run=second)
+
+
+@pytest.mark.django_db
+def test_it_dequeues_the_rest_when_cancelled() -> None:
+    experiment = make_experiment()
+    Experiment.objects.filter(pk=experiment.pk).update(status="running")
+    experiment.refresh_from_db()
+    active = experiment.runs.first()
+    Run.objects.filter(pk=active.pk).update(status=Run.Status.MEASURING)
+    n = experiment_cancel(experiment=experiment)
+    assert n == experiment.runs.count() - 1
+    assert experiment.runs.get(pk=active.pk).status == Run.Status.MEASURING  # its worker stops it
+    assert set(experiment.runs.exclude(pk=active.pk).values_list("status", flat=True)) == {"cancelled"}
+    experiment.refresh_from_db()
+    assert experiment.status == Experiment.Status.CANCELLED
+    assert experiment.audit_events.filter(action="experiment.cancelled").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_fails_and_requeues_once_the_run_of_a_lost_host() -> None:
+    experiment = make_experiment()
+    Experiment.objects.filter(pk=experiment.pk).update(status="running")
+    run = experiment.runs.first()
+    dead = make_host("dead", alive=False)
+    make_host("alive")
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.MEASURING, host=dead)
+    Host.objects.filter(pk=dead.pk).update(current_run=run)
+    with mock.patch("workers.tasks.execute_run.apply_async") as send:
+        retried = hosts_reap_lost()
+    assert len(retried) == 1
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED and "host lost" in run.reason
+    retry = retried[0]
+    assert retry.retry_of_id == run.pk and retry.status == Run.Status.QUEUED
+    assert (retry.cell_id, retry.mixture, retry.rate_name, retry.repeat) == (
+        run.cell_id,
+        run.mixture,
+        run.rate_name,
+        run.repeat,
+    )
+    assert send.call_args.kwargs["queue"] == "host.alive"
+    # A retry that is lost too is not retried again.
+    Run.objects.filter(pk=retry.pk).update(status=Run.Status.MEASURING, host=dead)
+    Host.objects.filter(pk=dead.pk).update(current_run=retry)
+    with mock.patch("workers.tasks.execute_run.apply_async"):
+        assert hosts_reap_lost() == []
+    assert Run.objects.get(pk=retry.pk).status == Run.Status.FAILED
