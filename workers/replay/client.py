@@ -1,0 +1,682 @@
+"""The open-loop streaming load generator.
+
+Each request of a trace is sent at its planned offset from one run origin,
+whatever happened to the requests before it: a slow server makes streams
+pile up, never makes the client send later. The dispatcher sleeps to
+absolute deadlines on the monotonic clock, so rounding errors in one sleep do
+not carry into the next.
+
+Every observation is a :class:`~workers.replay.records.RequestRecord`;
+anything that goes wrong with one request (HTTP error, refused connection,
+timeout, malformed stream) is written into its record, never raised out of
+the run loop.
+
+The HTTP side uses aiohttp on uvloop directly: on this project's 2-core
+machine a streaming ``httpx.AsyncClient`` loop needed about four times the
+CPU for the same load and fell behind at 200 req/s (issue 4), and the send
+loop is the one place where the client's own cost becomes measurement error.
+
+Algorithm of :func:`run_replay`:
+
+1. Build one record per request (planned time, class, warm-up flag) and fix
+   the origin a little in the future so the first sends are not late.
+2. Dispatch: for each request in order, sleep until ``origin + t_offset``,
+   then start its stream as its own task (optionally behind a concurrency
+   cap, whose wait is recorded as admission delay, not as lag).
+3. Each stream timestamps every network read, parses SSE frames, and counts
+   tokens from the server's usage (cumulative ``completion_tokens`` with
+   continuous usage stats), since one frame can carry several tokens.
+4. At the drain deadline, streams still open are closed and marked
+   unfinished; if ``stop`` is set, sending stops and open streams are closed
+   and marked cancelled. Requests never sent say why.
+5. Finished records go to ``on_batch`` from a helper thread, so a slow
+   database write never stalls the send loop.
+6. The result carries dispatch lag (dispatch - planned) p50/p99/max and
+   achieved vs planned rate; a p99 lag above the tolerance makes the run
+   invalid: the load generator fell behind, the server is not to blame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import math
+import resource
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from workers.replay.records import RequestRecord
+from workers.replay.sse import DONE, SSEParser
+
+try:  # uvloop halves the loop's own CPU cost; plain asyncio still works.
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop is a dependency, this is a fallback
+    uvloop = None
+
+perf_ns = time.perf_counter_ns
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# Lead time between building the plan and the origin, so that session setup
+# and the first task creations are not counted as lateness.
+_ORIGIN_LEAD_NS = 50_000_000
+# How often the loop looks at the caller's threading.Event.
+_STOP_POLL_S = 0.02
+# Bytes of an error body kept in a record.
+_ERROR_TEXT_LIMIT = 500
+
+BatchCallback = Callable[[list[RequestRecord]], None]
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass
+class ReplayResult:
+    run_id: str
+    records: list[RequestRecord]
+    planned_requests: int
+    sent: int
+    ok: int
+    errors: int
+    cancelled: int
+    unfinished: int
+    not_sent: int
+    dispatch_lag_p50_ms: float | None
+    dispatch_lag_p99_ms: float | None
+    dispatch_lag_max_ms: float | None
+    planned_rate_rps: float | None
+    achieved_rate_rps: float | None
+    valid: bool
+    invalid_reason: str
+    # True when the caller's stop event ended the run early.
+    stopped: bool
+    duration_s: float
+    tolerance_ms: float
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Everything but the records, JSON-ready (for Run.summary and logs)."""
+        return {k: v for k, v in self.__dict__.items() if k != "records"}
+
+
+def run_replay(
+    requests: Sequence[dict[str, Any]],
+    *,
+    base_url: str,
+    model: str,
+    run_id: str,
+    warmup_s: float,
+    observation_s: float,
+    drain_deadline_s: float,
+    max_dispatch_lag_ms: float,
+    on_batch: BatchCallback | None = None,
+    batch_interval_s: float = 1.0,
+    on_progress: ProgressCallback | None = None,
+    stop: threading.Event | None = None,
+    endpoint: str = "completions",
+    max_concurrency: int | None = None,
+    connect_timeout_s: float = 10.0,
+    read_timeout_s: float | None = None,
+    extra_body: dict[str, Any] | None = None,
+) -> ReplayResult:
+    """Replay ``requests`` (canonical trace request objects, in arrival order) and wait for the result.
+
+    Synchronous: runs its own event loop (uvloop when installed), so it can
+    be called from a Celery task thread. ``on_batch`` receives each record
+    exactly once, about every ``batch_interval_s`` and once more at the end;
+    if it raises, the run stops and the exception is re-raised here.
+    """
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {sorted(ENDPOINTS)}, not {endpoint!r}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError("max_concurrency must be >= 1 (or None for no cap)")
+    for position, request in enumerate(requests):
+        if endpoint == "chat" and not isinstance(request.get("prompt"), str):
+            raise ValueError(f"request {position}: the chat endpoint needs a text 'prompt'")
+        if request.get("prompt") is None and request.get("prompt_token_ids") is None:
+            raise ValueError(f"request {position}: needs prompt_token_ids or prompt")
+    replay = _Replay(
+        requests,
+        base_url=base_url,
+        model=model,
+        run_id=run_id,
+        warmup_s=warmup_s,
+        observation_s=observation_s,
+        drain_deadline_s=drain_deadline_s,
+        endpoint=endpoint,
+        max_concurrency=max_concurrency,
+        connect_timeout_s=connect_timeout_s,
+        read_timeout_s=read_timeout_s,
+        extra_body=extra_body or {},
+        stop=stop or threading.Event(),
+    )
+    batcher = _Batcher(replay, on_batch=on_batch, on_progress=on_progress, interval_s=batch_interval_s)
+    batcher.start()
+    started = perf_ns()
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+            runner.run(replay.run())
+    finally:
+        batcher.finish()
+    duration_s = (perf_ns() - started) / 1e9
+    if batcher.error is not None:
+        raise batcher.error
+    return _result(replay, tolerance_ms=max_dispatch_lag_ms, duration_s=duration_s)
+
+
+def request_body(request: dict[str, Any], *, model: str, endpoint: str, extra_body: dict[str, Any]) -> bytes:
+    """The JSON body of one streaming request (synthetic: exactly ``output_tokens`` tokens)."""
+    output_tokens = int(request["output_tokens"])
+    body: dict[str, Any] = {"model": model}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": request["prompt"]}]
+        body["max_completion_tokens"] = output_tokens
+    else:
+        prompt = request.get("prompt")
+        body["prompt"] = prompt if prompt is not None else request["prompt_token_ids"]
+        body["max_tokens"] = output_tokens
+    body["min_tokens"] = output_tokens
+    body["ignore_eos"] = True
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    # vLLM refuses a priority when its scheduler is FCFS, so 0 (the default) is not sent.
+    priority = int(request.get("priority") or 0)
+    if priority:
+        body["priority"] = priority
+    body.update(extra_body)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class _Replay:
+    def __init__(
+        self,
+        requests: Sequence[dict[str, Any]],
+        *,
+        base_url: str,
+        model: str,
+        run_id: str,
+        warmup_s: float,
+        observation_s: float,
+        drain_deadline_s: float,
+        endpoint: str,
+        max_concurrency: int | None,
+        connect_timeout_s: float,
+        read_timeout_s: float | None,
+        extra_body: dict[str, Any],
+        stop: threading.Event,
+    ) -> None:
+        self.requests = requests
+        self.url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+        self.model = model
+        self.run_id = run_id
+        self.endpoint = endpoint
+        self.warmup_ns = round(warmup_s * 1e9)
+        self.observation_ns = round(observation_s * 1e9)
+        self.deadline_ns = self.warmup_ns + self.observation_ns + round(drain_deadline_s * 1e9)
+        self.max_concurrency = max_concurrency
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.extra_body = extra_body
+        self.stop = stop
+        self.records = [self._record(i, r) for i, r in enumerate(requests)]
+        # Records finished and not yet handed to on_batch (appended by the loop,
+        # drained by the batcher thread; deque operations are thread-safe).
+        self.finished: collections.deque[RequestRecord] = collections.deque()
+        self.sent_count = 0
+        self.origin_ns = 0
+        self.stopped = False
+        self.notes: list[str] = []
+        self._close_reason = "unfinished"
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._dispatched = 0
+        self._dispatch_done = False
+        self._idle: asyncio.Event  # created inside the loop, in run()
+
+    def _record(self, position: int, request: dict[str, Any]) -> RequestRecord:
+        planned_ns = round(float(request["t_offset_s"]) * 1e9)
+        warmup = request.get("warmup")
+        return RequestRecord(
+            run_id=self.run_id,
+            index=int(request.get("index", position)),
+            request_class=str(request.get("class", "")),
+            warmup=bool(warmup) if warmup is not None else planned_ns < self.warmup_ns,
+            input_tokens=int(request.get("input_tokens") or len(request.get("prompt_token_ids") or ())),
+            expected_output_tokens=int(request["output_tokens"]),
+            planned_ns=planned_ns,
+            sent_ns=None,
+            sent=False,
+            priority=int(request.get("priority") or 0),
+        )
+
+    async def run(self) -> None:
+        _raise_fd_limit()
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=self.connect_timeout_s,
+            sock_connect=self.connect_timeout_s,
+            sock_read=self.read_timeout_s,
+        )
+        semaphore = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
+        self._idle = asyncio.Event()
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        ) as session:
+            await _preflight(session, self.url)
+            self.origin_ns = perf_ns() + _ORIGIN_LEAD_NS
+            dispatcher = asyncio.create_task(self._dispatch(session, semaphore))
+            watcher = asyncio.create_task(self._watch_stop())
+            deadline_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
+            done, _ = await asyncio.wait(
+                {dispatcher, watcher}, timeout=max(0.0, deadline_s), return_when="FIRST_COMPLETED"
+            )
+            if dispatcher in done and watcher not in done and self._tasks:
+                # All sent: wait for the last streams, until the deadline or a stop.
+                idle = asyncio.create_task(self._idle.wait())
+                remaining_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
+                await asyncio.wait(
+                    {idle, watcher}, timeout=max(0.0, remaining_s), return_when="FIRST_COMPLETED"
+                )
+                idle.cancel()
+            if self.stop.is_set():
+                self.stopped = True
+                self._close_reason = "cancelled"
+            watcher.cancel()
+            dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dispatcher
+            await self._close_open_streams()
+        self._mark_unsent()
+
+    async def _watch_stop(self) -> None:
+        while not self.stop.is_set():
+            await asyncio.sleep(_STOP_POLL_S)
+
+    async def _dispatch(self, session: aiohttp.ClientSession, semaphore: asyncio.Semaphore | None) -> None:
+        loop = asyncio.get_running_loop()
+        origin = self.origin_ns
+        for position, request in enumerate(self.requests):
+            record = self.records[position]
+            target = origin + record.planned_ns
+            # Sleep to the absolute deadline; the loop's timers are coarse
+            # (uvloop rounds to 1 ms) and may wake a little early, hence the loop.
+            while True:
+                delay = target - perf_ns()
+                if delay <= 0:
+                    break
+                await asyncio.sleep(delay / 1e9)
+            task = loop.create_task(self._stream(session, semaphore, request, record))
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+            self._dispatched = position + 1
+        self._dispatch_done = True
+        if not self._tasks:
+            self._idle.set()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._dispatch_done and not self._tasks:
+            self._idle.set()
+
+    async def _close_open_streams(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _mark_unsent(self) -> None:
+        if self._close_reason == "cancelled":
+            reason = "run stopped before this request was due"
+        else:
+            reason = "not sent by the drain deadline"
+        for record in self.records[self._dispatched :]:
+            record.sent = False
+            record.error = reason
+            self.finished.append(record)
+
+    async def _stream(
+        self,
+        session: aiohttp.ClientSession,
+        semaphore: asyncio.Semaphore | None,
+        request: dict[str, Any],
+        record: RequestRecord,
+    ) -> None:
+        origin = self.origin_ns
+        dispatched = perf_ns()
+        response: aiohttp.ClientResponse | None = None
+        acquired = False
+        try:
+            if semaphore is not None:
+                await semaphore.acquire()
+                acquired = True
+            body = request_body(request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body)
+            sent = perf_ns()
+            record.sent = True
+            record.sent_ns = sent - origin
+            record.admission_delay_ns = sent - dispatched if semaphore is not None else 0
+            self.sent_count += 1
+            response = await session.post(
+                self.url,
+                data=body,
+                headers={
+                    "Content-Type": "application/json",
+                    "Accept": "text/event-stream",
+                    # Lets a server (or the test and benchmark mocks) tie its log to this record.
+                    "X-Tailtune-Request": f"{self.run_id}:{record.index}",
+                },
+            )
+            record.http_status = response.status
+            if response.status != 200:
+                text = (await response.content.read(_ERROR_TEXT_LIMIT * 4)).decode("utf-8", "replace")
+                record.error_kind = "context" if _is_context_error(text) else "http"
+                record.error = f"HTTP {response.status}: {text[:_ERROR_TEXT_LIMIT]}"
+                record.end_ns = perf_ns() - origin
+                return
+            await self._read_stream(response, request, record)
+        except asyncio.CancelledError:
+            # Only this module cancels stream tasks: at the drain deadline or on stop.
+            now = perf_ns()
+            if not record.sent:
+                record.error = (
+                    "run stopped while waiting for a concurrency slot"
+                    if self._close_reason == "cancelled"
+                    else "still waiting for a concurrency slot at the drain deadline"
+                )
+            elif self._close_reason == "cancelled":
+                record.cancelled = True
+                record.error = "run stopped before the stream ended"
+                record.end_ns = now - origin
+            else:
+                record.unfinished = True
+                record.end_ns = now - origin
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+        except TimeoutError as exc:
+            _fail(record, "timeout", exc, origin)
+        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            _fail(record, "connect", exc, origin)
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            # Server hung up mid-stream, broken chunked encoding, bad JSON.
+            _fail(record, "protocol", exc, origin)
+        except Exception as exc:  # a client bug must still become data, not kill the run
+            _fail(record, "client", exc, origin)
+        finally:
+            if response is not None:
+                # close() drops the connection: after a cancel or a deadline the
+                # server must see the disconnect. A fully read stream was already
+                # released to the pool by aiohttp, so close() is harmless there.
+                response.close()
+            if acquired and semaphore is not None:
+                semaphore.release()
+            self.finished.append(record)
+
+    async def _read_stream(
+        self, response: aiohttp.ClientResponse, request: dict[str, Any], record: RequestRecord
+    ) -> None:
+        origin = self.origin_ns
+        cancel_after = request.get("cancel_after_tokens")
+        if cancel_after is not None and cancel_after <= 0:
+            record.cancelled = True
+            record.end_ns = perf_ns() - origin
+            return
+        parser = SSEParser()
+        tokens = 0
+        final_tokens: int | None = None
+        chunks = 0
+        first_ns: int | None = None
+        last_ns = 0
+        max_gap = 0
+        done = False
+        chunk_gaps = record.chunk_gaps
+        token_gaps = record.token_gaps
+        loads = json.loads
+        content = response.content
+        # Counts are written however the stream ends (done, cancelled, cut,
+        # timed out, closed at the deadline): partial streams are data too.
+        try:
+            while True:
+                data = await content.readany()
+                now = perf_ns()
+                events = parser.feed(data) if data else parser.close()
+                for event in events:
+                    if done:
+                        continue
+                    if event == DONE:
+                        done = True
+                        record.end_ns = now - origin
+                        continue
+                    obj = loads(event)
+                    if not isinstance(obj, dict):
+                        raise ValueError(f"stream event is not a JSON object: {event[:100]}")
+                    error = obj.get("error")
+                    if error:
+                        record.error_kind = "http"
+                        message = error.get("message") if isinstance(error, dict) else error
+                        record.error = f"error event in stream: {str(message)[:_ERROR_TEXT_LIMIT]}"
+                        continue
+                    choices = obj.get("choices") or ()
+                    usage = obj.get("usage")
+                    delta = 0
+                    if usage:
+                        completion = usage.get("completion_tokens")
+                        if usage.get("prompt_tokens") is not None:
+                            record.prompt_tokens = usage["prompt_tokens"]
+                        if completion is not None:
+                            if choices:
+                                delta = completion - tokens
+                            else:
+                                # The closing usage-only frame: the authoritative total.
+                                final_tokens = completion
+                    elif choices and _has_output(choices[0]):
+                        # No usage on this frame (server ignores continuous usage
+                        # stats): one frame, one token, corrected by the final usage.
+                        delta = 1
+                    if choices:
+                        reason = choices[0].get("finish_reason")
+                        if reason is not None:
+                            record.finish_reason = reason
+                    if delta > 0:
+                        if first_ns is None:
+                            first_ns = now
+                        else:
+                            gap = now - last_ns
+                            gap_us = gap / 1000
+                            chunk_gaps.add(gap_us)
+                            token_gaps.add(gap_us / delta, delta)
+                            if gap > max_gap:
+                                max_gap = gap
+                        last_ns = now
+                        tokens += delta
+                        chunks += 1
+                        if cancel_after is not None and tokens >= cancel_after:
+                            record.cancelled = True
+                            record.end_ns = now - origin
+                            return
+                if not data:
+                    break
+        finally:
+            self._finish_counts(record, tokens, final_tokens, chunks, first_ns, last_ns, max_gap)
+        if record.end_ns is None:
+            record.end_ns = perf_ns() - origin
+        if not done and record.error_kind is None:
+            record.error_kind = "protocol"
+            record.error = "stream ended before data: [DONE]"
+
+    def _finish_counts(
+        self,
+        record: RequestRecord,
+        tokens: int,
+        final_tokens: int | None,
+        chunks: int,
+        first_ns: int | None,
+        last_ns: int,
+        max_gap: int,
+    ) -> None:
+        origin = self.origin_ns
+        record.output_tokens = final_tokens if final_tokens is not None else tokens
+        record.chunks = chunks
+        if first_ns is not None:
+            record.first_token_ns = first_ns - origin
+            record.last_token_ns = last_ns - origin
+            record.max_gap_ns = max_gap if chunks > 1 else None
+
+
+async def _preflight(session: aiohttp.ClientSession, url: str) -> None:
+    # aiohttp's first request pays one-off setup costs (several ms) that would
+    # otherwise land on the first planned request. GET /v1/models is harmless
+    # on any OpenAI-compatible server; whatever it answers is ignored here,
+    # since a server that is down shows up in the records anyway.
+    models_url = url.rsplit("/v1/", 1)[0] + "/v1/models"
+    with contextlib.suppress(Exception):
+        async with session.get(models_url, timeout=aiohttp.ClientTimeout(total=2.0)) as response:
+            await response.read()
+
+
+def _has_output(choice: dict[str, Any]) -> bool:
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    return bool(delta and (delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")))
+
+
+def _is_context_error(text: str) -> bool:
+    lowered = text.lower()
+    return "context length" in lowered or "maximum context" in lowered or "max_model_len" in lowered
+
+
+def _fail(record: RequestRecord, kind: str, exc: BaseException, origin: int) -> None:
+    record.error_kind = kind
+    record.error = f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT]
+    record.end_ns = perf_ns() - origin
+
+
+def _raise_fd_limit() -> None:
+    # Each open stream holds a socket; an open-loop run at hundreds of req/s
+    # can hold thousands when the server is slow.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard)
+            )
+
+
+class _Batcher:
+    """Hands finished records to the caller from its own thread."""
+
+    def __init__(
+        self,
+        replay: _Replay,
+        *,
+        on_batch: BatchCallback | None,
+        on_progress: ProgressCallback | None,
+        interval_s: float,
+    ) -> None:
+        self.replay = replay
+        self.on_batch = on_batch
+        self.on_progress = on_progress
+        self.interval_s = max(0.01, interval_s)
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"replay-batches-{replay.run_id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self) -> None:
+        self._done.set()
+        self._thread.join()
+        # Whatever finished after the thread's last pass (at least the unsent ones).
+        self._flush()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.interval_s):
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.error is not None:
+            return
+        replay = self.replay
+        batch: list[RequestRecord] = []
+        with contextlib.suppress(IndexError):
+            while True:
+                batch.append(replay.finished.popleft())
+        try:
+            if batch and self.on_batch is not None:
+                self.on_batch(batch)
+            if self.on_progress is not None:
+                self.on_progress(replay.sent_count, len(replay.records))
+        except BaseException as exc:  # re-raised by run_replay once the loop is down
+            self.error = exc
+            replay.notes.append(f"on_batch/on_progress raised {type(exc).__name__}: the run was stopped")
+            replay.stop.set()
+
+
+def _percentile(sorted_values: list[int], q: float) -> float:
+    # Nearest-rank: the reported p99 is a lag that some request really had.
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return float(sorted_values[rank - 1])
+
+
+def _result(replay: _Replay, *, tolerance_ms: float, duration_s: float) -> ReplayResult:
+    records = replay.records
+    sent = [r for r in records if r.sent and r.sent_ns is not None]
+    observed = [r for r in sent if not r.warmup] or sent
+    lags = sorted(r.sent_ns - (r.admission_delay_ns or 0) - r.planned_ns for r in observed)  # type: ignore[operator]
+    p50 = _percentile(lags, 0.50) / 1e6 if lags else None
+    p99 = _percentile(lags, 0.99) / 1e6 if lags else None
+    lag_max = lags[-1] / 1e6 if lags else None
+
+    planned_obs = [r for r in records if not r.warmup]
+    window_s = replay.observation_ns / 1e9
+    planned_rate = len(planned_obs) / window_s if window_s > 0 and planned_obs else None
+    achieved_rate = None
+    sent_obs = [r for r in sent if not r.warmup]
+    if planned_rate is not None and sent_obs:
+        last_dispatch = max(r.sent_ns - (r.admission_delay_ns or 0) for r in sent_obs)  # type: ignore[operator]
+        span_s = max(window_s, (last_dispatch - replay.warmup_ns) / 1e9)
+        achieved_rate = len(sent_obs) / span_s
+
+    not_sent = len(records) - len(sent)
+    reasons = []
+    if p99 is not None and p99 > tolerance_ms:
+        reasons.append(
+            f"load generator fell behind: p99 dispatch lag {p99:.1f} ms > tolerance {tolerance_ms:g} ms"
+        )
+    behind = [r for r in records if not r.sent and r.error == "not sent by the drain deadline"]
+    if behind and not replay.stopped:
+        reasons.append(f"load generator fell behind: {len(behind)} requests not sent by the drain deadline")
+    return ReplayResult(
+        run_id=replay.run_id,
+        records=records,
+        planned_requests=len(records),
+        sent=len(sent),
+        ok=sum(1 for r in records if r.ok),
+        errors=sum(1 for r in records if r.error_kind is not None),
+        cancelled=sum(1 for r in records if r.cancelled),
+        unfinished=sum(1 for r in records if r.unfinished),
+        not_sent=not_sent,
+        dispatch_lag_p50_ms=p50,
+        dispatch_lag_p99_ms=p99,
+        dispatch_lag_max_ms=lag_max,
+        planned_rate_rps=planned_rate,
+        achieved_rate_rps=achieved_rate,
+        valid=not reasons,
+        invalid_reason="; ".join(reasons),
+        stopped=replay.stopped,
+        duration_s=duration_s,
+        tolerance_ms=tolerance_ms,
+        notes=replay.notes,
+    )
