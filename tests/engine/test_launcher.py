@@ -1,0 +1,179 @@
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from workers.engine.launcher import (
+    CONTROL_FLAGS,
+    SCHEDULER_FLAGS,
+    DisallowedFlag,
+    HostConfig,
+    InvalidArgValue,
+    LaunchError,
+    build_launch,
+    cpu_engine_host,
+    validate_args,
+    validate_controls,
+)
+
+HOST = HostConfig(vllm_command=("python", "-m", "vllm.entrypoints.openai.api_server"))
+CONTROLS = {
+    "dtype": "bfloat16",
+    "tensor_parallel_size": 1,
+    "max_model_len": 8192,
+    "kv_cache_memory_bytes": 67108864,
+    "enable_prefix_caching": False,
+    "speculative_decoding": False,
+    "seed": 0,
+    "generation": {"temperature": 0.0, "ignore_eos": True},
+    "revision": "tiny-llama-local-v1",
+    "tokenizer_revision": "tiny-llama-local-v1",
+}
+CELL = {
+    "max_num_batched_tokens": 2048,
+    "max_num_seqs": 16,
+    "enable_chunked_prefill": True,
+    "scheduling_policy": "fcfs",
+}
+
+
+def launch(cell=CELL, controls=CONTROLS, host=HOST, **kw):
+    return build_launch(
+        model="/models/tiny", cell_args=cell, controls=controls, host=host, port=8123, base_env={}, **kw
+    )
+
+
+def test_it_builds_an_argument_list_with_every_requested_flag():
+    plan = launch()
+    assert plan.argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--model=/models/tiny" in plan.argv
+    assert "--host=127.0.0.1" in plan.argv and "--port=8123" in plan.argv
+    for expected in [
+        "--max-num-batched-tokens=2048",
+        "--max-num-seqs=16",
+        "--enable-chunked-prefill",
+        "--scheduling-policy=fcfs",
+        "--max-model-len=8192",
+        "--dtype=bfloat16",
+        "--kv-cache-memory-bytes=67108864",
+        "--no-enable-prefix-caching",
+        "--seed=0",
+        "--revision=tiny-llama-local-v1",
+    ]:
+        assert expected in plan.argv
+    assert all(isinstance(item, str) for item in plan.argv)
+    assert plan.base_url == "http://127.0.0.1:8123"
+    assert plan.requested["max_num_seqs"] == 16 and "generation" not in plan.requested
+
+
+def test_it_passes_the_model_positionally_to_vllm_serve():
+    plan = launch(host=HostConfig(vllm_command=("vllm", "serve")))
+    assert plan.argv[:3] == ["vllm", "serve", "/models/tiny"]
+
+
+def test_it_writes_false_booleans_as_no_flags():
+    plan = launch(cell={**CELL, "enable_chunked_prefill": False})
+    assert "--no-enable-chunked-prefill" in plan.argv and "--enable-chunked-prefill" not in plan.argv
+
+
+def test_it_refuses_a_flag_outside_the_allow_list_naming_it():
+    with pytest.raises(DisallowedFlag) as info:
+        launch(cell={**CELL, "enforce_eager": True})
+    assert info.value.name == "enforce_eager"
+    assert "enforce_eager" in str(info.value)
+
+
+def test_it_refuses_a_frozen_control_set_by_a_cell():
+    with pytest.raises(DisallowedFlag, match="max_model_len: is a frozen control"):
+        launch(cell={**CELL, "max_model_len": 4096})
+
+
+def test_it_refuses_speculative_decoding_on():
+    with pytest.raises(DisallowedFlag, match="speculative_decoding"):
+        launch(controls={**CONTROLS, "speculative_decoding": True})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("max_num_seqs", "16"),
+        ("max_num_seqs", 0),
+        ("max_num_seqs", True),
+        ("enable_chunked_prefill", "yes"),
+        ("scheduling_policy", "lifo"),
+        ("max_num_batched_tokens", 2048.5),
+    ],
+)
+def test_it_refuses_bad_values(name, value):
+    with pytest.raises(InvalidArgValue) as info:
+        launch(cell={**CELL, name: value})
+    assert info.value.name == name
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["main; rm -rf /", "$(touch /tmp/pwned)", "--enforce-eager", "a b", "x\n--trust-remote-code", "`id`", ""],
+)
+def test_it_cannot_be_used_to_inject_a_command_or_flag(value):
+    with pytest.raises(InvalidArgValue):
+        launch(controls={**CONTROLS, "revision": value})
+    with pytest.raises(LaunchError):
+        build_launch(model=value or "-", cell_args=CELL, controls=CONTROLS, host=HOST, port=1, base_env={})
+
+
+def test_it_keeps_each_value_inside_its_own_argument():
+    plan = launch(controls={**CONTROLS, "served_model_name": "tiny-llama:v1"})
+    assert "--served-model-name=tiny-llama:v1" in plan.argv
+    # Round-tripping through a shell-style split changes nothing: no item holds a space or quote.
+    assert shlex.split(shlex.join(plan.argv)) == plan.argv
+    assert not any(" " in item for item in plan.argv)
+
+
+def test_it_sets_offline_env_and_devices_and_never_the_cpu_kv_override():
+    host = HostConfig(vllm_command=("vllm", "serve"), devices="2,3", extra_env={"NCCL_DEBUG": "WARN"})
+    plan = build_launch(
+        model="/m",
+        cell_args=CELL,
+        controls=CONTROLS,
+        host=host,
+        port=1,
+        base_env={"PATH": "/usr/bin", "VLLM_CPU_KVCACHE_SPACE": "40"},
+    )
+    assert plan.env["HF_HUB_OFFLINE"] == "1" and plan.env["VLLM_NO_USAGE_STATS"] == "1"
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert plan.env["NCCL_DEBUG"] == "WARN" and plan.env["PATH"] == "/usr/bin"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in plan.env
+    with pytest.raises(LaunchError, match="VLLM_CPU_KVCACHE_SPACE"):
+        HostConfig(vllm_command=("vllm", "serve"), extra_env={"VLLM_CPU_KVCACHE_SPACE": "4"})
+
+
+def test_it_binds_the_configured_host_and_picks_a_free_port():
+    plan = build_launch(
+        model="/m",
+        cell_args=CELL,
+        controls=CONTROLS,
+        host=HostConfig(vllm_command=("v",), bind_host="127.0.0.1"),
+    )
+    assert 0 < plan.port < 65536 and f"--port={plan.port}" in plan.argv
+
+
+def test_it_validates_spec_args_with_messages_keyed_by_name():
+    assert validate_args(CELL) == []
+    errors = validate_args({"max_num_seqs": -1, "bogus_flag": 1, "dtype": "half"})
+    assert any(e.startswith("max_num_seqs:") for e in errors)
+    assert any(e.startswith("bogus_flag:") for e in errors)
+    assert any(e.startswith("dtype:") and "frozen control" in e for e in errors)
+    assert validate_controls(CONTROLS) == []
+    assert validate_controls({"max_model_len": "long"}) == ["max_model_len: must be an integer"]
+    assert set(SCHEDULER_FLAGS).isdisjoint(CONTROL_FLAGS)
+
+
+def test_it_runs_the_cpu_engine_as_a_python_module(tmp_path):
+    host = cpu_engine_host(tmp_path)
+    assert host.vllm_command == (
+        str(tmp_path / "venv" / "bin" / "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    )
+    assert not host.model_positional

