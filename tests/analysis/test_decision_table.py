@@ -1,0 +1,194 @@
+"""Each finding and each decision outcome, from synthetic records."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tests.analysis.builders import Plan, build, gauges, healthy
+
+
+def slow_short_b0(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    # B0 keeps the contract but short TTFT is 400 ms; C1 brings it to 100 ms, C2 to 200 ms.
+    if cls == "short":
+        return {"ttft_ms": {"B0": 400.0, "C1": 100.0, "C2": 200.0}[cell]}
+    return {}
+
+
+def stalls_everywhere(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    return {"stall_ms": 400.0} if cls == "short" else {}
+
+
+def short_waits(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    return {"ttft_ms": 800.0} if cls == "short" else {}
+
+
+def throughput_trade(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    # B0 and C2 reject a fifth of the short requests; C1 serves them all but long TTFT triples.
+    if cell in ("B0", "C2") and cls == "short" and idx % 5 == 0:
+        return {"status": 503, "error_kind": "http"}
+    if cell == "C1" and cls == "long":
+        return {"ttft_ms": 3000.0}
+    if cls == "long":
+        return {"ttft_ms": 1000.0}
+    return {}
+
+
+def long_unfinished(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    if cell == "C1" and cls == "long" and idx % 10 == 3:
+        return {"ttft_ms": None, "unfinished": True}
+    return {}
+
+
+def stall_only_next_to_long(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    return {"stall_ms": 400.0} if (cls == "short" and mix == "mix") else {}
+
+
+def preempting(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return gauges(run, preemptions={"B0": 50.0, "C1": 5.0, "C2": 20.0}[run["cell"]])
+
+
+def fail_one_b0_run(run: dict[str, Any]) -> None:
+    if run["cell"] == "B0" and run["repeat"] == 1:
+        run["status"] = "failed"
+
+
+def other_trace_for_c2(run: dict[str, Any]) -> None:
+    if run["cell"] == "C2" and run["repeat"] == 2:
+        run["trace_sha256"] = "another"
+
+
+TWO_MIXTURES = replace(Plan(), mixtures={"short-only": {"short": 1.0}, "mix": {"short": 0.5, "long": 0.5}})
+
+CASES = [
+    # id, plan, behaviour, build kwargs, outcome, chosen cell, findings that must be present
+    ("retain", Plan(), healthy, {}, "retain", "B0", {"no_material_gain"}),
+    ("retune", Plan(), slow_short_b0, {}, "retune", "C1", set()),
+    ("isolate", Plan(), stalls_everywhere, {}, "isolate", "B0", {"stall_during_prefill"}),
+    ("short-wait", Plan(), short_waits, {}, "isolate", "B0", {"short_requests_wait"}),
+    ("throughput", Plan(), throughput_trade, {}, "inconclusive", "B0", {"throughput_up_class_loses"}),
+    ("long-unfinished", Plan(), long_unfinished, {}, "retain", "B0", {"long_requests_never_finish"}),
+    (
+        "stall-vs-short-only",
+        TWO_MIXTURES,
+        stall_only_next_to_long,
+        {},
+        "isolate",
+        "B0",
+        {"stall_during_prefill"},
+    ),
+    (
+        "preemptions",
+        Plan(),
+        healthy,
+        {"samples": preempting},
+        "retain",
+        "B0",
+        {"preemptions_rise_with_max_num_seqs", "no_material_gain"},
+    ),
+    ("b0-missing", Plan(), slow_short_b0, {"run_overrides": fail_one_b0_run}, "inconclusive", "B0", set()),
+]
+
+
+@pytest.mark.parametrize(
+    ("plan", "behaviour", "kwargs", "outcome", "chosen", "expected"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_it_reaches_the_expected_decision_and_findings(plan, behaviour, kwargs, outcome, chosen, expected):
+    report = build(plan, behaviour, **kwargs)
+    found = {f["id"] for f in report["findings"]}
+    assert report["decision"]["outcome"] == outcome, report["decision"]
+    assert report["decision"]["chosen_cell"] == chosen
+    assert expected <= found, found
+    for f in report["findings"]:
+        assert f["evidence"], f"finding {f['id']} carries no evidence"
+    json.dumps(report, allow_nan=False)
+
+
+def test_it_names_the_cells_and_numbers_behind_a_finding():
+    report = build(Plan(), long_unfinished)
+    finding = next(f for f in report["findings"] if f["id"] == "long_requests_never_finish")
+    assert finding["cells"] == ["C1"]
+    assert {e["unfinished"] for e in finding["evidence"]} == {12}
+    # A tenth unfinished: the error rate breaks, and so does every p99 (it is censored).
+    c1 = report["checks"]["acceptance"]["cells"]["C1"]
+    assert not c1["passed"]
+    assert {tuple(f["broken"]) for f in c1["failures"]} == {("e2e", "error_rate", "stall", "ttft")}
+    assert all(f["e2e_p99"]["censored"] for f in c1["failures"])
+
+
+def test_it_shows_the_material_gain_that_made_a_retune():
+    report = build(Plan(), slow_short_b0)
+    cmp = next(c for c in report["comparisons"] if c["cell"] == "C1" and c["class"] == "short")
+    ttft = cmp["metrics"]["ttft_p99_ms"]
+    assert ttft["diff"] == pytest.approx(-300.0)
+    assert ttft["material"] and ttft["direction"] == "better"
+    assert ttft["ci"][1] < 0
+    assert ttft["repeat_diffs"] == [pytest.approx(-300.0)] * 3
+    long_cmp = next(c for c in report["comparisons"] if c["cell"] == "C1" and c["class"] == "long")
+    assert all(not v["material"] for v in long_cmp["metrics"].values())
+
+
+def test_it_ranks_the_best_candidate_deterministically():
+    # C1 and C2 both pass with a gain; C1's short TTFT ratio is the lower.
+    first = build(Plan(), slow_short_b0)
+    second = build(Plan(), slow_short_b0)
+    assert first == second
+    ranked = {c["cell"]: c for c in first["decision"]["evidence"]["candidates"]}
+    assert ranked["C1"]["eligible"] and ranked["C2"]["eligible"]
+
+
+def test_it_marks_a_cell_with_another_trace_invalid_and_never_chooses_it():
+    def only_c2_better(cell, mix, rate, rep, cls, idx):
+        return {"ttft_ms": 100.0} if (cell == "C2" and cls == "short") else {"ttft_ms": 400.0}
+
+    report = build(Plan(), only_c2_better, run_overrides=other_trace_for_c2)
+    validity = report["checks"]["validity"]
+    assert validity["status"] == "fail"
+    assert validity["invalid_cells"] == ["C2"]
+    assert any(p["problem"].startswith("trace_sha256 differs") for p in validity["problems"])
+    assert report["decision"]["outcome"] == "retain"
+
+
+def test_it_invalidates_a_cell_whose_dispatch_lag_is_over_tolerance():
+    def laggy(run):
+        if run["cell"] == "C1":
+            run["dispatch_lag_p99_ms"] = 40.0
+
+    report = build(Plan(), slow_short_b0, run_overrides=laggy)
+    assert report["checks"]["validity"]["invalid_cells"] == ["C1"]
+    assert report["decision"]["outcome"] == "retune"
+    assert report["decision"]["chosen_cell"] == "C2"
+
+
+def test_it_lists_failure_scenario_runs_apart_from_the_sweep():
+    def scenario(run):
+        if run["repeat"] == 2 and run["cell"] in ("B0", "C1"):
+            run["scenario"] = "long-burst"
+
+    report = build(Plan(), long_unfinished, run_overrides=scenario)
+    listed = report["checks"]["failure_scenarios"]["runs"]
+    assert [(r["scenario"], r["cell"]) for r in listed] == [("long-burst", "B0"), ("long-burst", "C1")]
+    assert listed[0]["held"] and not listed[1]["held"]
+    assert listed[1]["classes"]["long"]["unfinished"] == 12
+
+
+def test_it_passes_recovery_only_with_a_manifest_naming_a_baseline():
+    assert build(Plan(), healthy)["checks"]["recovery"]["status"] == "pending"
+    ok = build(Plan(), healthy, rollback={"exists": True, "baseline": "B0"})
+    assert ok["checks"]["recovery"]["status"] == "pass"
+
+
+def test_it_judges_only_the_agreed_rates():
+    plan = replace(Plan(), rates={"low": 2.0, "high": 6.0})
+
+    def breaks_at_high(cell, mix, rate, rep, cls, idx):
+        return {"stall_ms": 400.0} if (rate == "high" and cls == "short") else {}
+
+    assert build(plan, breaks_at_high)["decision"]["outcome"] == "isolate"
+    agreed = build(plan, breaks_at_high, options={"agreed_rates": ["low"]})
+    assert agreed["decision"]["outcome"] == "retain"
