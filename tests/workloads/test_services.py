@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from apps.workloads.models import Trace
+from apps.workloads.services import (
+    TraceIntegrityError,
+    TraceNotFound,
+    trace_content,
+    trace_load,
+    trace_store,
+    trace_store_bytes,
+    workload_traces_freeze,
+)
+from apps.workloads.tracefile import Trace as TraceFile
+from apps.workloads.tracefile import TraceFormatError, TraceRequest, trace_dumps, trace_sha256
+from tests.experiments.factories import make_experiment
+
+pytestmark = pytest.mark.django_db
+
+
+def _file(n: int = 3) -> TraceFile:
+    return TraceFile(
+        meta={"kind": "generated", "corpus_sha256": "c" * 64, "warmup_s": 0.0},
+        requests=[TraceRequest(i, float(i), "short", 2, 3, prompt_token_ids=[5, 6 + i]) for i in range(n)],
+    )
+
+
+def test_it_stores_a_trace_once_by_hash() -> None:
+    row = trace_store(trace=_file(), label="first")
+    again = trace_store(trace=_file(), label="second")
+    assert again.pk == row.pk
+    assert Trace.objects.count() == 1
+    data = trace_dumps(_file())
+    assert row.sha256 == trace_sha256(data)
+    assert gzip.decompress(bytes(row.content_gz)) == data
+    assert (row.requests, row.duration_s, row.kind, row.corpus_sha256) == (3, 2.0, "generated", "c" * 64)
+    assert row.stats["requests"] == 3
+    assert row.label == "first"
+
+
+def test_it_loads_exactly_the_bytes_its_hash_names() -> None:
+    row = trace_store(trace=_file())
+    assert trace_content(sha256=row.sha256) == trace_dumps(_file())
+    loaded = trace_load(sha256=row.sha256)
+    assert [r.prompt_token_ids for r in loaded.requests] == [[5, 6], [5, 7], [5, 8]]
+
+
+def test_it_refuses_stored_bytes_that_do_not_match_their_hash() -> None:
+    row = trace_store(trace=_file())
+    Trace.objects.filter(pk=row.pk).update(content_gz=gzip.compress(trace_dumps(_file(4))))
+    with pytest.raises(TraceIntegrityError):
+        trace_load(sha256=row.sha256)
+    with pytest.raises(TraceIntegrityError):
+        trace_store(trace=_file())
+    with pytest.raises(TraceNotFound):
+        trace_load(sha256="0" * 64)
+
+
+def test_it_saves_nothing_from_a_bad_upload() -> None:
+    data = trace_dumps(_file()).replace(b'"index":2', b'"index":7')
+    with pytest.raises(TraceFormatError) as info:
+        trace_store_bytes(data=data)
+    assert info.value.line == 4
+    assert Trace.objects.count() == 0
+    assert trace_store_bytes(data=trace_dumps(_file())).requests == 3
+
+
+def _experiment(tokenizer_dir: Path, **workload: object):  # type: ignore[no-untyped-def]
+    from tests.experiments.factories import SMALL_SPEC
+
+    w = {**SMALL_SPEC["workload"], **workload}
+    model = {**SMALL_SPEC["model"], "path": str(tokenizer_dir)}
+    return make_experiment(model=model, workload=w)
+
+
+def test_it_freezes_every_trace_of_the_plan(tokenizer_dir: Path) -> None:
+    experiment = _experiment(
+        tokenizer_dir,
+        mixtures={"80-20": {"short": 0.8, "long": 0.2}, "short-only": {"short": 1.0}},
+        rates={"low": 1.0, "high": 3.0},
+        repeats=2,
+    )
+    traces = workload_traces_freeze(experiment=experiment)
+    assert set(traces) == {
+        (m, r, k) for m in ("80-20", "short-only") for r in ("low", "high") for k in (1, 2)
+    }
+    assert len({t.sha256 for t in traces.values()}) == 8
+    assert Trace.objects.count() == 8
+    again = workload_traces_freeze(experiment=experiment)
+    assert {k: t.pk for k, t in again.items()} == {k: t.pk for k, t in traces.items()}
+    row = traces[("80-20", "high", 2)]
+    loaded = trace_load(sha256=row.sha256)
+    assert loaded.meta["repeat"] == 2 and loaded.meta["rate_rps"] == 3.0
+    assert loaded.meta["tokenizer_revision"] == experiment.tokenizer_revision
+    assert {r.input_tokens for r in loaded.requests} <= {64, 1024}
+    uniform = workload_traces_freeze(experiment=experiment, uniform=True)
+    assert uniform[("80-20", "high", 2)].corpus_sha256 == row.corpus_sha256
+    assert uniform[("80-20", "high", 2)].kind == "uniform"
+    assert Trace.objects.count() == 16
+
+
+def test_it_saves_no_trace_when_a_later_generation_fails(tokenizer_dir: Path) -> None:
+    experiment = _experiment(tokenizer_dir, mixtures={"a": {"short": 1.0}, "b": {"long": 1.0}})
+    # Break the second mixture after validation: the first one's traces are
+    # already generated when this fails.
+    experiment.workload.mixtures = {"a": {"short": 1.0}, "b": {"gone": 1.0}}
+    experiment.workload.save()
+    with pytest.raises(ValueError, match="unknown class 'gone'"):
+        workload_traces_freeze(experiment=experiment)
+    assert Trace.objects.count() == 0
+
+
+def test_it_saves_no_trace_without_a_tokenizer(tokenizer_dir: Path, tmp_path: Path) -> None:
+    experiment = _experiment(tokenizer_dir)
+    experiment.model_path = str(tmp_path / "no-model-here")
+    experiment.save()
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        workload_traces_freeze(experiment=experiment)
+    assert Trace.objects.count() == 0
