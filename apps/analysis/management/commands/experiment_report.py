@@ -1,0 +1,41 @@
+"""Print an experiment's analysis report (computed from its rows now)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from apps.analysis.services import experiment_analyse, experiment_report_build
+from apps.experiments.models import Experiment
+
+
+class Command(BaseCommand):
+    help = "Print the analysis report of an experiment: per cell x mixture x rate x class metrics, checks, decision."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("experiment_id", type=int)
+        parser.add_argument("--format", choices=["json", "summary"], default="json")
+        parser.add_argument("--indent", type=int, default=None, help="indent the JSON output")
+        parser.add_argument(
+            "--save", action="store_true", help="also store the decision (experiment_analyse)"
+        )
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        exp_id = opts["experiment_id"]
+        if not Experiment.objects.filter(pk=exp_id).exists():
+            raise CommandError(f"experiment {exp_id} does not exist")
+        if opts["save"]:
+            report = experiment_analyse(experiment_id=exp_id).report
+        else:
+            report = experiment_report_build(experiment_id=exp_id)
+        if opts["format"] == "json":
+            self.stdout.write(json.dumps(report, indent=opts["indent"], sort_keys=True, allow_nan=False))
+            return
+        d = report["decision"]
+        self.stdout.write(f"decision: {d['outcome']} {d['chosen_cell']}\nrule: {d['rule']}")
+        for name, check in report["checks"].items():
+            self.stdout.write(f"check {name}: {check['status']}")
+        for f in report["findings"]:
+            self.stdout.write(f"finding: {f['title']} ({len(f['evidence'])} pieces of evidence)")

@@ -1,0 +1,249 @@
+"""Analyse an experiment from its rows and store the decision.
+
+The statistics live in the pure modules (apps/analysis/report.py and below);
+this module only turns rows into their plain inputs, efficiently:
+
+- records come as columns (values_list, iterated in chunks, one numpy array
+  per field), never as model instances;
+- the per-request gap histograms are merged per (run, class) cohort inside
+  the database (json_each / jsonb_each), so a million JSON objects never
+  cross into Python;
+- only runs with status ``done`` count as data: any other run leaves its cell
+  incomplete, which the validity check reports.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+from django.db import connection, transaction
+
+from apps.analysis.columns import SCALAR_FIELDS, RecordTable, error_code
+from apps.analysis.metrics import run_window
+from apps.analysis.models import Decision
+from apps.analysis.report import build_report
+from apps.analysis.server import COUNTERS, GAUGES
+from apps.experiments.models import Experiment
+from apps.runs.models import MetricSample, Run
+from apps.runs.models import RequestRecord as RecordRow
+from workers.replay.records import GapHistogram
+
+_CHUNK = 50_000
+
+
+def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
+    workload = getattr(experiment, "workload", None)
+    cells = [
+        {"cell_id": c.cell_id, "role": c.role, "args": c.args, "position": c.position}
+        for c in experiment.cells.all()
+    ]
+    classes = [
+        {
+            "name": c.name,
+            "input_tokens": c.input_tokens,
+            "output_tokens": c.output_tokens,
+            "ttft_p99_ms": c.ttft_p99_ms,
+            "e2e_p99_ms": c.e2e_p99_ms,
+            "max_stall_ms": c.max_stall_ms,
+            "error_rate": c.error_rate,
+        }
+        for c in experiment.classes.all()
+    ]
+    info = {
+        "id": experiment.pk,
+        "name": experiment.name,
+        "model_revision": experiment.model_revision,
+        "tokenizer_revision": experiment.tokenizer_revision,
+        "generation": experiment.generation,
+        "max_dispatch_lag_ms": workload.max_dispatch_lag_ms if workload else None,
+        "mixtures": workload.mixtures if workload else {},
+        "rates": workload.rates if workload else {},
+    }
+    return {"experiment": info, "cells": cells, "classes": classes}
+
+
+def _run_inputs(runs: list[Run]) -> list[dict[str, Any]]:
+    return [
+        {
+            "key": str(r.run_id),
+            "pk": r.pk,
+            "cell": r.cell.cell_id,
+            "mixture": r.mixture,
+            "rate": r.rate_name,
+            "rate_rps": r.rate_rps,
+            "repeat": r.repeat,
+            "scenario": r.scenario,
+            "status": r.status,
+            "trace_sha256": r.trace_sha256,
+            "corpus_sha256": r.corpus_sha256,
+            "hardware_id": r.hardware_id,
+            "model_revision": r.model_revision,
+            "tokenizer_revision": r.tokenizer_revision,
+            "dispatch_lag_p99_ms": r.dispatch_lag_p99_ms,
+            "warmup_s": r.warmup_seconds,
+            "observation_s": r.observation_seconds,
+            "drain_deadline_s": r.drain_deadline_seconds,
+        }
+        for r in runs
+    ]
+
+
+def _load_table(run_inputs: list[dict[str, Any]]) -> RecordTable:
+    """Every record of the given runs as columns, fetched in chunks."""
+    keys = [r["key"] for r in run_inputs]
+    code_of = {r["pk"]: i for i, r in enumerate(run_inputs)}
+    fields = ("run_id", "request_class", "error_kind", *SCALAR_FIELDS)
+    parts: dict[str, list[np.ndarray]] = defaultdict(list)
+    class_code: dict[str, int] = {}
+    qs = RecordRow.objects.filter(run_id__in=list(code_of)).order_by().values_list(*fields)
+    buffer: list[tuple[Any, ...]] = []
+
+    def flush() -> None:
+        if not buffer:
+            return
+        cols = list(zip(*buffer, strict=True))
+        parts["run"].append(np.fromiter((code_of[v] for v in cols[0]), dtype=np.int64, count=len(buffer)))
+        parts["cls"].append(
+            np.fromiter(
+                (class_code.setdefault(v, len(class_code)) for v in cols[1]),
+                dtype=np.int64,
+                count=len(buffer),
+            )
+        )
+        parts["error_kind"].append(
+            np.fromiter((error_code(v) for v in cols[2]), dtype=np.int16, count=len(buffer))
+        )
+        for name, col in zip(SCALAR_FIELDS, cols[3:], strict=True):
+            # None becomes NaN in a float array: "never observed" survives.
+            dtype = bool if name in ("warmup", "sent", "cancelled", "unfinished") else np.float64
+            parts[name].append(np.asarray(col, dtype=dtype))
+        buffer.clear()
+
+    for row in qs.iterator(chunk_size=_CHUNK):
+        buffer.append(row)
+        if len(buffer) >= _CHUNK:
+            flush()
+    flush()
+
+    def cat(name: str, dtype: Any) -> np.ndarray:
+        return np.concatenate(parts[name]) if parts[name] else np.zeros(0, dtype=dtype)
+
+    columns = {name: cat(name, np.float64) for name in SCALAR_FIELDS}
+    return RecordTable.from_columns(
+        run_keys=keys,
+        run=cat("run", np.int64),
+        class_names=list(class_code),
+        request_class=cat("cls", np.int64),
+        columns=columns,
+        error_kind=cat("error_kind", np.int16),
+    )
+
+
+def _cohort_histograms(run_inputs: list[dict[str, Any]], column: str) -> dict[tuple[str, str], GapHistogram]:
+    """Merge one gap-histogram column per (run, class) cohort inside the database."""
+    if column not in ("token_gaps", "chunk_gaps"):
+        raise ValueError(column)
+    qn = connection.ops.quote_name
+    table = qn(RecordRow._meta.db_table)
+    col = qn(column)
+    if connection.vendor == "postgresql":
+        each = f"jsonb_each_text(r.{col}) AS j"
+        value = "CAST(j.value AS double precision)"
+    else:
+        each = f"json_each(r.{col}) AS j"
+        value = "j.value"
+    # Only identifiers from the model's own metadata are interpolated; every value is a parameter.
+    sql = (
+        f"SELECT r.request_class, j.key, SUM({value}) FROM {table} AS r, {each} "  # noqa: S608
+        "WHERE r.run_id = %s AND r.warmup = %s AND r.planned_ns >= %s AND r.planned_ns < %s "
+        "GROUP BY r.request_class, j.key"
+    )
+    out: dict[tuple[str, str], GapHistogram] = {}
+    with connection.cursor() as cursor:
+        for run in run_inputs:
+            w = run_window(run)
+            cursor.execute(sql, [run["pk"], False, w.start_ns, w.end_ns])
+            for cls, bucket, weight in cursor.fetchall():
+                h = out.setdefault((run["key"], cls), GapHistogram())
+                h.counts[int(bucket)] = h.counts.get(int(bucket), 0.0) + float(weight)
+    return out
+
+
+def _samples(run_inputs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    names = {n for group in (COUNTERS, GAUGES) for ns in group.values() for n in ns}
+    names |= {f"{n}_total" for n in names}
+    by_pk = {r["pk"]: r["key"] for r in run_inputs}
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    qs = (
+        MetricSample.objects.filter(run_id__in=list(by_pk), name__in=sorted(names))
+        .order_by()
+        .values_list("run_id", "t_ns", "phase", "epoch", "name", "labels", "kind", "value")
+    )
+    for run_id, t_ns, phase, epoch, name, labels, kind, value in qs.iterator(chunk_size=_CHUNK):
+        out[by_pk[run_id]].append(
+            {
+                "t_ns": t_ns,
+                "phase": phase,
+                "epoch": epoch,
+                "name": name,
+                "labels": labels,
+                "kind": kind,
+                "value": value,
+            }
+        )
+    return out
+
+
+def _rollback(experiment: Experiment) -> dict[str, Any]:
+    # The reverse one-to-one raises an AttributeError subclass when absent.
+    manifest = getattr(experiment, "manifest", None)
+    if manifest is None:
+        return {"exists": False, "baseline": None}
+    baseline = (manifest.content or {}).get("baseline")
+    if isinstance(baseline, dict):
+        baseline = baseline.get("id") or baseline.get("cell_id") or (baseline and "baseline")
+    return {"exists": True, "baseline": str(baseline) if baseline else None}
+
+
+def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
+    experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
+    inputs = _experiment_inputs(experiment)
+    runs = list(experiment.runs.select_related("cell").order_by("plan_position", "id"))
+    run_inputs = _run_inputs(runs)
+    done = [r for r in run_inputs if r["status"] == Run.Status.DONE]
+    table = _load_table(done)
+    if options is None:
+        options = (experiment.spec or {}).get("analysis")
+    return build_report(
+        **inputs,
+        runs=[{k: v for k, v in r.items() if k != "pk"} for r in run_inputs],
+        table=table,
+        samples=_samples(done),
+        token_hists=_cohort_histograms(done, "token_gaps"),
+        chunk_hists=_cohort_histograms(done, "chunk_gaps"),
+        rollback=_rollback(experiment),
+        options=options,
+    )
+
+
+@transaction.atomic
+def experiment_analyse(*, experiment_id: int) -> Decision:
+    """Build the report and store its decision (one row per experiment, replaced on re-analysis)."""
+    report = experiment_report_build(experiment_id=experiment_id)
+    decision = report["decision"]
+    row, _ = Decision.objects.update_or_create(
+        experiment_id=experiment_id,
+        defaults={
+            "outcome": decision["outcome"],
+            "chosen_cell": decision["chosen_cell"] or "",
+            "rule": decision["rule"],
+            "evidence": decision["evidence"],
+            "checks": report["checks"],
+            "findings": report["findings"],
+            "report": report,
+        },
+    )
+    return row

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apps.analysis.columns import RecordTable
+from apps.analysis.models import Decision
+from apps.analysis.report import build_report
+from apps.analysis.services import (
+    _experiment_inputs,
+    _run_inputs,
+    experiment_analyse,
+    experiment_report_build,
+)
+from apps.runs.models import MetricSample, Run
+from tests.analysis.factories import done_experiment
+
+pytestmark = pytest.mark.django_db
+
+
+def faster_c1(cell, mix, rep, cls, idx):
+    return {"ttft_ms": 100.0 if cell == "C1" else 900.0} if cls == "short" else {}
+
+
+def test_it_gives_the_same_report_from_the_database_as_from_the_records():
+    experiment, records = done_experiment(faster_c1)
+    stored = experiment_report_build(experiment_id=experiment.pk)
+    inputs = _experiment_inputs(experiment)
+    runs = [
+        {k: v for k, v in r.items() if k != "pk"}
+        for r in _run_inputs(list(experiment.runs.select_related("cell").order_by("plan_position", "id")))
+    ]
+    pure = build_report(
+        **inputs,
+        runs=runs,
+        table=RecordTable.from_records(records),
+        rollback={"exists": False, "baseline": None},
+        options=None,
+    )
+    assert stored["decision"] == pure["decision"]
+    assert stored["runs"] == pure["runs"]
+    assert stored["comparisons"] == pure["comparisons"]
+    assert stored["decision"]["outcome"] == "retune"
+    assert stored["decision"]["chosen_cell"] == "C1"
+
+
+def test_it_stores_one_decision_per_experiment_and_replaces_it():
+    experiment, _ = done_experiment(faster_c1)
+    first = experiment_analyse(experiment_id=experiment.pk)
+    assert first.outcome == Decision.Outcome.RETUNE and first.chosen_cell == "C1"
+    assert first.checks["validity"]["status"] == "pass"
+    assert first.report["decision"]["rule"] == first.rule
+    json.dumps(first.report, allow_nan=False)
+    # A run that turns out invalid makes C1 incomplete: the re-analysis replaces the row.
+    Run.objects.filter(experiment=experiment, cell__cell_id="C1", repeat=2).update(status=Run.Status.INVALID)
+    second = experiment_analyse(experiment_id=experiment.pk)
+    assert Decision.objects.filter(experiment=experiment).count() == 1
+    assert second.pk == first.pk
+    assert second.outcome == Decision.Outcome.RETAIN
+    assert second.checks["validity"]["invalid_cells"] == ["C1"]
+    missing = [p for p in second.checks["validity"]["problems"] if p["problem"] == "missing"]
+    assert missing and missing[0]["statuses"] == ["invalid"]
+
+
+def test_it_reads_server_samples_with_restarts():
+    experiment, _ = done_experiment()
+    run = experiment.runs.get(cell__cell_id="B0", repeat=1)
+    for t, epoch, value in ((0, 0, 10.0), (5, 0, 14.0), (6, 1, 1.0), (9, 1, 3.0)):
+        MetricSample.objects.create(
+            run=run,
+            t_ns=int(t * 1e9),
+            phase="during",
+            epoch=epoch,
+            name="vllm:num_preemptions_total",
+            kind="counter",
+            value=value,
+        )
+    report = experiment_report_build(experiment_id=experiment.pk)
+    server = next(r for r in report["runs"] if r["key"] == str(run.run_id))["server"]
+    assert server["counters"]["preemptions"] == pytest.approx(6.0)
+    assert server["restarts"] == [{"epoch": 1, "t_s": 6.0}]
+
+
+def test_it_merges_gap_histograms_in_the_database_like_the_pure_code():
+    def chunky(cell, mix, rep, cls, idx):
+        return {"tokens_per_chunk": 4, "itl_ms": 5.0}
+
+    experiment, _ = done_experiment(chunky)
+    report = experiment_report_build(experiment_id=experiment.pk)
+    m = report["runs"][0]["classes"]["short"]
+    assert m["itl_ms"]["p50"] == pytest.approx(5.0, rel=0.03)
+    assert m["chunk_gap_ms"]["p50"] == pytest.approx(20.0, rel=0.03)
