@@ -52,6 +52,7 @@ from typing import Any
 
 import aiohttp
 
+from workers.replay.frames import frame_parse
 from workers.replay.records import RequestRecord
 from workers.replay.sse import DONE, SSEParser
 
@@ -439,7 +440,7 @@ class _Replay:
         done = False
         chunk_gaps = record.chunk_gaps
         token_gaps = record.token_gaps
-        loads = json.loads
+        parse = frame_parse
         content = response.content
         # Counts are written however the stream ends (done, cancelled, cut,
         # timed out, closed at the deadline): partial streams are data too.
@@ -455,36 +456,27 @@ class _Replay:
                         done = True
                         record.end_ns = now - origin
                         continue
-                    obj = loads(event)
-                    if not isinstance(obj, dict):
-                        raise ValueError(f"stream event is not a JSON object: {event[:100]}")
-                    error = obj.get("error")
-                    if error:
+                    frame = parse(event)
+                    if frame.error is not None:
                         record.error_kind = "http"
-                        message = error.get("message") if isinstance(error, dict) else error
-                        record.error = f"error event in stream: {str(message)[:_ERROR_TEXT_LIMIT]}"
+                        record.error = f"error event in stream: {frame.error[:_ERROR_TEXT_LIMIT]}"
                         continue
-                    choices = obj.get("choices") or ()
-                    usage = obj.get("usage")
                     delta = 0
-                    if usage:
-                        completion = usage.get("completion_tokens")
-                        if usage.get("prompt_tokens") is not None:
-                            record.prompt_tokens = usage["prompt_tokens"]
-                        if completion is not None:
-                            if choices:
-                                delta = completion - tokens
-                            else:
-                                # The closing usage-only frame: the authoritative total.
-                                final_tokens = completion
-                    elif choices and _has_output(choices[0]):
+                    completion = frame.completion_tokens
+                    if frame.prompt_tokens is not None:
+                        record.prompt_tokens = frame.prompt_tokens
+                    if completion is not None:
+                        if frame.has_choices:
+                            delta = completion - tokens
+                        else:
+                            # The closing usage-only frame: the authoritative total.
+                            final_tokens = completion
+                    elif frame.has_output:
                         # No usage on this frame (server ignores continuous usage
                         # stats): one frame, one token, corrected by the final usage.
                         delta = 1
-                    if choices:
-                        reason = choices[0].get("finish_reason")
-                        if reason is not None:
-                            record.finish_reason = reason
+                    if frame.finish_reason is not None:
+                        record.finish_reason = frame.finish_reason
                     if delta > 0:
                         if first_ns is None:
                             first_ns = now
@@ -540,13 +532,6 @@ async def _preflight(session: aiohttp.ClientSession, url: str) -> None:
     with contextlib.suppress(Exception):
         async with session.get(models_url, timeout=aiohttp.ClientTimeout(total=2.0)) as response:
             await response.read()
-
-
-def _has_output(choice: dict[str, Any]) -> bool:
-    if choice.get("text"):
-        return True
-    delta = choice.get("delta")
-    return bool(delta and (delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")))
 
 
 def _is_context_error(text: str) -> bool:

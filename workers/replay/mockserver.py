@@ -60,6 +60,8 @@ class RequestLog:
 
     seq: int
     tag: str | None
+    # Which connection (per server process) carried the request: shows keep-alive reuse.
+    conn: int
     path: str
     arrival_ns: int
     status: int = 200
@@ -71,6 +73,8 @@ class RequestLog:
     completed: bool = False
     disconnected: bool = False
     disconnect_ns: int | None = None
+    # Every token-frame write time, when MockConfig.record_writes is on.
+    writes_ns: list[int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -84,6 +88,8 @@ class MockConfig:
     by_index: dict[int, Behaviour] = field(default_factory=dict)
     # Keep a RequestLog per request (benchmarks on long runs may turn this off).
     keep_log: bool = True
+    # Log every frame's write time (the true inter-token gaps, for benchmarks).
+    record_writes: bool = False
 
 
 class _State:
@@ -91,6 +97,7 @@ class _State:
         self.config = config
         self.log: list[RequestLog] = []
         self.seq = 0
+        self.connections = 0
 
 
 class _Stream:
@@ -183,6 +190,8 @@ class _Stream:
         if entry.first_write_ns is None:
             entry.first_write_ns = now
         entry.last_write_ns = now
+        if entry.writes_ns is not None:
+            entry.writes_ns.append(now)
         entry.tokens_written = self.written
         entry.chunks_written += 1
         self._frame({"content": text} if self.chat else text, reason, self.written)
@@ -278,6 +287,8 @@ class _Protocol(asyncio.Protocol):
         self.stream: _Stream | None = None
         self.current: RequestLog | None = None
         self.keep_alive = True
+        self.conn = state.connections
+        state.connections += 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -364,7 +375,9 @@ class _Protocol(asyncio.Protocol):
             return
         state = self.state
         tag = headers.get("x-tailtune-request")
-        entry = RequestLog(seq=state.seq, tag=tag, path=path, arrival_ns=arrival)
+        entry = RequestLog(seq=state.seq, tag=tag, conn=self.conn, path=path, arrival_ns=arrival)
+        if config.record_writes:
+            entry.writes_ns = []
         state.seq += 1
         if config.keep_log:
             state.log.append(entry)
