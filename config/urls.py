@@ -16,4 +16,6 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz, name="healthz"),
     path("", include("apps.experiments.urls")),
+    path("", include("apps.runs.urls")),
+    path("", include("apps.approvals.urls")),
 ]

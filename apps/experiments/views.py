@@ -1,11 +1,375 @@
+"""Experiment pages: list, create, the live experiment page, results.
+
+Views stay thin: one access check, a form or a selector, one service call.
+"""
+
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from apps.analysis import charts
+from apps.experiments import selectors
+from apps.experiments.forms import (
+    CellFormSet,
+    ClassFormSet,
+    ExperimentForm,
+    attach_spec_errors,
+    build_spec,
+    spec_from_upload,
+    validate_built,
+)
 from apps.experiments.models import Experiment
+from apps.experiments.services import experiment_create, experiment_to_spec
+from apps.experiments.spec import SpecError, dump_spec
+
+
+def require_reader(request: HttpRequest) -> None:
+    if not selectors.can_read(request.user):
+        raise PermissionDenied("you need the viewer, experimenter or approver role to see experiments")
+
+
+def _experiment(request: HttpRequest, pk: int) -> Experiment:
+    require_reader(request)
+    return get_object_or_404(Experiment.objects.select_related("owner", "workload"), pk=pk)
+
+
+# --- list ---------------------------------------------------------------------------
 
 
 def experiment_list(request: HttpRequest) -> HttpResponse:
-    experiments = Experiment.objects.select_related("owner")
-    return render(request, "experiments/list.html", {"experiments": experiments})
+    require_reader(request)
+    status = request.GET.get("status", "")
+    if status and status not in Experiment.Status.values:
+        return HttpResponseBadRequest(f"unknown status {status!r}")
+    rows = selectors.experiment_list_rows(status=status)
+    return render(
+        request,
+        "experiments/list.html",
+        {
+            "experiments": rows,
+            "status": status,
+            "statuses": Experiment.Status.values,
+            "can_create": selectors.can_create(request.user),
+        },
+    )
+
+
+# --- create -------------------------------------------------------------------------
+
+
+def experiment_new(request: HttpRequest) -> HttpResponse:
+    """GET: the empty form. POST: preview (plan size) or create; nothing is saved until valid."""
+    require_reader(request)
+    if not selectors.can_create(request.user):
+        raise PermissionDenied("only experimenters can create experiments")
+    estimate = None
+    if request.method != "POST":
+        form = ExperimentForm()
+        cells = CellFormSet(prefix="cells")
+        classes = ClassFormSet(prefix="classes")
+        return _render_new(request, form, cells, classes, estimate)
+
+    form = ExperimentForm(request.POST, request.FILES)
+    cells = CellFormSet(request.POST, prefix="cells")
+    classes = ClassFormSet(request.POST, prefix="classes")
+    spec: dict[str, Any] | None = None
+    form_ok = form.is_valid()
+    cells_ok = cells.is_valid()
+    classes_ok = classes.is_valid()
+    if form_ok and form.cleaned_data.get("spec_file"):
+        try:
+            spec = spec_from_upload(form)
+        except SpecError as exc:
+            for e in exc.errors:
+                form.add_error("spec_file", f"{e.path}: {e.message}")
+    elif form_ok and cells_ok and classes_ok:
+        build = build_spec(form, cells, classes, owner=request.user.get_username())
+        try:
+            spec = validate_built(build)
+        except SpecError as exc:
+            attach_spec_errors(exc, build, form, cells, classes)
+    if spec is not None:
+        estimate = selectors.plan_estimate(spec)
+        if "create" in request.POST:
+            with transaction.atomic():
+                experiment = experiment_create(spec=spec, owner=request.user)
+            messages.success(
+                request, f"Created {experiment.name}: {estimate.runs} runs planned. Start it when ready."
+            )
+            return redirect("experiments:detail", pk=experiment.pk)
+    return _render_new(request, form, cells, classes, estimate, status=200 if spec is not None else 400)
+
+
+def _render_new(
+    request: HttpRequest,
+    form: ExperimentForm,
+    cells: Any,
+    classes: Any,
+    estimate: selectors.PlanEstimate | None,
+    status: int = 200,
+) -> HttpResponse:
+    return render(
+        request,
+        "experiments/new.html",
+        {"form": form, "cells": cells, "classes": classes, "estimate": estimate},
+        status=status,
+    )
+
+
+# --- the experiment page ----------------------------------------------------------------
+
+
+def _filters(request: HttpRequest) -> dict[str, str]:
+    return {k: request.GET.get(k, "") for k in ("cell", "mixture", "rate", "status") if request.GET.get(k)}
+
+
+def _live_context(request: HttpRequest, experiment: Experiment) -> dict[str, Any]:
+    progress = selectors.experiment_progress(experiment=experiment)
+    current = []
+    for run in selectors.current_runs(experiment=experiment):
+        current.append(
+            {
+                "run": run,
+                "ttft": selectors.live_ttft(run=run),
+                "gauges": selectors.latest_gauges(run=run),
+                "log": selectors.log_tail(run),
+                "percent_sent": (100.0 * run.requests_sent / run.requests_planned)
+                if run.requests_planned
+                else None,
+            }
+        )
+    filters = _filters(request)
+    return {
+        "experiment": experiment,
+        "progress": progress,
+        "eta": selectors.human_duration(progress.eta_s),
+        "current": current,
+        "runs": selectors.run_rows(experiment=experiment, filters=filters),
+        "filters": filters,
+        "live": experiment.status == Experiment.Status.RUNNING and progress.running,
+        "live_url": reverse("experiments:live", args=[experiment.pk])
+        + (f"?{urlencode(filters)}" if filters else ""),
+        "can_operate": selectors.can_operate(request.user, experiment),
+    }
+
+
+def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    experiment = _experiment(request, pk)
+    context = _live_context(request, experiment)
+    context.update(
+        {
+            "cells": list(experiment.cells.all()),
+            "classes": list(experiment.classes.all()),
+            "decision": getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None,
+            "approve_refusal": selectors.approve_refusal(request.user, experiment),
+            "has_manifest": hasattr(experiment, "manifest"),
+            "startable": experiment.status in (Experiment.Status.PLANNED, Experiment.Status.CANCELLED),
+            "cancellable": experiment.status == Experiment.Status.RUNNING,
+        }
+    )
+    return render(request, "experiments/detail.html", context)
+
+
+def experiment_live(request: HttpRequest, pk: int) -> HttpResponse:
+    """The live partial: progress, the current runs and the run table (polled while running)."""
+    experiment = _experiment(request, pk)
+    return render(request, "experiments/_live.html", _live_context(request, experiment))
+
+
+def _orchestration() -> Any:
+    from apps.runs import services as run_services
+
+    return run_services
+
+
+@require_POST
+def experiment_start(request: HttpRequest, pk: int) -> HttpResponse:
+    experiment = _experiment(request, pk)
+    if not selectors.can_operate(request.user, experiment):
+        raise PermissionDenied("only the experiment's author can start it")
+    run_services = _orchestration()
+    try:
+        n = run_services.experiment_start(experiment=experiment, actor=request.user)
+    except ValueError as exc:  # StartError: not startable, or no host alive
+        messages.error(request, f"Not started: {exc}")
+    else:
+        messages.success(request, f"Started: {n if n is not None else 'the'} runs queued.")
+    return redirect("experiments:detail", pk=experiment.pk)
+
+
+@require_POST
+def experiment_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    experiment = _experiment(request, pk)
+    if not selectors.can_operate(request.user, experiment):
+        raise PermissionDenied("only the experiment's author can cancel it")
+    if experiment.status != Experiment.Status.RUNNING:
+        messages.error(request, f"Nothing to cancel: the experiment is {experiment.status}.")
+        return redirect("experiments:detail", pk=experiment.pk)
+    _orchestration().experiment_cancel(experiment=experiment, actor=request.user)
+    messages.success(request, "Cancelled: the current run stops within seconds; queued runs were dequeued.")
+    return redirect("experiments:detail", pk=experiment.pk)
+
+
+def experiment_spec(request: HttpRequest, pk: int) -> HttpResponse:
+    experiment = _experiment(request, pk)
+    response = HttpResponse(dump_spec(experiment_to_spec(experiment=experiment)), content_type="text/yaml")
+    response["Content-Disposition"] = f'attachment; filename="experiment-{experiment.pk}-spec.yaml"'
+    return response
+
+
+# --- results ---------------------------------------------------------------------------
+
+
+def _combos(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return sorted({(a["mixture"], a["rate"]) for a in report.get("aggregates", [])})
+
+
+def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
+    experiment = _experiment(request, pk)
+    decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
+    progress = selectors.experiment_progress(experiment=experiment)
+    context: dict[str, Any] = {"experiment": experiment, "decision": decision, "progress": progress}
+    if decision is None or not decision.report:
+        return render(request, "experiments/results.html", context)
+    report = decision.report
+    cells = [c["cell_id"] for c in report.get("cells", [])]
+    baseline = report.get("baseline", cells[0] if cells else "")
+    classes = report.get("classes", [])
+    class_names = [c["name"] for c in classes]
+    combos = _combos(report)
+    chosen = (request.GET.get("mixture", ""), request.GET.get("rate", ""))
+    if chosen not in combos:
+        chosen = combos[-1] if combos else ("", "")
+    mixture, rate = chosen
+    runs_url = reverse("experiments:detail", args=[experiment.pk])
+
+    def url_for_cell(*, cell: str, mixture: str, rate: str) -> str:
+        return f"{runs_url}?{urlencode({'cell': cell, 'mixture': mixture, 'rate': rate})}#runs"
+
+    def url_for_run(key: str) -> str:
+        return reverse("runs:detail", args=[key])
+
+    figures: list[tuple[str, dict[str, Any]]] = []
+    if combos:
+        for metric in ("ttft", "e2e", "stall"):
+            figures.append(
+                (
+                    f"latency-{metric}",
+                    charts.latency_by_cell(
+                        aggregates=report["aggregates"],
+                        cells=cells,
+                        baseline=baseline,
+                        classes=classes,
+                        metric=metric,
+                        mixture=mixture,
+                        rate=rate,
+                        url_for_cell=url_for_cell,
+                    ),
+                )
+            )
+    heat_goodput, heat_accepted = charts.goodput_heatmaps(
+        aggregates=report.get("aggregates", []),
+        runs=report.get("runs", []),
+        cells=cells,
+        combos=combos,
+        url_for_cell=url_for_cell,
+    )
+    diffs = charts.paired_diffs(
+        comparisons=report.get("comparisons", []),
+        cells=cells,
+        classes=class_names,
+        mixture=mixture,
+        rate=rate,
+        url_for_cell=url_for_cell,
+    )
+    combo_runs = [
+        r
+        for r in report.get("runs", [])
+        if r["mixture"] == mixture and r["rate"] == rate and not r.get("scenario")
+    ]
+    queue = charts.gauges_over_time(
+        runs=combo_runs,
+        cells=cells,
+        baseline=baseline,
+        gauge="waiting",
+        title=f"Waiting requests over time, {mixture} @ {rate}",
+        unit="requests",
+        url_for_run=url_for_run,
+    )
+    kv = charts.gauges_over_time(
+        runs=combo_runs,
+        cells=cells,
+        baseline=baseline,
+        gauge="kv_usage",
+        title=f"KV cache usage over time, {mixture} @ {rate}",
+        unit="%",
+        url_for_run=url_for_run,
+        scale=100.0,
+    )
+    preempt = charts.preemptions_by_cell(
+        runs=report.get("runs", []), cells=cells, baseline=baseline, url_for_run=url_for_run
+    )
+    uniform = charts.uniform_vs_bursty(
+        runs=report.get("runs", []), classes=class_names, cells=cells, url_for_cell=url_for_cell
+    )
+    context.update(
+        {
+            "report": report,
+            "cells": cells,
+            "baseline": baseline,
+            "class_names": class_names,
+            "class_colours": charts.class_colours(class_names),
+            "combos": [
+                {
+                    "mixture": m,
+                    "rate": r,
+                    "active": (m, r) == chosen,
+                    "query": urlencode({"mixture": m, "rate": r}),
+                }
+                for m, r in combos
+            ],
+            "mixture": mixture,
+            "rate": rate,
+            "latency_figures": figures,
+            "heat_goodput": heat_goodput,
+            "heat_accepted": heat_accepted,
+            "diffs": diffs,
+            "queue": queue,
+            "kv": kv,
+            "preempt": preempt,
+            "uniform": uniform,
+            "checks": report.get("checks", {}),
+            "findings": report.get("findings", []),
+            "decision_data": report.get("decision", {}),
+            "approve_refusal": selectors.approve_refusal(request.user, experiment),
+        }
+    )
+    return render(request, "experiments/results.html", context)
+
+
+# --- static assets --------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _plotly_path() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def plotly_bundle(request: HttpRequest) -> HttpResponse:
+    """plotly.js from the installed plotly package: one version, no CDN, no copy in the repo."""
+    response = FileResponse(_plotly_path().open("rb"), content_type="text/javascript")
+    response["Cache-Control"] = "private, max-age=86400"
+    return response

@@ -1,0 +1,120 @@
+"""The rollback manifest: content, its own digest, YAML and JSON forms. Pure: no Django.
+
+A manifest holds the **baseline record** (everything needed to put B0 back
+exactly as it ran), the approved candidate as an **overlay** on it (or none
+when B0 itself was approved), the **evidence** (experiment, trace and corpus
+hashes, decision) and the **approval**. Rolling back means applying the
+baseline record as is: the overlay never replaces any of its values.
+
+The digest is the sha256 of the canonical JSON of the content (sorted keys,
+compact separators, ASCII): the downloaded document is the content plus a
+top-level ``sha256``, so anyone can check it by removing that key and
+hashing the rest (``verify``). YAML and JSON downloads carry the same
+content and the same digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+MANIFEST_FORMAT = "tailtune-rollback-manifest"
+MANIFEST_VERSION = 1
+CONFIRMED = "confirmed by the engine"
+REQUESTED = "requested (not confirmed by the engine)"
+# vLLM's OpenAI server answers 200 on /health once the engine is ready.
+HEALTH_PROBE: dict[str, Any] = {"path": "/health", "expect_status": 200, "interval_s": 10, "timeout_s": 5}
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def content_sha256(content: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(content)).hexdigest()
+
+
+def effective_args(
+    requested: Mapping[str, Any], confirmed: Sequence[Mapping[str, Any] | None]
+) -> dict[str, Any]:
+    """The args a cell really ran with, and where that knowledge comes from.
+
+    The engine's own report of its args wins (the most common one across the
+    cell's runs; disagreement is recorded); a cell no run confirmed falls back
+    to the requested args, marked as such.
+    """
+    seen = [dict(c) for c in confirmed if c]
+    if not seen:
+        return {"args": dict(requested), "source": REQUESTED, "confirmed_runs": 0, "distinct": 0}
+    counts = Counter(canonical_json(c) for c in seen)
+    top, n = counts.most_common(1)[0]
+    return {
+        "args": json.loads(top),
+        "source": CONFIRMED,
+        "confirmed_runs": len(seen),
+        "agreeing_runs": n,
+        "distinct": len(counts),
+    }
+
+
+def overlay_changes(baseline_args: Mapping[str, Any], candidate_args: Mapping[str, Any]) -> dict[str, Any]:
+    """Per arg the candidate sets differently: {arg: {"baseline": b, "candidate": c}}."""
+    out = {}
+    for key in sorted(set(baseline_args) | set(candidate_args)):
+        b, c = baseline_args.get(key), candidate_args.get(key)
+        if key in candidate_args and b != c:
+            out[key] = {"baseline": b, "candidate": c}
+    return out
+
+
+def build_manifest(
+    *,
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any] | None,
+    evidence: Mapping[str, Any],
+    approval: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The manifest content (without its digest). ``candidate`` None: B0 itself was approved."""
+    base = dict(baseline)
+    overlay = None
+    if candidate is not None:
+        base_args = (base.get("effective_args") or {}).get("args") or {}
+        cand_args = (candidate.get("effective_args") or {}).get("args") or {}
+        overlay = {
+            "cell_id": candidate["cell_id"],
+            "applies_to": base.get("cell_id"),
+            "effective_args": dict(candidate.get("effective_args") or {}),
+            "changes": overlay_changes(base_args, cand_args),
+        }
+    return {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "baseline": base,
+        "overlay": overlay,
+        "rollback": "apply the baseline record as is; the overlay is never merged into it",
+        "evidence": dict(evidence),
+        "approval": dict(approval),
+    }
+
+
+def document(content: Mapping[str, Any], sha256: str) -> dict[str, Any]:
+    """The downloadable manifest: its content plus its own digest."""
+    return {**content, "sha256": sha256}
+
+
+def verify(doc: Mapping[str, Any]) -> bool:
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    return doc.get("sha256") == content_sha256(body)
+
+
+def to_json(doc: Mapping[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def to_yaml(doc: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(doc), sort_keys=True, default_flow_style=False, allow_unicode=True)

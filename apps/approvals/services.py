@@ -1,0 +1,226 @@
+"""Approve or reject an analysed experiment; approving freezes its rollback manifest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.roles import APPROVER, has_role
+from apps.analysis.models import Decision
+from apps.approvals import manifest as mf
+from apps.approvals.audit import audit_record
+from apps.approvals.models import Approval, RollbackManifest
+from apps.experiments.models import Experiment, ServerConfig
+from apps.runs.models import Run
+
+
+class ApprovalError(ValueError):
+    """The experiment cannot be approved in its present state, or with that choice."""
+
+
+def _check(experiment: Experiment, approver: Any) -> Decision:
+    if not has_role(approver, APPROVER):
+        raise PermissionDenied("only approvers can approve or reject an experiment")
+    if experiment.owner_id == approver.pk:
+        raise PermissionDenied("the author of an experiment cannot approve or reject it")
+    if experiment.status != Experiment.Status.ANALYSED:
+        raise ApprovalError(
+            f"the experiment is {experiment.status}; only an analysed experiment can be approved"
+        )
+    decision = Decision.objects.filter(experiment=experiment).first()
+    if decision is None:
+        raise ApprovalError("the experiment has no decision yet; analyse it first")
+    return decision
+
+
+def _locked(experiment: Experiment) -> Experiment:
+    # Re-read under a row lock: two approvers clicking at once get one approval.
+    return Experiment.objects.select_for_update().select_related("owner", "workload").get(pk=experiment.pk)
+
+
+def _cell_record(experiment: Experiment, cell: ServerConfig) -> dict[str, Any]:
+    runs = list(
+        cell.runs.filter(status=Run.Status.DONE, scenario="")
+        .order_by("plan_position")
+        .values("effective_args", "image_digest", "hardware_id", "vllm_version")
+    )
+    first = runs[0] if runs else {}
+    return {
+        "cell_id": cell.cell_id,
+        "effective_args": mf.effective_args(cell.args, [r["effective_args"] for r in runs]),
+        "requested_args": cell.args,
+        "image_digest": first.get("image_digest") or "",
+        "vllm_version": first.get("vllm_version") or "",
+        "hardware_id": first.get("hardware_id") or "",
+    }
+
+
+def _baseline_record(
+    experiment: Experiment, b0: ServerConfig, *, deployment_revision: str, route_target: str
+) -> dict[str, Any]:
+    cell = _cell_record(experiment, b0)
+    w = experiment.workload
+    return {
+        "cell_id": b0.cell_id,
+        "image": experiment.engine_image,
+        "image_digest": cell["image_digest"] or None,
+        "vllm_version": cell["vllm_version"] or None,
+        "model": {"path": experiment.model_path, "revision": experiment.model_revision},
+        "tokenizer_revision": experiment.tokenizer_revision,
+        "effective_args": cell["effective_args"],
+        "requested_args": cell["requested_args"],
+        "controls": {
+            "dtype": experiment.dtype,
+            "tensor_parallel_size": experiment.tensor_parallel_size,
+            "max_model_len": experiment.max_model_len,
+            "gpu_memory_utilization": experiment.gpu_memory_utilization,
+            "kv_cache_memory_bytes": experiment.kv_cache_memory_bytes,
+            "enable_prefix_caching": experiment.enable_prefix_caching,
+            "seed": experiment.engine_seed,
+            "generation": experiment.generation,
+        },
+        "deployment": {
+            "revision": deployment_revision or b0.captured_from or None,
+            "captured_from": b0.captured_from,
+            "route_target": route_target or None,
+        },
+        "health_probe": mf.HEALTH_PROBE,
+        "capacity": {
+            "hardware_id": cell["hardware_id"] or None,
+            "tensor_parallel_size": experiment.tensor_parallel_size,
+            "gpu_memory_utilization": experiment.gpu_memory_utilization,
+            "kv_cache_memory_bytes": experiment.kv_cache_memory_bytes,
+            "max_model_len": experiment.max_model_len,
+        },
+        "drain_deadline_s": w.drain_deadline_s,
+        # A rollout aborts (and rolls back) when a class breaks its contract.
+        "abort_thresholds": {
+            rc.name: {
+                "ttft_p99_ms": rc.ttft_p99_ms,
+                "e2e_p99_ms": rc.e2e_p99_ms,
+                "max_stall_ms": rc.max_stall_ms,
+                "error_rate": rc.error_rate,
+            }
+            for rc in experiment.classes.all()
+        },
+        "owner": experiment.owner.get_username(),
+    }
+
+
+def _evidence(experiment: Experiment, decision: Decision) -> dict[str, Any]:
+    runs = experiment.runs.exclude(trace_sha256="")
+    return {
+        "experiment": {"id": experiment.pk, "name": experiment.name},
+        "trace_sha256": sorted(set(runs.values_list("trace_sha256", flat=True))),
+        "corpus_sha256": sorted(set(runs.exclude(corpus_sha256="").values_list("corpus_sha256", flat=True))),
+        "decision": {
+            "outcome": decision.outcome,
+            "chosen_cell": decision.chosen_cell,
+            "rule": decision.rule,
+            "analysed_at": decision.updated_at.isoformat(),
+            "report_sha256": mf.content_sha256(decision.report or {}),
+        },
+    }
+
+
+@transaction.atomic
+def experiment_approve(
+    *,
+    experiment: Experiment,
+    approver: Any,
+    chosen_cell: str,
+    reason: str,
+    deployment_revision: str = "",
+    route_target: str = "",
+) -> RollbackManifest:
+    """Approve the decision's proposed cell or B0, and freeze the rollback manifest.
+
+    Refuses non-approvers and the author (PermissionDenied), experiments not
+    analysed, and any cell other than the proposal or B0 (ApprovalError).
+    The approval, the manifest, the status change and the audit event are
+    written together or not at all.
+    """
+    experiment = _locked(experiment)
+    decision = _check(experiment, approver)
+    if not reason.strip():
+        raise ApprovalError("give a reason for the approval")
+    cells = {c.cell_id: c for c in experiment.cells.all()}
+    b0 = next(c for c in cells.values() if c.role == ServerConfig.Role.BASELINE)
+    allowed = {b0.cell_id, decision.chosen_cell or b0.cell_id}
+    if chosen_cell not in allowed:
+        raise ApprovalError(
+            f"choose the decision's proposal or B0 ({', '.join(sorted(allowed))}), not {chosen_cell!r}"
+        )
+    now = timezone.now()
+    baseline = _baseline_record(
+        experiment, b0, deployment_revision=deployment_revision.strip(), route_target=route_target.strip()
+    )
+    candidate = None
+    if chosen_cell != b0.cell_id:
+        cand = _cell_record(experiment, cells[chosen_cell])
+        candidate = {"cell_id": chosen_cell, "effective_args": cand["effective_args"]}
+    content = mf.build_manifest(
+        baseline=baseline,
+        candidate=candidate,
+        evidence=_evidence(experiment, decision),
+        approval={
+            "verdict": Approval.Verdict.APPROVED,
+            "approver": approver.get_username(),
+            "chosen_cell": chosen_cell,
+            "reason": reason.strip(),
+            "at": now.isoformat(),
+        },
+    )
+    approval = Approval.objects.create(
+        experiment=experiment,
+        approver=approver,
+        verdict=Approval.Verdict.APPROVED,
+        chosen_cell=chosen_cell,
+        reason=reason.strip(),
+    )
+    sha = mf.content_sha256(content)
+    manifest = RollbackManifest.objects.create(
+        experiment=experiment, approval=approval, content=content, sha256=sha
+    )
+    experiment.status = Experiment.Status.APPROVED
+    experiment.status_reason = f"approved {chosen_cell} by {approver.get_username()}"
+    experiment.save(update_fields=["status", "status_reason", "updated_at"])
+    audit_record(
+        action="experiment.approved",
+        actor=approver,
+        experiment=experiment,
+        target=chosen_cell,
+        detail={"reason": reason.strip(), "manifest_sha256": sha, "decision": decision.outcome},
+    )
+    return manifest
+
+
+@transaction.atomic
+def experiment_reject(*, experiment: Experiment, approver: Any, reason: str) -> Approval:
+    """Reject the analysed experiment: nothing changes in production, B0 stays."""
+    experiment = _locked(experiment)
+    decision = _check(experiment, approver)
+    if not reason.strip():
+        raise ApprovalError("give a reason for the rejection")
+    b0 = experiment.cells.get(role=ServerConfig.Role.BASELINE)
+    approval = Approval.objects.create(
+        experiment=experiment,
+        approver=approver,
+        verdict=Approval.Verdict.REJECTED,
+        chosen_cell=b0.cell_id,
+        reason=reason.strip(),
+    )
+    experiment.status = Experiment.Status.REJECTED
+    experiment.status_reason = f"rejected by {approver.get_username()}"
+    experiment.save(update_fields=["status", "status_reason", "updated_at"])
+    audit_record(
+        action="experiment.rejected",
+        actor=approver,
+        experiment=experiment,
+        target=decision.chosen_cell or b0.cell_id,
+        detail={"reason": reason.strip(), "decision": decision.outcome},
+    )
+    return approval

@@ -1,0 +1,147 @@
+"""Approve, download the rollback manifest, read the audit log."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+
+from apps.approvals import manifest as mf
+from apps.approvals.models import AuditEvent, RollbackManifest
+from apps.approvals.services import ApprovalError, experiment_approve, experiment_reject
+from apps.experiments import selectors
+from apps.experiments.models import Experiment
+from apps.experiments.views import require_reader
+
+AUDIT_PAGE = 100
+
+
+class ApproveForm(forms.Form):
+    verdict = forms.ChoiceField(
+        choices=[("approve", "Approve"), ("reject", "Reject")], widget=forms.HiddenInput
+    )
+    chosen_cell = forms.ChoiceField(widget=forms.RadioSelect, required=False, label="Configuration to deploy")
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), label="Reason")
+    deployment_revision = forms.CharField(
+        required=False,
+        max_length=200,
+        help_text="The deployment B0 runs as now (defaults to where B0 was captured).",
+    )
+    route_target = forms.CharField(
+        required=False, max_length=200, help_text="Where traffic goes (service, route or pool name)."
+    )
+
+    def __init__(self, *args, choices: list[tuple[str, str]], **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fields["chosen_cell"].choices = choices
+
+
+def _choices(experiment: Experiment, proposed: str) -> list[tuple[str, str]]:
+    b0 = experiment.cells.get(role="baseline")
+    out = []
+    if proposed and proposed != b0.cell_id:
+        cell = experiment.cells.get(cell_id=proposed)
+        out.append((proposed, f"{proposed} (the decision's proposal): {cell.args}"))
+    out.append((b0.cell_id, f"{b0.cell_id} (keep the baseline): {b0.args}"))
+    return out
+
+
+def experiment_approve_page(request: HttpRequest, pk: int) -> HttpResponse:
+    require_reader(request)
+    experiment = get_object_or_404(Experiment.objects.select_related("owner"), pk=pk)
+    refusal = selectors.approve_refusal(request.user, experiment)
+    if refusal is not None:
+        raise PermissionDenied(refusal)
+    decision = experiment.decision
+    choices = _choices(experiment, decision.chosen_cell)
+    if request.method == "POST":
+        form = ApproveForm(request.POST, choices=choices)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                if data["verdict"] == "approve":
+                    if not data.get("chosen_cell"):
+                        raise ApprovalError("choose the configuration to deploy")
+                    manifest = experiment_approve(
+                        experiment=experiment,
+                        approver=request.user,
+                        chosen_cell=data["chosen_cell"],
+                        reason=data["reason"],
+                        deployment_revision=data["deployment_revision"],
+                        route_target=data["route_target"],
+                    )
+                    messages.success(
+                        request,
+                        f"Approved {data['chosen_cell']}. Rollback manifest sha256 {manifest.sha256[:16]}…",
+                    )
+                else:
+                    experiment_reject(experiment=experiment, approver=request.user, reason=data["reason"])
+                    messages.success(request, "Rejected: B0 stays in place.")
+                return redirect("experiments:detail", pk=experiment.pk)
+            except ApprovalError as exc:
+                form.add_error(None, str(exc))
+    else:
+        form = ApproveForm(initial={"chosen_cell": choices[0][0], "verdict": "approve"}, choices=choices)
+    return render(
+        request,
+        "approvals/approve.html",
+        {"experiment": experiment, "decision": decision, "form": form},
+        status=200 if request.method != "POST" else 400,
+    )
+
+
+def manifest_download(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
+    require_reader(request)
+    if fmt not in ("yaml", "json"):
+        raise Http404("the manifest comes as .yaml or .json")
+    manifest = get_object_or_404(RollbackManifest, experiment_id=pk)
+    doc = mf.document(manifest.content, manifest.sha256)
+    body = mf.to_yaml(doc) if fmt == "yaml" else mf.to_json(doc)
+    response = HttpResponse(body, content_type="application/yaml" if fmt == "yaml" else "application/json")
+    response["Content-Disposition"] = f'attachment; filename="rollback-manifest-{pk}.{fmt}"'
+    response["X-Manifest-Sha256"] = manifest.sha256
+    return response
+
+
+def _audit_page(request: HttpRequest, events, experiment: Experiment | None) -> HttpResponse:  # type: ignore[no-untyped-def]
+    action = request.GET.get("action", "").strip()
+    actor = request.GET.get("actor", "").strip()
+    exp = request.GET.get("experiment", "").strip()
+    if action:
+        events = events.filter(action__startswith=action)
+    if actor:
+        events = events.filter(actor__username=actor)
+    if exp and experiment is None:
+        if not exp.isdigit():
+            raise Http404("experiment must be a number")
+        events = events.filter(experiment_id=int(exp))
+    page = Paginator(events.select_related("actor", "experiment"), AUDIT_PAGE).get_page(
+        request.GET.get("page")
+    )
+    actions = AuditEvent.objects.order_by("action").values_list("action", flat=True).distinct()
+    return render(
+        request,
+        "approvals/audit.html",
+        {
+            "experiment": experiment,
+            "page": page,
+            "filters": {"action": action, "actor": actor, "experiment": exp},
+            "actions": list(actions),
+            "actors": list(get_user_model().objects.order_by("username").values_list("username", flat=True)),
+        },
+    )
+
+
+def audit_log(request: HttpRequest) -> HttpResponse:
+    require_reader(request)
+    return _audit_page(request, AuditEvent.objects.all(), None)
+
+
+def experiment_audit(request: HttpRequest, pk: int) -> HttpResponse:
+    require_reader(request)
+    experiment = get_object_or_404(Experiment, pk=pk)
+    return _audit_page(request, AuditEvent.objects.filter(experiment=experiment), experiment)

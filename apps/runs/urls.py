@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from apps.runs import views
+
+app_name = "runs"
+urlpatterns = [
+    path("runs/<uuid:run_id>/", views.run_detail, name="detail"),
+]

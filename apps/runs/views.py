@@ -1,0 +1,68 @@
+"""The run page: one run's request-level distribution, its effective args, hashes, hardware and log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+
+from apps.analysis import charts
+from apps.experiments import selectors
+from apps.experiments.views import require_reader
+from apps.runs.models import Run
+
+
+def _report_entry(run: Run) -> dict[str, Any] | None:
+    """This run's per-class metrics from the stored report, if the experiment was analysed."""
+    decision = getattr(run.experiment, "decision", None) if hasattr(run.experiment, "decision") else None
+    if decision is None:
+        return None
+    key = str(run.run_id)
+    return next((r for r in (decision.report or {}).get("runs", []) if str(r.get("key")) == key), None)
+
+
+def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
+    require_reader(request)
+    run = get_object_or_404(
+        Run.objects.select_related("experiment", "experiment__owner", "cell", "host", "trace"), run_id=run_id
+    )
+    experiment = run.experiment
+    classes = list(experiment.classes.all())
+    names = [c.name for c in classes]
+    ttft = selectors.latency_histogram(run=run, metric="ttft")
+    e2e = selectors.latency_histogram(run=run, metric="e2e")
+    gauges = selectors.gauge_series(run=run)
+    entry = _report_entry(run)
+    context = {
+        "run": run,
+        "experiment": experiment,
+        "classes": classes,
+        "class_colours": charts.class_colours(names),
+        "outcomes": selectors.record_outcomes(run=run),
+        "ttft_chart": charts.request_histogram(
+            histogram=ttft,
+            classes=names,
+            title="Time to first token, per request",
+            contracts={c.name: c.ttft_p99_ms for c in classes},
+        )
+        if ttft["series"]
+        else None,
+        "e2e_chart": charts.request_histogram(
+            histogram=e2e,
+            classes=names,
+            title="End-to-end latency, per request",
+            contracts={c.name: c.e2e_p99_ms for c in classes},
+        )
+        if e2e["series"]
+        else None,
+        "gauge_chart": charts.run_gauges(series=gauges) if gauges else None,
+        "report_entry": entry,
+        "report_classes": sorted(
+            (entry or {}).get("classes", {}).items(),
+            key=lambda kv: names.index(kv[0]) if kv[0] in names else 99,
+        ),
+        "requested_args": run.cell.args,
+        "log": run.log_tail,
+    }
+    return render(request, "runs/detail.html", context)

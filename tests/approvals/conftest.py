@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.experiments.factories import UserFactory, make_experiment
+from tests.ui.factories import analysed
+
+
+@pytest.fixture
+def viewer(db):  # type: ignore[no-untyped-def]
+    return UserFactory(username="vera", roles=["viewer"])
+
+
+@pytest.fixture
+def author(db):  # type: ignore[no-untyped-def]
+    return UserFactory(username="erin", roles=["experimenter"])
+
+
+@pytest.fixture
+def other_experimenter(db):  # type: ignore[no-untyped-def]
+    return UserFactory(username="oscar", roles=["experimenter"])
+
+
+@pytest.fixture
+def approver(db):  # type: ignore[no-untyped-def]
+    return UserFactory(username="ada", roles=["approver"])
+
+
+@pytest.fixture
+def nobody(db):  # type: ignore[no-untyped-def]
+    return UserFactory(username="nobody")
+
+
+@pytest.fixture
+def experiment(author):  # type: ignore[no-untyped-def]
+    return make_experiment(owner=author, name="ui-small")
+
+
+@pytest.fixture
+def analysed_experiment(author):  # type: ignore[no-untyped-def]
+    return analysed(make_experiment(owner=author, name="ui-analysed"))
