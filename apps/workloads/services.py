@@ -8,6 +8,7 @@ names a hash can only ever replay exactly that traffic.
 from __future__ import annotations
 
 import gzip
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,41 +55,60 @@ def file_stats(trace: TraceFile) -> dict[str, Any]:
     )
 
 
-@transaction.atomic
+@dataclass(frozen=True)
+class _Frozen:
+    """A trace reduced to what its row holds: verified, compressed, small."""
+
+    sha256: str
+    blob: bytes
+    fields: dict[str, Any]
+
+
+def _freeze(trace: TraceFile) -> _Frozen:
+    """Serialise and check a trace: it must parse back to its own bytes, and the
+    compressed blob must inflate to the same hash."""
+    data = trace_dumps(trace)
+    sha = trace_sha256(data)
+    if trace_dumps(trace_loads(data)) != data:
+        raise TraceIntegrityError("trace does not re-serialise to its own bytes")
+    blob = _compress(data)
+    if trace_sha256(gzip.decompress(blob)) != sha:
+        raise TraceIntegrityError("compressed trace does not inflate to the same bytes")
+    fields = {
+        "corpus_sha256": trace.meta.get("corpus_sha256", ""),
+        "kind": str(trace.meta.get("kind", "generated"))[:32],
+        "requests": len(trace.requests),
+        "duration_s": trace.duration_s,
+        "meta": trace.meta,
+        "stats": file_stats(trace),
+    }
+    return _Frozen(sha256=sha, blob=blob, fields=fields)
+
+
+def _save(frozen: _Frozen, label: str) -> Trace:
+    existing = Trace.objects.filter(sha256=frozen.sha256).first()
+    if existing is not None:
+        _content(existing)
+        return existing
+    row, created = Trace.objects.get_or_create(
+        sha256=frozen.sha256,
+        defaults={**frozen.fields, "label": label[:200], "content_gz": frozen.blob},
+    )
+    if not created:
+        # Another writer stored it between our check and our insert.
+        _content(row)
+    return row
+
+
 def trace_store(*, trace: TraceFile, label: str = "") -> Trace:
     """Store a trace once by hash and return its row (the existing one if already stored).
 
     The bytes are checked to parse back to themselves and the compressed
     blob to inflate to the same hash before anything is written.
     """
-    data = trace_dumps(trace)
-    sha = trace_sha256(data)
-    if trace_dumps(trace_loads(data)) != data:
-        raise TraceIntegrityError("trace does not re-serialise to its own bytes")
-    existing = Trace.objects.filter(sha256=sha).first()
-    if existing is not None:
-        _content(existing)
-        return existing
-    blob = _compress(data)
-    if trace_sha256(gzip.decompress(blob)) != sha:
-        raise TraceIntegrityError("compressed trace does not inflate to the same bytes")
-    row, created = Trace.objects.get_or_create(
-        sha256=sha,
-        defaults={
-            "corpus_sha256": trace.meta.get("corpus_sha256", ""),
-            "kind": str(trace.meta.get("kind", "generated"))[:32],
-            "label": label[:200],
-            "requests": len(trace.requests),
-            "duration_s": trace.duration_s,
-            "meta": trace.meta,
-            "stats": file_stats(trace),
-            "content_gz": blob,
-        },
-    )
-    if not created:
-        # Another writer stored it between our check and our insert.
-        _content(row)
-    return row
+    frozen = _freeze(trace)
+    with transaction.atomic():
+        return _save(frozen, label)
 
 
 def trace_store_bytes(*, data: bytes, label: str = "") -> Trace:
@@ -150,9 +170,12 @@ def workload_traces_freeze(*, experiment: Any, uniform: bool = False) -> dict[tu
     ]
     tok_dir = tokenizer_dir(experiment.model_path)
     tok = PromptTokenizer(tok_dir)
-    traces: dict[tuple[str, str, int], TraceFile] = {}
+    # Each trace is reduced to its compressed bytes as soon as it is built:
+    # a seed sweep's 18 traces hold ~20M token ids, too many to keep as
+    # Python lists, and generation stays outside the (short) transaction.
+    frozen: dict[tuple[str, str, int], _Frozen] = {}
     for mixture, rate_name, repeat in keys:
-        traces[(mixture, rate_name, repeat)] = generate_trace(
+        trace = generate_trace(
             classes=classes,
             mixture_name=mixture,
             mixture=workload.mixtures[mixture],
@@ -169,11 +192,10 @@ def workload_traces_freeze(*, experiment: Any, uniform: bool = False) -> dict[tu
             uniform=uniform,
             tokenizer=tok,
         )
+        frozen[(mixture, rate_name, repeat)] = _freeze(trace)
+        del trace
     with transaction.atomic():
         return {
-            key: trace_store(
-                trace=trace,
-                label=f"{experiment.name} {key[0]} {key[1]} r{key[2]}{' uniform' if uniform else ''}",
-            )
-            for key, trace in traces.items()
+            key: _save(item, f"{experiment.name} {key[0]} {key[1]} r{key[2]}{' uniform' if uniform else ''}")
+            for key, item in frozen.items()
         }
