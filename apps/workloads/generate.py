@@ -304,7 +304,9 @@ def trace_from_imported(
         "tokenizer_sha256": tok.sha256,
         "seed": int(seed),
         "warmup_s": float(warmup_s),
-        "observation_s": float(rows.t_s[-1]) - float(warmup_s) if len(rows) else 0.0,
+        # Without a window, observation ends just past the last arrival, so
+        # that request is inside [warmup_s, warmup_s + observation_s).
+        "observation_s": round(float(rows.t_s[-1]) + 10**-T_DECIMALS - float(warmup_s), T_DECIMALS),
         "corpus_sha256": corpus_sha256(prompts),
         "requests": len(rows),
         "synthetic_output": True,
@@ -312,6 +314,8 @@ def trace_from_imported(
     }
     if imported.window is not None:
         meta["observation_s"] = imported.window["length_s"] / imported.speed - float(warmup_s)
+    if meta["observation_s"] <= 0:
+        raise GenerateError(f"warmup_s {warmup_s} leaves no observation window in this trace")
     requests = _requests(
         rows.t_s,
         labels=labels,

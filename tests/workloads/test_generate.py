@@ -191,3 +191,21 @@ def test_it_shares_prompt_blocks_where_imported_hash_ids_match(tokenizer, tokeni
     assert [r.warmup for r in trace.requests] == [True, False, False]
     assert trace.meta["observation_s"] == pytest.approx(9.9)
     trace_loads(trace_dumps(trace))
+
+
+def test_it_observes_an_unwindowed_import_up_to_its_last_arrival(tokenizer, tokenizer_dir) -> None:  # type: ignore[no-untyped-def]
+    imported = read_trace_file(FIXTURES / "azure_2024.csv", fmt="azure")
+    params = {
+        "imported": imported,
+        "thresholds": [("all", None)],
+        "tokenizer_dir": tokenizer_dir,
+        "tokenizer_revision": "tiny-v1",
+        "seed": 1,
+        "tokenizer": tokenizer,
+    }
+    trace = trace_from_imported(**params, warmup_s=0.001)
+    last = trace.requests[-1].t_offset_s
+    assert last < trace.meta["warmup_s"] + trace.meta["observation_s"]
+    assert [r.warmup for r in trace.requests] == [True, False, False]
+    with pytest.raises(GenerateError, match="no observation window"):
+        trace_from_imported(**params, warmup_s=5.0)
