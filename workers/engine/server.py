@@ -1,0 +1,406 @@
+"""Start, confirm, warm up and stop one vLLM server for one run.
+
+The orchestration (a Celery task on the host's queue) uses :class:`EngineServer`::
+
+    host = cpu_engine_host(Path(".engine"))          # or HostConfig(...) for a GPU host
+    server = EngineServer(
+        model="/abs/path/or/hub-id",
+        cell_args={"max_num_batched_tokens": 2048, "max_num_seqs": 16},
+        controls={"max_model_len": 8192, "kv_cache_memory_bytes": 64 << 20, ...},
+        host=host,
+        log_path=run_dir / "server.log",
+    )
+    try:
+        with server:                        # stop() on exit, whatever happened
+            server.start()                  # EngineFailed: died or never healthy
+            host_row.server_pids = server.tracked_pids()   # for reap_pids() after a crash
+            facts = server.confirm()        # EngineInvalid: effective args differ
+            server.warm_up(n=4)             # excluded from results
+            ...                             # replay + Scraper(server.base_url)
+            server.check_alive()            # EngineFailed if it died mid-run
+    except EngineFailed as exc:   run.mark_failed(reason=exc.reason), log_tail=exc.log_tail
+    except EngineInvalid as exc:  invalid run, reason=exc.reason, exc.facts.effective_args
+
+Constructing the server validates the command (:class:`LaunchError` /
+:class:`DisallowedFlag` before anything starts). ``confirm()`` returns
+:class:`ServerFacts`: effective_args, vllm_version, image_digest,
+model_revision, tokenizer_revision, hardware_id - the Run's fields.
+
+No orphans: the server runs under ``guard.py`` as leader of its own process
+group; the guard stops the group when the worker dies (its stdin pipe closes),
+``stop()`` sends SIGTERM to the group then SIGKILL after ``grace_s``, and
+``tracked_pids()`` lets a restarted worker reap leftovers with
+:func:`workers.engine.procs.reap_pids`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workers.engine import procs
+from workers.engine.confirm import (
+    Confirmation,
+    check_revisions,
+    compare_effective,
+    hardware_id,
+    local_install_digest,
+    parse_non_default_args,
+)
+from workers.engine.launcher import HostConfig, LaunchPlan, build_launch
+from workers.engine.scrape import parse_metrics
+from workers.engine.tinymodel import read_revisions
+
+GUARD = Path(__file__).with_name("guard.py")
+LOG_TAIL_LINES = 40
+
+# The lines of a dying vLLM that say why: exception lines and vLLM's ERROR records.
+_ERROR_LINE = re.compile(
+    r"(^[\w.]*(Error|Exception|Exit)\b.*)|(\bERROR\b.*)|(^\s*Value error,.*)|(Traceback)", re.MULTILINE
+)
+
+
+class EngineError(Exception):
+    """A run-ending engine outcome. ``outcome`` is the Run status it maps to."""
+
+    outcome = "failed"
+
+    def __init__(self, reason: str, *, log_tail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.log_tail = log_tail
+
+
+class EngineFailed(EngineError):
+    """The server died, never became healthy, or could not be reached: the run is ``failed``."""
+
+    outcome = "failed"
+
+
+class EngineInvalid(EngineError):
+    """The server runs with other args than requested: the run is ``invalid``."""
+
+    outcome = "invalid"
+
+    def __init__(self, reason: str, *, facts: ServerFacts, log_tail: str = "") -> None:
+        super().__init__(reason, log_tail=log_tail)
+        self.facts = facts
+        self.mismatches = facts.confirmation.mismatches
+
+
+@dataclass
+class ServerFacts:
+    """What a confirmed server is: the Run's provenance fields."""
+
+    effective_args: dict[str, Any]
+    vllm_version: str
+    image_digest: str
+    model_revision: str
+    tokenizer_revision: str
+    hardware_id: str
+    confirmation: Confirmation = field(repr=False, default_factory=Confirmation)
+
+    def run_fields(self) -> dict[str, Any]:
+        """Keyword arguments for updating the Run row."""
+        return {
+            "effective_args": self.effective_args,
+            "vllm_version": self.vllm_version,
+            "image_digest": self.image_digest,
+            "model_revision": self.model_revision,
+            "tokenizer_revision": self.tokenizer_revision,
+            "hardware_id": self.hardware_id,
+        }
+
+
+def read_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 256 * 1024) -> str:
+    """The last ``lines`` lines of a log file (reading at most ``max_bytes`` from its end)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def failure_reason(headline: str, log_text: str) -> str:
+    """A headline plus vLLM's own error text from the log (the last traceback's message lines)."""
+    lines = log_text.splitlines()
+    last_tb = max((i for i, line in enumerate(lines) if "Traceback" in line), default=-1)
+    scope = lines[last_tb + 1 :] if last_tb >= 0 else lines
+    picked = [line.strip() for line in scope if _ERROR_LINE.search(line) and "Traceback" not in line]
+    if not picked:
+        picked = [line.strip() for line in lines[-5:] if line.strip()]
+    # Keep it readable: the last few distinct error lines, in order.
+    seen: list[str] = []
+    for line in picked:
+        if line not in seen:
+            seen.append(line)
+    return headline + "\n" + "\n".join(seen[-8:])
+
+
+def _exit_text(code: int) -> str:
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        return f"was killed by {signal.Signals(code - 128).name} (exit status {code})"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"
+
+
+class EngineServer:
+    """One vLLM server process tree for one run (see the module docstring for the flow)."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        cell_args: Mapping[str, Any],
+        controls: Mapping[str, Any],
+        host: HostConfig,
+        log_path: Path,
+        health_deadline_s: float = 300.0,
+        grace_s: float = 20.0,
+        port: int | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        model_path = Path(model)
+        if not model_path.is_absolute() and model_path.exists():
+            model = str(model_path.resolve())  # the server's cwd is not ours to assume
+        self.host = host
+        self.plan: LaunchPlan = build_launch(
+            model=model, cell_args=cell_args, controls=controls, host=host, port=port, base_env=base_env
+        )
+        self.log_path = Path(log_path)
+        self.health_deadline_s = health_deadline_s
+        self.grace_s = grace_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.facts: ServerFacts | None = None
+        self._pipe_w: int | None = None
+        self._log_fh: Any = None
+        self._tracked: dict[int, int] = {}  # pid -> start ticks
+        self._client = httpx.Client(timeout=httpx.Timeout(10.0, connect=2.0))
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return self.plan.base_url
+
+    @property
+    def served_model_name(self) -> str:
+        return self.plan.served_model_name
+
+    @property
+    def pgid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the server and wait until /health answers 200.
+
+        Raises EngineFailed with the log's error text as soon as the process
+        exits, or when ``health_deadline_s`` passes (the server is stopped first).
+        """
+        if self.proc is not None:
+            raise RuntimeError("already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fh = open(self.log_path, "ab")  # lives as long as the server
+        read_fd, self._pipe_w = os.pipe()
+        argv = [sys.executable, str(GUARD), f"--grace={self.grace_s}", "--", *self.plan.argv]
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                env=self.plan.env,
+                stdin=read_fd,
+                stdout=self._log_fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            os.close(read_fd)
+        self._track()
+        deadline = time.monotonic() + self.health_deadline_s
+        while True:
+            self._track()
+            code = self.proc.poll()
+            if code is not None:
+                self._raise_failed(f"vLLM {_exit_text(code)} during startup")
+            if self._healthy():
+                self._track()
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                self._raise_failed(f"vLLM was not healthy within {self.health_deadline_s:g} s")
+            time.sleep(0.5)
+
+    def _healthy(self) -> bool:
+        try:
+            return self._client.get(self.base_url + "/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _raise_failed(self, headline: str) -> None:
+        log_text = read_tail(self.log_path, lines=200)
+        raise EngineFailed(
+            failure_reason(headline, log_text), log_tail="\n".join(log_text.splitlines()[-LOG_TAIL_LINES:])
+        )
+
+    def _track(self) -> None:
+        """Remember every process of the server (group members and descendants)."""
+        if self.proc is None:
+            return
+        all_procs = procs.all_procs()
+        for p in procs.group(self.proc.pid, all_procs) + procs.tree(self.proc.pid, all_procs):
+            self._tracked.setdefault(p.pid, p.start_ticks)
+
+    def tracked_pids(self) -> list[list[int]]:
+        """[[pid, start_ticks], ...] of the server's processes, for reap_pids() after a worker crash."""
+        self._track()
+        return [[pid, ticks] for pid, ticks in sorted(self._tracked.items())]
+
+    def failure(self) -> str | None:
+        """None while the server runs; else the reason it is gone (with vLLM's last error text)."""
+        if self.proc is None:
+            return "vLLM was never started"
+        code = self.proc.poll()
+        if code is None:
+            return None
+        return failure_reason(f"vLLM {_exit_text(code)} during the run", read_tail(self.log_path, lines=200))
+
+    def check_alive(self) -> None:
+        """Raise EngineFailed if the server has died."""
+        reason = self.failure()
+        if reason is not None:
+            raise EngineFailed(reason, log_tail=read_tail(self.log_path))
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group, SIGKILL after ``grace_s``; returns the exit status. Idempotent."""
+        code = None
+        if self.proc is not None:
+            self._track()
+            pgid = self.proc.pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + self.grace_s
+            while time.monotonic() < deadline and (self.proc.poll() is None or procs.group(pgid)):
+                time.sleep(0.1)
+            if self.proc.poll() is None or procs.group(pgid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+            code = self.proc.wait()
+            # Anything that left the group (a daemon that called setsid) is still ours.
+            procs.reap_pids(self.tracked_pids(), grace_s=min(self.grace_s, 5.0))
+        if self._pipe_w is not None:
+            os.close(self._pipe_w)
+            self._pipe_w = None
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+        return code
+
+    def close(self) -> None:
+        self.stop()
+        self._client.close()
+
+    def __enter__(self) -> EngineServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- confirmation -------------------------------------------------------------------------
+
+    def confirm(self) -> ServerFacts:
+        """Confirm the effective args and record provenance; raise EngineInvalid on any mismatch."""
+        self.check_alive()
+        try:
+            models = self._client.get(self.base_url + "/v1/models").json()
+            metrics_text = self._client.get(self.base_url + "/metrics").text
+            version_payload = self._client.get(self.base_url + "/version")
+        except httpx.HTTPError as exc:
+            self.check_alive()
+            raise EngineFailed(f"vLLM did not answer during confirmation: {exc}") from exc
+        info = [
+            s for s in parse_metrics(metrics_text, names=["vllm:cache_config_info"]) if s["kind"] == "info"
+        ]
+        cache_config = dict(info[0]["labels"]) if info else None
+        conf = compare_effective(
+            requested=self.plan.requested,
+            model=self.plan.model,
+            served_model_name=self.served_model_name,
+            non_default_args=parse_non_default_args(
+                read_tail(self.log_path, lines=100_000, max_bytes=8 << 20)
+            ),
+            models_payload=models,
+            cache_config=cache_config,
+        )
+        model_dir = Path(self.plan.model) if Path(self.plan.model).is_dir() else None
+        revision = self.plan.requested.get("revision")
+        tokenizer_revision = self.plan.requested.get("tokenizer_revision")
+        conf.mismatches.update(
+            check_revisions(model_dir=model_dir, revision=revision, tokenizer_revision=tokenizer_revision)
+        )
+        recorded = read_revisions(model_dir) if model_dir else None
+        version = ""
+        if version_payload.status_code == 200:
+            version = str(version_payload.json().get("version", ""))
+        image_digest = self.host.image_digest
+        if not image_digest:
+            local = local_install_digest(self.host.vllm_command[0])
+            if local is not None:
+                version = version or local[0]
+                image_digest = local[1]
+        self.facts = ServerFacts(
+            effective_args=conf.record(),
+            vllm_version=version,
+            image_digest=image_digest,
+            model_revision=str(revision or (recorded or {}).get("model_revision", "")),
+            tokenizer_revision=str(tokenizer_revision or (recorded or {}).get("tokenizer_revision", "")),
+            hardware_id=hardware_id(devices=self.host.devices),
+            confirmation=conf,
+        )
+        if not conf.ok:
+            raise EngineInvalid(conf.reason, facts=self.facts, log_tail=read_tail(self.log_path))
+        return self.facts
+
+    # -- warm-up ------------------------------------------------------------------------------
+
+    def warm_up(self, *, n: int = 4, prompt_tokens: int = 16, max_tokens: int = 8) -> int:
+        """Send ``n`` small completions one after another (not measured); returns how many succeeded.
+
+        Raises EngineFailed if the server dies meanwhile.
+        """
+        ok = 0
+        prompt = [5 + (i % 100) for i in range(prompt_tokens)]
+        for _ in range(n):
+            try:
+                response = self._client.post(
+                    self.base_url + "/v1/completions",
+                    json={
+                        "model": self.served_model_name,
+                        "prompt": prompt,
+                        "max_tokens": max_tokens,
+                        "temperature": 0.0,
+                        "ignore_eos": True,
+                    },
+                    timeout=120.0,
+                )
+                ok += response.status_code == 200
+            except httpx.HTTPError:
+                self.check_alive()
+        self.check_alive()
+        return ok
