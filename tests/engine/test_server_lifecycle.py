@@ -1,0 +1,137 @@
+"""Start/stop/death/orphan behaviour of EngineServer, with a fake server standing in for vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.engine import procs
+from workers.engine.launcher import HostConfig
+from workers.engine.server import EngineFailed, EngineServer
+
+FAKE = Path(__file__).with_name("fake_server.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fake_server(tmp_path: Path, mode: str = "ok", **kw) -> EngineServer:
+    host = HostConfig(vllm_command=(sys.executable, str(FAKE)), extra_env={"FAKE_SERVER_MODE": mode})
+    return EngineServer(
+        model="/models/fake",
+        cell_args={"max_num_seqs": 4},
+        controls={},
+        host=host,
+        log_path=tmp_path / "server.log",
+        **{"health_deadline_s": 20, "grace_s": 5, **kw},
+    )
+
+
+def wait_gone(pids, timeout=20.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while procs.alive_pids(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return procs.alive_pids(pids)
+
+
+def test_it_starts_tracks_and_stops_the_whole_process_tree(tmp_path):
+    server = fake_server(tmp_path)
+    with server:
+        server.start()
+        pids = server.tracked_pids()
+        # guard, fake server, its child
+        assert len(procs.alive_pids(pids)) == 3
+        assert all(p.pgid == server.pgid for p in procs.group(server.pgid))
+        assert server.failure() is None
+    assert procs.alive_pids(pids) == []
+    assert procs.group(server.pgid) == []
+    assert "fake server pid" in (tmp_path / "server.log").read_text()
+
+
+def test_it_fails_fast_with_the_servers_error_text(tmp_path):
+    server = fake_server(tmp_path, "die", health_deadline_s=120)
+    started = time.monotonic()
+    with server, pytest.raises(EngineFailed) as info:
+        server.start()
+    assert time.monotonic() - started < 60
+    assert "exited with status 1 during startup" in info.value.reason
+    assert "ValueError: fake engine refuses max_num_seqs (0)" in info.value.reason
+    assert info.value.outcome == "failed"
+    assert procs.alive_pids(server.tracked_pids()) == []
+
+
+def test_it_gives_up_at_the_health_deadline_and_leaves_nothing(tmp_path):
+    server = fake_server(tmp_path, "hang", health_deadline_s=2)
+    with server, pytest.raises(EngineFailed, match="not healthy within 2 s"):
+        server.start()
+    assert procs.alive_pids(server.tracked_pids()) == []
+
+
+def test_it_kills_a_server_that_ignores_sigterm(tmp_path):
+    server = fake_server(tmp_path, "stubborn", grace_s=1)
+    with server:
+        server.start()
+        pids = server.tracked_pids()
+    assert procs.alive_pids(pids) == []
+
+
+def test_it_detects_a_server_that_dies_mid_run(tmp_path):
+    server = fake_server(tmp_path)
+    with server:
+        server.start()
+        main = next(p for p in procs.tree(server.pgid) if p.ppid == server.pgid)
+        os.kill(main.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while server.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(EngineFailed, match="killed by SIGKILL"):
+            server.check_alive()
+        # The guard took the orphaned child down with it.
+        assert wait_gone(server.tracked_pids()) == []
+
+
+WORKER = """
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from workers.engine.launcher import HostConfig
+from workers.engine.server import EngineServer
+host = HostConfig(vllm_command=(sys.executable, {fake!r}), extra_env={{"FAKE_SERVER_MODE": "ok"}})
+server = EngineServer(model="/models/fake", cell_args={{}}, controls={{}}, host=host,
+                      log_path=Path({log!r}), grace_s=3)
+server.start()
+print(json.dumps(server.tracked_pids()), flush=True)
+time.sleep(600)
+"""
+
+
+def test_it_leaves_no_process_behind_when_the_worker_is_killed(tmp_path):
+    script = WORKER.format(repo=str(REPO), fake=str(FAKE), log=str(tmp_path / "server.log"))
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(worker.stdout.readline())
+        assert len(procs.alive_pids(pids)) == 3
+        worker.kill()  # SIGKILL: no cleanup code of the worker runs
+        worker.wait()
+        assert wait_gone(pids) == []
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_it_reaps_recorded_pids_but_not_a_reused_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        info = procs.proc_info(proc.pid)
+        assert procs.reap_pids([[proc.pid, info.start_ticks + 1]], grace_s=1) == []
+        assert proc.poll() is None
+        assert procs.reap_pids([[proc.pid, info.start_ticks]], grace_s=5) == [proc.pid]
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
