@@ -61,8 +61,8 @@ def _layout(title: str, x_title: str, y_title: str, **extra: Any) -> dict[str, A
         "title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}},
         "xaxis": {"title": {"text": x_title}, "automargin": True},
         "yaxis": {"title": {"text": y_title}, "automargin": True, "rangemode": "tozero"},
-        "legend": {"orientation": "h", "y": -0.25},
-        "margin": {"l": 60, "r": 20, "t": 50, "b": 60},
+        "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"},
+        "margin": {"l": 60, "r": 20, "t": 50, "b": 90},
         "height": 380,
         "hovermode": "closest",
         "plot_bgcolor": "#ffffff",
@@ -206,6 +206,7 @@ def latency_by_cell(
             "tickvals": list(range(len(cells))),
             "ticktext": list(cells),
             "range": [-0.6, len(cells) - 0.4],
+            "zeroline": False,
         }
     )
     layout["annotations"] = [
@@ -318,6 +319,7 @@ def goodput_heatmaps(
             "RdYlGn",
             zmin=80,
             zmax=100,
+            reversescale=True,
         ),
     )
 
@@ -416,8 +418,11 @@ def paired_diffs(
                     },
                 }
             )
+    layout["legend"] = {"orientation": "h", "y": -0.45, "yanchor": "top"}
+    layout["margin"]["b"] = 110
     layout["yaxis"] = {
         "title": {"text": "candidate cell"},
+        "zeroline": False,
         "tickmode": "array",
         "tickvals": list(range(len(cand_cells))),
         "ticktext": cand_cells,
@@ -438,6 +443,7 @@ def gauges_over_time(
     baseline: str,
     gauge: str,
     title: str,
+    y_title: str,
     unit: str,
     url_for_run: Callable[[str], str],
     scale: float = 1.0,
@@ -469,7 +475,7 @@ def gauges_over_time(
             }
         )
         shown.add(r["cell"])
-    return {"data": data, "layout": _layout(title, "time since run start (s)", f"{title} ({unit})")}
+    return {"data": data, "layout": _layout(title, "time since run start (s)", f"{y_title} ({unit})")}
 
 
 def preemptions_by_cell(
@@ -585,16 +591,20 @@ def request_histogram(
     """One run's request-level distribution per class (counts per latency bucket)."""
     colours = class_colours(classes)
     width = histogram.get("width_ms") or 1.0
+    series = histogram.get("series", {})
+    top = max((p[0] + width for pts in series.values() for p in pts), default=0.0)
     data = []
     shapes = []
     for name in classes:
-        points = histogram.get("series", {}).get(name) or []
+        points = series.get(name) or []
         if not points:
             continue
+        limit = contracts.get(name)
+        label = f"{name} (p99 contract {limit:,.0f} ms)" if limit is not None else name
         data.append(
             {
                 "type": "bar",
-                "name": name,
+                "name": label,
                 "x": [p[0] + width / 2 for p in points],
                 "y": [p[1] for p in points],
                 "width": [width] * len(points),
@@ -602,8 +612,8 @@ def request_histogram(
                 "hovertemplate": f"{name}: %{{y}} requests at %{{x:.0f}} ms<extra></extra>",
             }
         )
-        limit = contracts.get(name)
-        if limit is not None:
+        # A limit far off the data would squash the bars into one column: name it instead.
+        if limit is not None and limit <= 1.5 * top:
             shapes.append(
                 {
                     "type": "line",

@@ -40,13 +40,17 @@ class ApproveForm(forms.Form):
         self.fields["chosen_cell"].choices = choices
 
 
+def _args_text(args: dict) -> str:  # type: ignore[type-arg]
+    return ", ".join(f"{k}={v}" for k, v in sorted(args.items())) or "vLLM defaults"
+
+
 def _choices(experiment: Experiment, proposed: str) -> list[tuple[str, str]]:
     b0 = experiment.cells.get(role="baseline")
     out = []
     if proposed and proposed != b0.cell_id:
         cell = experiment.cells.get(cell_id=proposed)
-        out.append((proposed, f"{proposed} (the decision's proposal): {cell.args}"))
-    out.append((b0.cell_id, f"{b0.cell_id} (keep the baseline): {b0.args}"))
+        out.append((proposed, f"{proposed} (the decision's proposal): {_args_text(cell.args)}"))
+    out.append((b0.cell_id, f"{b0.cell_id} (keep the baseline): {_args_text(b0.args)}"))
     return out
 
 

@@ -337,11 +337,11 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
     d = form.cleaned_data
     controls: dict[str, Any] = {
         "dtype": d.get("dtype") or "auto",
-        "tensor_parallel_size": d.get("tensor_parallel_size") or 1,
+        "tensor_parallel_size": 1 if d.get("tensor_parallel_size") is None else d["tensor_parallel_size"],
         "max_model_len": d.get("max_model_len"),
         "enable_prefix_caching": bool(d.get("enable_prefix_caching")),
         "speculative_decoding": False,
-        "seed": d.get("engine_seed") or 0,
+        "seed": 0 if d.get("engine_seed") is None else d["engine_seed"],
         "generation": d.get("generation") or {},
     }
     if d.get("gpu_memory_utilization") is not None:

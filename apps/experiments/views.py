@@ -304,6 +304,7 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
         baseline=baseline,
         gauge="waiting",
         title=f"Waiting requests over time, {mixture} @ {rate}",
+        y_title="waiting",
         unit="requests",
         url_for_run=url_for_run,
     )
@@ -313,6 +314,7 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
         baseline=baseline,
         gauge="kv_usage",
         title=f"KV cache usage over time, {mixture} @ {rate}",
+        y_title="KV cache usage",
         unit="%",
         url_for_run=url_for_run,
         scale=100.0,

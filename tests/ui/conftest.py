@@ -6,6 +6,12 @@ from tests.experiments.factories import UserFactory, make_experiment
 from tests.ui.factories import analysed
 
 
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):  # type: ignore[no-untyped-def]
+    # Real password hashing costs about a second per user on this machine; tests only log in.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def viewer(db):  # type: ignore[no-untyped-def]
     return UserFactory(username="vera", roles=["viewer"])

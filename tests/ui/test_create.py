@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from apps.approvals.models import AuditEvent
+from apps.experiments.models import Experiment
+from tests.ui.forms_data import form_data
+
+
+@pytest.mark.django_db
+def test_it_shows_the_empty_form_to_experimenters(client, author) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    response = client.get("/experiments/new/")
+    assert response.status_code == 200
+    assert b"Preview plan size" in response.content
+    assert b'name="grid_max_num_batched_tokens"' in response.content
+
+
+@pytest.mark.django_db
+def test_it_previews_the_plan_size_without_saving(client, author) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    response = client.post("/experiments/new/", form_data())
+    assert response.status_code == 200
+    estimate = response.context["estimate"]
+    # B0 + 2 x 2 grid cells = 5 cells, 1 mixture, 2 rates, 2 repeats.
+    assert estimate.runs == 5 * 1 * 2 * 2
+    # (2 warm-up + 10 observation + 20 drain + 60 start/stop) s per run.
+    assert estimate.gpu_hours == pytest.approx(20 * 92 / 3600)
+    assert b"20 runs" in response.content
+    assert Experiment.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_it_creates_the_cross_product_of_the_grid_and_opens_the_experiment(client, author) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    response = client.post("/experiments/new/", form_data(create="1"))
+    experiment = Experiment.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/experiments/{experiment.pk}/"
+    assert experiment.owner == author
+    cells = {c.cell_id: c.args for c in experiment.cells.all()}
+    assert cells["B0"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 8}
+    grid = sorted((a["max_num_batched_tokens"], a["max_num_seqs"]) for k, a in cells.items() if k != "B0")
+    assert grid == [(512, 4), (512, 8), (1024, 4), (1024, 8)]
+    assert all(a["enable_chunked_prefill"] is True for k, a in cells.items() if k != "B0")
+    assert experiment.runs.count() == 20
+    assert experiment.status == "planned"
+    assert experiment.generation == {"temperature": 0.0}
+    assert AuditEvent.objects.filter(
+        experiment=experiment, action="experiment.created", actor=author
+    ).exists()
+
+
+@pytest.mark.django_db
+def test_it_adds_cells_one_by_one_after_the_grid(client, author) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    data = form_data(
+        create="1",
+        grid_max_num_batched_tokens="",
+        grid_max_num_seqs="",
+        **{
+            "cells-0-cell_id": "small-budget",
+            "cells-0-max_num_batched_tokens": "256",
+            "cells-0-scheduling_policy": "priority",
+            "cells-1-max_num_seqs": "2",
+        },
+    )
+    client.post("/experiments/new/", data)
+    experiment = Experiment.objects.get()
+    cells = {c.cell_id: c.args for c in experiment.cells.all()}
+    assert cells == {
+        "B0": {"max_num_batched_tokens": 2048, "max_num_seqs": 8},
+        "small-budget": {"max_num_batched_tokens": 256, "scheduling_policy": "priority"},
+        "C2": {"max_num_seqs": 2},
+    }
+
+
+@pytest.mark.django_db
+def test_it_creates_from_an_uploaded_yaml_spec_owned_by_the_uploader(client, author, seed_spec_text) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    upload = SimpleUploadedFile("seed.yaml", seed_spec_text.encode(), content_type="text/yaml")
+    preview = client.post("/experiments/new/", form_data(spec_file=upload))
+    assert preview.context["estimate"].runs == 126
+    assert Experiment.objects.count() == 0
+    upload = SimpleUploadedFile("seed.yaml", seed_spec_text.encode(), content_type="text/yaml")
+    client.post("/experiments/new/", form_data(spec_file=upload, create="1"))
+    experiment = Experiment.objects.get()
+    assert experiment.name == "seed-sweep"
+    assert experiment.owner == author  # the spec says admin; the uploader owns what they create
+    assert experiment.runs.count() == 126

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.approvals.models import AuditEvent
+from apps.experiments.models import Experiment
+from apps.runs.models import Host, MetricSample, RequestRecord, Run
+from tests.experiments.factories import make_experiment
+from tests.ui.factories import seed_records
+
+
+def _running(experiment: Experiment) -> tuple[Run, Run]:
+    """One run done (60 s), one measuring now with a few records and scrapes."""
+    Experiment.objects.filter(pk=experiment.pk).update(status="running")
+    experiment.refresh_from_db()
+    done, live = list(experiment.runs.order_by("plan_position"))
+    now = timezone.now()
+    host = Host.objects.create(name="cpu-a", queue="host.cpu-a", last_heartbeat=now)
+    Run.objects.filter(pk=done.pk).update(
+        status="done", started_at=now - timedelta(seconds=100), finished_at=now - timedelta(seconds=40)
+    )
+    Run.objects.filter(pk=live.pk).update(
+        status="measuring",
+        host=host,
+        started_at=now - timedelta(seconds=20),
+        requests_planned=40,
+        requests_sent=17,
+        log_tail="\n".join(f"line {i}" for i in range(100)),
+    )
+    live.refresh_from_db()
+    seed_records(live, per_run=10, rng=__import__("random").Random(3))
+    RequestRecord.objects.filter(run=live, index=5).update(
+        first_token_ns=None, end_ns=None, last_token_ns=None
+    )
+    for name, value in (("vllm:num_requests_waiting", 3.0), ("vllm:kv_cache_usage_perc", 0.42)):
+        MetricSample.objects.create(
+            run=live, t_ns=1, phase="during", name=name, kind="gauge", value=value - 1
+        )
+        MetricSample.objects.create(run=live, t_ns=2, phase="during", name=name, kind="gauge", value=value)
+    return done, live
+
+
+@pytest.mark.django_db
+def test_it_shows_cells_classes_and_the_run_table(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(viewer)
+    response = client.get(f"/experiments/{experiment.pk}/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.count('<tr class="baseline">') >= 1
+    assert "0 / 2" in html
+    assert 'id="start"' not in html  # a viewer cannot start it
+    assert "data-live-url" not in html  # not running: nothing polls
+
+
+@pytest.mark.django_db
+def test_it_filters_the_run_table_by_cell(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(viewer)
+    runs = client.get(f"/experiments/{experiment.pk}/?cell=C1").context["runs"]
+    assert [r.cell.cell_id for r in runs] == ["C1"]
+
+
+@pytest.mark.django_db
+def test_it_shows_the_live_run_and_polls_only_while_running(client, author, experiment) -> None:  # type: ignore[no-untyped-def]
+    done, live = _running(experiment)
+    client.force_login(author)
+    response = client.get(f"/experiments/{experiment.pk}/live/")
+    html = response.content.decode()
+    assert f'data-live-url="/experiments/{experiment.pk}/live/"' in html
+    assert "17 / 40" in html  # sent / planned
+    assert "line 99" in html and "line 10\n" not in html  # only the log's tail
+    assert "42%" in html  # KV gauge, latest scrape
+    ttft = {t["name"]: t for t in response.context["current"][0]["ttft"]}
+    assert ttft["short"]["n"] + ttft["long"]["n"] == 9
+    assert ttft["short"]["waiting"] + ttft["long"]["waiting"] == 1
+    assert ttft["long"]["p50_ms"] > ttft["short"]["p99_ms"]  # the seeded long prompts are slower
+    progress = response.context["progress"]
+    assert (progress.finished, progress.total) == (1, 2)
+    # One 60 s run measured; the live one is 20 s in: about 40 s left.
+    assert progress.eta_basis == "measured"
+    assert 35 <= progress.eta_s <= 41
+    page = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert 'id="cancel"' in page
+
+    Run.objects.filter(pk=live.pk).update(status="done", finished_at=timezone.now())
+    Experiment.objects.filter(pk=experiment.pk).update(status="analysed")
+    assert "data-live-url" not in client.get(f"/experiments/{experiment.pk}/live/").content.decode()
+
+
+@pytest.mark.django_db
+def test_it_starts_an_experiment_for_its_author(client, author, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from workers.engine.tinymodel import build_tokenizer
+
+    build_tokenizer(tmp_path)
+    experiment = make_experiment(
+        owner=author, model={"path": str(tmp_path), "revision": "r1", "tokenizer_revision": "r1"}
+    )
+    Host.objects.create(name="cpu-a", queue="host.cpu-a", last_heartbeat=timezone.now())
+    client.force_login(author)
+    response = client.post(f"/experiments/{experiment.pk}/start/")
+    assert response.status_code == 302
+    experiment.refresh_from_db()
+    assert experiment.status == "running"
+    assert all(r.trace_sha256 and r.requests_planned for r in experiment.runs.all())
+    assert AuditEvent.objects.filter(
+        experiment=experiment, action="experiment.started", actor=author
+    ).exists()
+
+
+@pytest.mark.django_db
+def test_it_explains_why_an_experiment_did_not_start(client, author, experiment) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    response = client.post(f"/experiments/{experiment.pk}/start/", follow=True)
+    assert b"Not started: no host can serve this experiment" in response.content
+    experiment.refresh_from_db()
+    assert experiment.status == "planned"
+
+
+@pytest.mark.django_db
+def test_it_cancels_a_running_experiment_for_its_author(client, author, experiment) -> None:  # type: ignore[no-untyped-def]
+    _running(experiment)
+    client.force_login(author)
+    response = client.post(f"/experiments/{experiment.pk}/cancel/", follow=True)
+    assert b"Cancelled" in response.content
+    experiment.refresh_from_db()
+    assert experiment.status == "cancelled"
+    assert AuditEvent.objects.filter(
+        experiment=experiment, action="experiment.cancelled", actor=author
+    ).exists()
+
+
+@pytest.mark.django_db
+def test_it_refuses_start_and_cancel_to_anyone_but_the_author(
+    client, other_experimenter, viewer, approver, experiment
+) -> None:  # type: ignore[no-untyped-def]
+    for user in (other_experimenter, viewer, approver):
+        client.force_login(user)
+        assert client.post(f"/experiments/{experiment.pk}/start/").status_code == 403
+        assert client.post(f"/experiments/{experiment.pk}/cancel/").status_code == 403
+    experiment.refresh_from_db()
+    assert experiment.status == "planned"
+
+
+@pytest.mark.django_db
+def test_it_exports_the_spec_as_yaml(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    client.force_login(viewer)
+    response = client.get(f"/experiments/{experiment.pk}/spec.yaml")
+    spec = yaml.safe_load(response.content)
+    assert spec["name"] == "ui-small"
+    assert spec["baseline"]["id"] == "B0"
