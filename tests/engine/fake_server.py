@@ -1,14 +1,17 @@
 """A stand-in for a vLLM server, for process-lifecycle tests (no model, starts in milliseconds).
 
 Reads --port from the vLLM-style argv it is given and ignores the rest. Like
-vLLM it runs a child process (its "engine core"). FAKE_SERVER_MODE chooses:
-ok (serve /health), die (log an error and exit 1), hang (never listen),
-stubborn (ignore SIGTERM, as must be SIGKILLed, child too).
+vLLM it runs a child process (its "engine core"), logs a ``non-default args``
+line and serves /health, /v1/models, /metrics (cache_config_info) and
+/version. FAKE_SERVER_MODE chooses: ok, die (log an error and exit 1), hang
+(never listen), stubborn (ignore SIGTERM, so must be SIGKILLed, child too),
+liar (log a max_num_seqs one higher than asked).
 """
 
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import subprocess
@@ -35,10 +38,40 @@ def main() -> int:
         time.sleep(600)
         return 0
 
+    args: dict[str, object] = {}
+    for arg in sys.argv[1:]:
+        if arg.startswith("--no-"):
+            args[arg[5:].replace("-", "_")] = False
+        elif arg.startswith("--"):
+            key, _, value = arg[2:].partition("=")
+            args[key.replace("-", "_")] = (int(value) if value.isdigit() else value) if value else True
+    if mode == "liar" and "max_num_seqs" in args:
+        args["max_num_seqs"] = int(args["max_num_seqs"]) + 1  # type: ignore[call-overload]
+    served = str(args.get("served_model_name", args.get("model")))
+    logged = {k: ([v] if k == "served_model_name" else v) for k, v in args.items()}
+    print(f"(APIServer pid={os.getpid()}) INFO [api_utils.py:286] non-default args: {logged!r}", flush=True)
+    pages = {
+        "/health": ("text/plain", ""),
+        "/version": ("application/json", json.dumps({"version": "0.0.0-fake"})),
+        "/v1/models": (
+            "application/json",
+            json.dumps({"data": [{"id": served, "max_model_len": args.get("max_model_len", 2048)}]}),
+        ),
+        "/metrics": (
+            "text/plain",
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="16",enable_prefix_caching="{args.get("enable_prefix_caching", True)}",'
+            f'kv_cache_memory_bytes="{args.get("kv_cache_memory_bytes", "None")}",num_gpu_blocks="8"}} 1.0\n',
+        ),
+    }
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(200 if self.path == "/health" else 404)
+            kind, body = pages.get(self.path, ("text/plain", None))
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", kind)
             self.end_headers()
+            self.wfile.write((body or "").encode())
 
         def log_message(self, *args: object) -> None:
             pass

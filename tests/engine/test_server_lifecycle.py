@@ -14,18 +14,21 @@ import pytest
 
 from workers.engine import procs
 from workers.engine.launcher import HostConfig
-from workers.engine.server import EngineFailed, EngineServer
+from workers.engine.server import EngineFailed, EngineInvalid, EngineServer
 
 FAKE = Path(__file__).with_name("fake_server.py")
 REPO = Path(__file__).resolve().parents[2]
+
+
+CONTROLS = {"max_model_len": 1024, "kv_cache_memory_bytes": 1048576, "enable_prefix_caching": False}
 
 
 def fake_server(tmp_path: Path, mode: str = "ok", **kw) -> EngineServer:
     host = HostConfig(vllm_command=(sys.executable, str(FAKE)), extra_env={"FAKE_SERVER_MODE": mode})
     return EngineServer(
         model="/models/fake",
-        cell_args={"max_num_seqs": 4},
-        controls={},
+        cell_args={"max_num_seqs": 4, "max_num_batched_tokens": 512},
+        controls=CONTROLS,
         host=host,
         log_path=tmp_path / "server.log",
         **{"health_deadline_s": 20, "grace_s": 5, **kw},
@@ -51,6 +54,37 @@ def test_it_starts_tracks_and_stops_the_whole_process_tree(tmp_path):
     assert procs.alive_pids(pids) == []
     assert procs.group(server.pgid) == []
     assert "fake server pid" in (tmp_path / "server.log").read_text()
+
+
+def test_it_confirms_a_server_and_records_its_provenance(tmp_path):
+    with fake_server(tmp_path) as server:
+        server.start()
+        facts = server.confirm()
+    assert facts.effective_args["max_num_seqs"] == 4
+    assert facts.effective_args["max_model_len"] == 1024
+    assert facts.effective_args["num_gpu_blocks"] == "8"
+    assert facts.vllm_version == "0.0.0-fake"
+    fields = facts.run_fields()
+    assert set(fields) == {
+        "effective_args",
+        "vllm_version",
+        "image_digest",
+        "model_revision",
+        "tokenizer_revision",
+        "hardware_id",
+    }
+    assert fields["hardware_id"]
+
+
+def test_it_makes_the_run_invalid_when_the_server_runs_other_args(tmp_path):
+    with fake_server(tmp_path, "liar") as server:
+        server.start()
+        with pytest.raises(EngineInvalid) as info:
+            server.confirm()
+    assert info.value.outcome == "invalid"
+    assert set(info.value.mismatches) == {"max_num_seqs"}
+    assert "max_num_seqs (requested 4, non-default args says 5)" in info.value.reason
+    assert info.value.facts.effective_args["max_num_seqs"] == 5
 
 
 def test_it_fails_fast_with_the_servers_error_text(tmp_path):

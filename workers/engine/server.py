@@ -160,6 +160,15 @@ def _exit_text(code: int) -> str:
     return f"exited with status {code}"
 
 
+def _json_or_none(response: httpx.Response) -> Any:
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
 class EngineServer:
     """One vLLM server process tree for one run (see the module docstring for the flow)."""
 
@@ -328,12 +337,17 @@ class EngineServer:
         """Confirm the effective args and record provenance; raise EngineInvalid on any mismatch."""
         self.check_alive()
         try:
-            models = self._client.get(self.base_url + "/v1/models").json()
-            metrics_text = self._client.get(self.base_url + "/metrics").text
-            version_payload = self._client.get(self.base_url + "/version")
+            models_response = self._client.get(self.base_url + "/v1/models")
+            metrics_response = self._client.get(self.base_url + "/metrics")
+            version_response = self._client.get(self.base_url + "/version")
         except httpx.HTTPError as exc:
             self.check_alive()
             raise EngineFailed(f"vLLM did not answer during confirmation: {exc}") from exc
+        # A missing or broken answer is a witness that cannot confirm: compare_effective
+        # turns None into a mismatch, so the run ends invalid rather than crashing here.
+        models = _json_or_none(models_response)
+        metrics_text = metrics_response.text if metrics_response.status_code == 200 else ""
+        version_payload = _json_or_none(version_response) or {}
         info = [
             s for s in parse_metrics(metrics_text, names=["vllm:cache_config_info"]) if s["kind"] == "info"
         ]
@@ -355,9 +369,7 @@ class EngineServer:
             check_revisions(model_dir=model_dir, revision=revision, tokenizer_revision=tokenizer_revision)
         )
         recorded = read_revisions(model_dir) if model_dir else None
-        version = ""
-        if version_payload.status_code == 200:
-            version = str(version_payload.json().get("version", ""))
+        version = str(version_payload.get("version", ""))
         image_digest = self.host.image_digest
         if not image_digest:
             local = local_install_digest(self.host.vllm_command[0])
