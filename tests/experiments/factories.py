@@ -14,7 +14,11 @@ SMALL_SPEC: dict[str, Any] = {
     "name": "small",
     "description": "",
     "owner": "",
-    "model": {"path": ".engine/models/tiny-llama", "revision": "r1", "tokenizer_revision": "r1"},
+    "model": {
+        "path": ".engine/models/tiny-llama",
+        "revision": "tiny-llama-local-v1",
+        "tokenizer_revision": "tiny-llama-local-v1",
+    },
     "controls": {"dtype": "bfloat16", "max_model_len": 2048, "kv_cache_memory_bytes": 33554432},
     "baseline": {
         "id": "B0",

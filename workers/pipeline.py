@@ -1,0 +1,286 @@
+"""One run, end to end, on the host whose worker executes it.
+
+Steps of :func:`run_execute`:
+
+1. Claim the run (queued -> starting, a conditional update) and lease the
+   host; a run that is past ``queued`` is left alone, so a redelivered task is
+   harmless.
+2. Start the candidate (:class:`workers.engine.server.EngineServer`), record
+   its pids on the host row so a restarted worker can reap them, confirm the
+   effective args (a mismatch makes the run ``invalid``), warm it up.
+3. Replay the frozen trace named by the run's hash, open loop. Records reach
+   the database in batches about every second while the run goes on; a
+   watcher moves the status warming -> measuring -> draining by the trace's
+   windows and stops everything within a second of a cancel.
+4. Scrape /metrics before, during and after; stop the server (TERM, then
+   KILL); mark the run done, invalid (load generator fell behind, args
+   differ) or failed (with the reason and vLLM's last log lines).
+5. Release the lease; after the experiment's last run, queue the analysis.
+
+Whatever goes wrong, the run ends in a finished status with a reason and its
+records so far are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+
+from apps.experiments.models import Experiment
+from apps.runs.hosts import host_register_local
+from apps.runs.ingest import metric_samples_ingest, records_ingest
+from apps.runs.models import Host, Run
+from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
+from apps.workloads.services import tokenizer_dir, trace_load
+from workers.engine.launcher import HostConfig
+from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
+from workers.replay.client import run_replay
+from workers.replay.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+WARMUP_REQUESTS = 4
+WATCH_INTERVAL_S = 0.5
+
+
+class RunCancelled(Exception):
+    pass
+
+
+def run_controls(experiment: Experiment) -> dict[str, Any]:
+    """The frozen controls as launcher keys (identical for every cell of the experiment)."""
+    controls: dict[str, Any] = {
+        "max_model_len": experiment.max_model_len,
+        "dtype": experiment.dtype,
+        "tensor_parallel_size": experiment.tensor_parallel_size,
+        "enable_prefix_caching": experiment.enable_prefix_caching,
+        "seed": experiment.engine_seed,
+        "revision": experiment.model_revision,
+        "tokenizer_revision": experiment.tokenizer_revision,
+    }
+    if experiment.gpu_memory_utilization is not None:
+        controls["gpu_memory_utilization"] = experiment.gpu_memory_utilization
+    if experiment.kv_cache_memory_bytes is not None:
+        controls["kv_cache_memory_bytes"] = experiment.kv_cache_memory_bytes
+    return controls
+
+
+def host_config(host: Host) -> HostConfig:
+    return HostConfig(vllm_command=tuple(host.vllm_command), bind_host=host.bind_host, devices=host.devices)
+
+
+def _is_cancelled(run_pk: int) -> bool:
+    run = Run.objects.filter(pk=run_pk).values("status", "experiment__status").first()
+    return run is None or run["status"] == Run.Status.CANCELLED or run["experiment__status"] == "cancelled"
+
+
+def _finish(run_pk: int, status: str, reason: str = "", **fields: Any) -> bool:
+    """Move the run to a finished status unless something else (recovery, a cancel) already did."""
+    updated = Run.objects.filter(pk=run_pk).exclude(status__in=Run.FINISHED - {Run.Status.CANCELLED})
+    if status != Run.Status.CANCELLED:
+        updated = updated.exclude(status=Run.Status.CANCELLED)
+    return updated.update(status=status, reason=reason, finished_at=timezone.now(), **fields) == 1
+
+
+def _set_phase(run_pk: int, status: str) -> None:
+    fields: dict[str, Any] = {"status": status, "updated_at": timezone.now()}
+    if status == Run.Status.MEASURING:
+        fields["measuring_at"] = timezone.now()
+    Run.objects.filter(pk=run_pk, status__in=Run.ACTIVE).update(**fields)
+
+
+class _Watcher(threading.Thread):
+    """Polls for a cancel and advances the phase by the trace's windows."""
+
+    def __init__(self, run: Run, stop: threading.Event, server: EngineServer) -> None:
+        super().__init__(name=f"run-{run.pk}-watch", daemon=True)
+        self.run_pk = run.pk
+        self.stop_event = stop
+        self.server = server
+        self.origin: float | None = None  # monotonic time of the replay's start
+        self.warmup_s = run.warmup_seconds
+        self.observation_s = run.observation_seconds
+        self.cancelled = False
+        self._done = threading.Event()
+        self._phase = ""
+
+    def run(self) -> None:
+        try:
+            while not self._done.wait(WATCH_INTERVAL_S):
+                if _is_cancelled(self.run_pk):
+                    self.cancelled = True
+                    self.stop_event.set()
+                    if self.origin is None:
+                        self.server.stop()  # still starting: do not wait for it
+                    return
+                if self.origin is not None:
+                    elapsed = time.monotonic() - self.origin
+                    phase = Run.Status.WARMING
+                    if elapsed >= self.warmup_s:
+                        phase = Run.Status.MEASURING
+                    if elapsed >= self.warmup_s + self.observation_s:
+                        phase = Run.Status.DRAINING
+                    if phase != self._phase:
+                        _set_phase(self.run_pk, phase)
+                        self._phase = phase
+        finally:
+            close_old_connections()
+
+    def finish(self) -> None:
+        self._done.set()
+        self.join(timeout=5)
+
+
+def run_execute(*, run_pk: int) -> str:
+    """Execute one run (see the module docstring); returns its final status."""
+    host = host_register_local()
+    run = run_claim(run_pk=run_pk, host=host)
+    if run is None:
+        status = Run.objects.filter(pk=run_pk).values_list("status", flat=True).first()
+        log.info("run %s not claimed (status %s): nothing to do", run_pk, status)
+        return f"skipped ({status})"
+    if not host_lease(host=host, run=run):
+        holder = Host.objects.filter(pk=host.pk).values_list("current_run", flat=True).first()
+        _finish(
+            run.pk, Run.Status.FAILED, f"host {host.name} is serving run {holder}; one candidate at a time"
+        )
+        return Run.Status.FAILED
+    Host.objects.filter(pk=host.pk).update(worker_pid=os.getpid())
+    try:
+        return _execute(run, host)
+    finally:
+        Host.objects.filter(pk=host.pk).update(server_pids=[], worker_pid=None)
+        host_release(host=host, run=run)
+        experiment_check_finished(experiment_id=run.experiment_id)
+
+
+def _execute(run: Run, host: Host) -> str:
+    experiment = run.experiment
+    log_path = Path(settings.DATA_DIR) / "runs" / str(run.run_id) / "server.log"
+    Run.objects.filter(pk=run.pk).update(log_path=str(log_path))
+    stop = threading.Event()
+    try:
+        server = EngineServer(
+            model=str(tokenizer_dir(experiment.model_path)),
+            cell_args=run.cell.args,
+            controls=run_controls(experiment),
+            host=host_config(host),
+            log_path=log_path,
+        )
+    except ValueError as exc:  # LaunchError: a disallowed flag, refused before anything starts
+        _finish(run.pk, Run.Status.FAILED, f"refused before start: {exc}")
+        return Run.Status.FAILED
+    watcher = _Watcher(run, stop, server)
+    watcher.start()
+    try:
+        with server:
+            status, reason, fields = _with_server(run, host, server, watcher, stop)
+            server.stop()  # the server is gone before the run says it is finished
+    except RunCancelled:
+        status, reason, fields = Run.Status.CANCELLED, "cancelled before the replay started", {}
+    except EngineError as exc:
+        status, reason, fields = exc.outcome, exc.reason, {"log_tail": exc.log_tail}
+        if watcher.cancelled:
+            status, reason = Run.Status.CANCELLED, "cancelled while the server was starting"
+        elif isinstance(exc, EngineInvalid):
+            fields.update(exc.facts.run_fields())
+    except Exception as exc:  # a bug or an outage: the run fails with the reason, never vanishes
+        log.exception("run %s crashed", run.pk)
+        status = Run.Status.FAILED
+        reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+        fields = {"log_tail": read_tail(log_path)}
+    finally:
+        watcher.finish()
+    _finish(run.pk, status, reason, **fields)
+    return status
+
+
+def _with_server(
+    run: Run, host: Host, server: EngineServer, watcher: _Watcher, stop: threading.Event
+) -> tuple[str, str, dict[str, Any]]:
+    """Steps 2-4 with a started server; returns (status, reason, run fields) to finish with."""
+    from workers.engine.scrape import Scraper
+
+    server.start()
+    Host.objects.filter(pk=host.pk).update(server_pids=server.tracked_pids())
+    Run.objects.filter(pk=run.pk).update(server_pid=server.pgid)
+    facts = server.confirm()
+    Run.objects.filter(pk=run.pk).update(**facts.run_fields())
+    if watcher.cancelled:
+        raise RunCancelled
+    _set_phase(run.pk, Run.Status.WARMING)
+    server.warm_up(n=WARMUP_REQUESTS)
+
+    trace = trace_load(sha256=run.trace_sha256)
+    requests = [r.to_json() for r in trace.requests]
+    sent = 0
+
+    def on_batch(batch: list[RequestRecord]) -> None:
+        nonlocal sent
+        try:
+            records_ingest(run_pk=run.pk, records=batch)
+            sent += sum(1 for r in batch if r.sent)
+            Run.objects.filter(pk=run.pk).update(requests_sent=sent, updated_at=timezone.now())
+        finally:
+            close_old_connections()  # this runs on the replay's batch thread
+
+    scraper = Scraper(server.base_url, interval_s=2.0)
+    try:
+        try:
+            scraper.scrape("before")
+        except Exception as exc:  # scraping is evidence, not a precondition
+            scraper.errors.append(f"before: {exc}")
+        scraper.start_during()
+        watcher.origin = time.monotonic()
+        workload = run.experiment.workload
+        result = run_replay(
+            requests,
+            base_url=server.base_url,
+            model=server.served_model_name,
+            run_id=str(run.run_id),
+            warmup_s=run.warmup_seconds,
+            observation_s=run.observation_seconds,
+            drain_deadline_s=run.drain_deadline_seconds,
+            max_dispatch_lag_ms=workload.max_dispatch_lag_ms,
+            on_batch=on_batch,
+            stop=stop,
+        )
+        scraper.stop_during()
+        try:
+            scraper.scrape("after")
+        except Exception as exc:
+            scraper.errors.append(f"after: {exc}")
+    finally:
+        scraper.close()
+        metric_samples_ingest(run_pk=run.pk, samples=scraper.samples)
+
+    summary = result.summary()
+    summary["scrape_errors"] = scraper.errors[:20]
+    summary["restarts_t_ns"] = scraper.restarts
+    fields = {
+        "dispatch_lag_p50_ms": result.dispatch_lag_p50_ms,
+        "dispatch_lag_p99_ms": result.dispatch_lag_p99_ms,
+        "dispatch_lag_max_ms": result.dispatch_lag_max_ms,
+        "achieved_rate_rps": result.achieved_rate_rps,
+        "summary": summary,
+        "requests_sent": result.sent,
+        "log_tail": read_tail(server.log_path),
+    }
+    if watcher.cancelled or result.stopped:
+        return Run.Status.CANCELLED, "cancelled mid-run; partial records kept", fields
+    death = server.failure()
+    if death is not None:
+        return Run.Status.FAILED, death, fields
+    if not result.valid:
+        return Run.Status.INVALID, result.invalid_reason, fields
+    _set_phase(run.pk, Run.Status.DRAINING)
+    return Run.Status.DONE, "", fields
