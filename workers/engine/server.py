@@ -269,8 +269,12 @@ class EngineServer:
         )
 
     def _track(self) -> None:
-        """Remember every process of the server (group members and descendants)."""
-        if self.proc is None:
+        """Remember every process of the server (group members and descendants).
+
+        Only while the guard is unreaped: after that its pid may belong to a
+        stranger, whose descendants must never be taken for ours.
+        """
+        if self.proc is None or self.proc.poll() is not None:
             return
         all_procs = procs.all_procs()
         for p in procs.group(self.proc.pid, all_procs) + procs.tree(self.proc.pid, all_procs):
