@@ -15,6 +15,7 @@ content and the same digest.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections import Counter
@@ -79,8 +80,12 @@ def build_manifest(
     evidence: Mapping[str, Any],
     approval: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The manifest content (without its digest). ``candidate`` None: B0 itself was approved."""
-    base = dict(baseline)
+    """The manifest content (without its digest). ``candidate`` None: B0 itself was approved.
+
+    Inputs are deep-copied: the content shares no object with its caller's data.
+    """
+    base = copy.deepcopy(dict(baseline))
+    candidate = copy.deepcopy(candidate)
     overlay = None
     if candidate is not None:
         base_args = (base.get("effective_args") or {}).get("args") or {}
@@ -97,8 +102,8 @@ def build_manifest(
         "baseline": base,
         "overlay": overlay,
         "rollback": "apply the baseline record as is; the overlay is never merged into it",
-        "evidence": dict(evidence),
-        "approval": dict(approval),
+        "evidence": copy.deepcopy(dict(evidence)),
+        "approval": copy.deepcopy(dict(approval)),
     }
 
 

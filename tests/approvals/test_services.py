@@ -1,0 +1,146 @@
+"""experiment_approve / experiment_reject: who may, when, what is written, and that it never changes."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import PermissionDenied, ValidationError
+
+from apps.approvals import manifest as mf
+from apps.approvals.models import Approval, AuditEvent, RollbackManifest
+from apps.approvals.services import ApprovalError, experiment_approve, experiment_reject
+from apps.experiments.models import Experiment
+from apps.runs.models import Run
+from tests.experiments.factories import UserFactory
+
+
+@pytest.mark.django_db
+def test_it_approves_and_freezes_the_manifest(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    experiment = analysed_experiment
+    chosen = experiment.decision.chosen_cell
+    manifest = experiment_approve(
+        experiment=experiment,
+        approver=approver,
+        chosen_cell=chosen,
+        reason="better TTFT",
+        route_target="chat-pool",
+    )
+    experiment.refresh_from_db()
+    assert experiment.status == "approved"
+    approval = Approval.objects.get(experiment=experiment)
+    assert (approval.verdict, approval.chosen_cell, approval.approver) == ("approved", chosen, approver)
+    doc = mf.document(manifest.content, manifest.sha256)
+    assert mf.verify(doc)
+    base = doc["baseline"]
+    assert base["cell_id"] == "B0"
+    assert base["effective_args"]["source"] == mf.CONFIRMED
+    assert base["effective_args"]["args"] == {
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 8,
+        "max_model_len": 2048,
+    }
+    assert base["image_digest"].startswith("sha256:")
+    assert base["model"] == {"path": experiment.model_path, "revision": experiment.model_revision}
+    assert base["tokenizer_revision"] == experiment.tokenizer_revision
+    assert base["deployment"] == {"revision": "prod", "captured_from": "prod", "route_target": "chat-pool"}
+    assert base["health_probe"]["path"] == "/health"
+    assert base["capacity"]["hardware_id"] == "cpu-test"
+    assert base["drain_deadline_s"] == 20
+    assert base["abort_thresholds"]["short"] == {
+        "ttft_p99_ms": 2000,
+        "e2e_p99_ms": 5000,
+        "max_stall_ms": 1000,
+        "error_rate": 0.05,
+    }
+    assert base["owner"] == "erin"
+    if chosen != "B0":
+        assert doc["overlay"]["cell_id"] == chosen
+        assert doc["overlay"]["changes"]["max_num_batched_tokens"]["baseline"] == 2048
+    ev = doc["evidence"]
+    assert ev["experiment"]["id"] == experiment.pk
+    assert ev["trace_sha256"] == sorted(set(experiment.runs.values_list("trace_sha256", flat=True)))
+    assert ev["decision"]["outcome"] == experiment.decision.outcome
+    event = AuditEvent.objects.get(experiment=experiment, action="experiment.approved")
+    assert (event.actor, event.target, event.detail["manifest_sha256"]) == (approver, chosen, manifest.sha256)
+
+
+@pytest.mark.django_db
+def test_it_falls_back_to_requested_args_when_the_engine_confirmed_none(
+    analysed_experiment, approver
+) -> None:  # type: ignore[no-untyped-def]
+    Run.objects.filter(experiment=analysed_experiment).update(effective_args=None)
+    manifest = experiment_approve(
+        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="keep"
+    )
+    eff = manifest.content["baseline"]["effective_args"]
+    assert eff["source"] == mf.REQUESTED
+    assert eff["args"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 8}
+    assert manifest.content["overlay"] is None
+
+
+@pytest.mark.django_db
+def test_an_approved_manifest_cannot_change(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    manifest = experiment_approve(
+        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="ok"
+    )
+    before = (manifest.sha256, manifest.content)
+    manifest.content = {**manifest.content, "overlay": {"cell_id": "C1"}}
+    with pytest.raises(ValidationError, match="immutable"):
+        manifest.save()
+    with pytest.raises(ValidationError, match="immutable"):
+        manifest.delete()
+    stored = RollbackManifest.objects.get(pk=manifest.pk)
+    assert (stored.sha256, stored.content) == before
+    # A second approval is refused too: the experiment is no longer analysed.
+    other = UserFactory(username="ben", roles=["approver"])
+    with pytest.raises(ApprovalError, match="approved"):
+        experiment_approve(experiment=analysed_experiment, approver=other, chosen_cell="B0", reason="again")
+
+
+@pytest.mark.django_db
+def test_it_refuses_the_author_even_when_they_are_an_approver(analysed_experiment, author) -> None:  # type: ignore[no-untyped-def]
+    from django.contrib.auth.models import Group
+
+    author.groups.add(Group.objects.get(name="approver"))
+    with pytest.raises(PermissionDenied, match="author"):
+        experiment_approve(experiment=analysed_experiment, approver=author, chosen_cell="B0", reason="mine")
+    assert not Approval.objects.exists()
+
+
+@pytest.mark.django_db
+def test_it_refuses_non_approvers(analysed_experiment, viewer, other_experimenter) -> None:  # type: ignore[no-untyped-def]
+    for user in (viewer, other_experimenter):
+        with pytest.raises(PermissionDenied, match="only approvers"):
+            experiment_approve(experiment=analysed_experiment, approver=user, chosen_cell="B0", reason="x")
+        with pytest.raises(PermissionDenied):
+            experiment_reject(experiment=analysed_experiment, approver=user, reason="x")
+
+
+@pytest.mark.django_db
+def test_it_refuses_experiments_not_analysed(experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ApprovalError, match="only an analysed experiment"):
+        experiment_approve(experiment=experiment, approver=approver, chosen_cell="B0", reason="x")
+    Experiment.objects.filter(pk=experiment.pk).update(status="analysed")
+    experiment.refresh_from_db()
+    with pytest.raises(ApprovalError, match="no decision"):
+        experiment_approve(experiment=experiment, approver=approver, chosen_cell="B0", reason="x")
+
+
+@pytest.mark.django_db
+def test_it_only_approves_the_proposal_or_b0_with_a_reason(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ApprovalError, match="proposal or B0"):
+        experiment_approve(experiment=analysed_experiment, approver=approver, chosen_cell="nope", reason="x")
+    with pytest.raises(ApprovalError, match="reason"):
+        experiment_approve(experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="  ")
+    assert not Approval.objects.exists() and not RollbackManifest.objects.exists()
+    analysed_experiment.refresh_from_db()
+    assert analysed_experiment.status == "analysed"
+
+
+@pytest.mark.django_db
+def test_it_rejects_without_a_manifest(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    approval = experiment_reject(experiment=analysed_experiment, approver=approver, reason="too noisy")
+    analysed_experiment.refresh_from_db()
+    assert analysed_experiment.status == "rejected"
+    assert (approval.verdict, approval.chosen_cell) == ("rejected", "B0")
+    assert not RollbackManifest.objects.exists()
+    assert AuditEvent.objects.filter(action="experiment.rejected", actor=approver).exists()

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from apps.approvals.audit import audit_record
+from tests.experiments.factories import make_experiment
+
+
+@pytest.mark.django_db
+def test_it_lists_every_event_newest_first_and_filters(client, viewer, author, approver, experiment) -> None:  # type: ignore[no-untyped-def]
+    other = make_experiment(owner=author, name="other")
+    audit_record(action="experiment.approved", actor=approver, experiment=other, target="C1")
+    client.force_login(viewer)
+    events = list(client.get("/audit/").context["page"].object_list)
+    assert events[0].action == "experiment.approved"
+    assert {e.action for e in events} >= {"experiment.created", "experiment.planned"}
+    by_actor = client.get("/audit/?actor=ada").context["page"].object_list
+    assert [e.action for e in by_actor] == ["experiment.approved"]
+    by_action = client.get("/audit/?action=experiment.created").context["page"].object_list
+    assert {e.experiment.name for e in by_action} == {"ui-small", "other"}
+    by_experiment = client.get(f"/audit/?experiment={experiment.pk}").context["page"].object_list
+    assert {e.experiment_id for e in by_experiment} == {experiment.pk}
+    assert client.get("/audit/?experiment=abc").status_code == 404
+    assert b"No audit events match" in client.get("/audit/?actor=nobody-here").content
+
+
+@pytest.mark.django_db
+def test_it_shows_one_experiments_events_only(client, viewer, author, experiment) -> None:  # type: ignore[no-untyped-def]
+    make_experiment(owner=author, name="other")
+    client.force_login(viewer)
+    events = client.get(f"/experiments/{experiment.pk}/audit/").context["page"].object_list
+    assert events and {e.experiment_id for e in events} == {experiment.pk}

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def _figures(response) -> dict:  # type: ignore[no-untyped-def]
+    """Every chart embedded with json_script on the page, by its id."""
+    import re
+
+    html = response.content.decode()
+    out = {}
+    for m in re.finditer(r'<script id="([^"]+)" type="application/json">(.*?)</script>', html, re.S):
+        out[m.group(1)] = json.loads(m.group(2))
+    return out
+
+
+@pytest.mark.django_db
+def test_it_says_when_results_will_appear(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(viewer)
+    response = client.get(f"/experiments/{experiment.pk}/results/")
+    assert response.status_code == 200
+    assert b"No results yet" in response.content
+    assert b"0 of 2 runs have finished" in response.content
+
+
+@pytest.mark.django_db
+def test_it_shows_the_decision_checks_and_every_chart(client, viewer, analysed_experiment) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(viewer)
+    response = client.get(f"/experiments/{analysed_experiment.pk}/results/")
+    html = response.content.decode()
+    decision = analysed_experiment.decision
+    assert decision.rule in html
+    for check in ("Validity", "Acceptance", "Failure scenarios", "Recovery"):
+        assert check in html
+    figures = _figures(response)
+    expected = {"latency-ttft", "latency-e2e", "latency-stall", "paired-diffs", "heat-goodput", "heat-accepted",
+                "queue-over-time", "kv-over-time", "preemptions"}  # fmt: skip
+    assert expected <= set(figures)
+    for name, fig in figures.items():
+        layout = fig["layout"]
+        titles = [
+            v["title"]["text"] for k, v in layout.items() if k.startswith(("xaxis", "yaxis")) and "title" in v
+        ]
+        assert titles and all(t for t in titles), name
+        units = [t for t in titles if "(" in t]
+        units += [d["colorbar"]["title"]["text"] for d in fig["data"] if "colorbar" in d]
+        assert units, (name, titles)  # the value axis (or a heatmap's colour bar) names its unit
+    # Points link to the runs they stand for.
+    point = figures["latency-ttft"]["data"][0]["customdata"][0]
+    assert point.startswith(f"/experiments/{analysed_experiment.pk}/?cell=")
+
+
+@pytest.mark.django_db
+def test_it_switches_the_mixture_and_rate(client, viewer, author) -> None:  # type: ignore[no-untyped-def]
+    from tests.experiments.factories import make_experiment
+    from tests.ui.factories import analysed
+
+    workload = {
+        **make_experiment.__globals__["SMALL_SPEC"]["workload"],
+        "rates": {"low": 1.0, "high": 2.0},
+    }
+    experiment = analysed(make_experiment(owner=author, name="two-rates", workload=workload), per_run=20)
+    client.force_login(viewer)
+    low = client.get(f"/experiments/{experiment.pk}/results/?mixture=80-20&rate=low")
+    assert (low.context["mixture"], low.context["rate"]) == ("80-20", "low")
+    assert "80-20 @ low" in _figures(low)["latency-ttft"]["layout"]["title"]["text"]
+    # An unknown choice falls back to a combination that exists.
+    odd = client.get(f"/experiments/{experiment.pk}/results/?mixture=nope&rate=low")
+    assert (odd.context["mixture"], odd.context["rate"]) in {("80-20", "low"), ("80-20", "high")}
+    assert len(_figures(odd)["heat-goodput"]["data"][0]["x"]) == 2

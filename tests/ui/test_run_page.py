@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+
+@pytest.mark.django_db
+def test_it_shows_a_runs_distribution_args_hashes_and_log(client, viewer, analysed_experiment) -> None:  # type: ignore[no-untyped-def]
+    run = analysed_experiment.runs.select_related("cell").get(cell__cell_id="C1")
+    client.force_login(viewer)
+    response = client.get(f"/runs/{run.run_id}/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert run.trace_sha256 in html and run.corpus_sha256 in html
+    assert "cpu-test" in html  # hardware id
+    assert "max_model_len: 2048" in html  # effective args, as the engine reported them
+    assert "Application startup complete." in html
+    ctx = response.context
+    hist = ctx["ttft_chart"]
+    assert {t["name"].split(" ")[0] for t in hist["data"]} == {"short", "long"}
+    assert sum(sum(t["y"]) for t in hist["data"]) == 40  # every measured request, warm-up excluded
+    assert hist["layout"]["xaxis"]["title"]["text"] == "latency from planned arrival (ms)"
+    assert {o["name"]: o["completed"] for o in ctx["outcomes"]} == {"short": 20, "long": 20}
+    assert ctx["report_entry"]["key"] == str(run.run_id)
+    assert ctx["gauge_chart"]["data"]
+
+
+@pytest.mark.django_db
+def test_it_shows_an_empty_state_for_a_queued_run(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    run = experiment.runs.first()
+    client.force_login(viewer)
+    html = client.get(f"/runs/{run.run_id}/").content.decode()
+    assert "No request records yet: the run has not started" in html
+    assert "No /metrics scrapes recorded" in html
+
+
+@pytest.mark.django_db
+def test_it_answers_404_for_an_unknown_run(client, viewer) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(viewer)
+    assert client.get(f"/runs/{uuid.uuid4()}/").status_code == 404
