@@ -26,7 +26,7 @@ def _secret_key() -> str:
     key = envstr("SECRET_KEY")
     if key:
         return key
-    if envstr("DATABASE_URL"):
+    if envstr("DATABASE_URL").startswith("postgres"):
         # A shared database means a real deployment: its key must be given.
         raise ImproperEnv("SECRET_KEY must be set when DATABASE_URL points at a shared database")
     path = DATA_DIR / "secret_key"
@@ -85,23 +85,34 @@ WSGI_APPLICATION = "config.wsgi.application"
 ASGI_APPLICATION = "config.asgi.application"
 
 
+def _sqlite(name: str | Path) -> dict:
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": name,
+        # WAL lets the web process read while the worker writes; the timeout
+        # rides out the short write locks between them.
+        "OPTIONS": {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        # A file, not memory, so a worker process started by a test sees the test database.
+        "TEST": {"NAME": str(DATA_DIR / "test-tailtune.sqlite3")},
+    }
+
+
 def _database() -> dict:
     url = envstr("DATABASE_URL")
     if not url:
-        return {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "tailtune.sqlite3",
-            # WAL lets the web process read while the worker writes; the
-            # timeout rides out the short write locks between them.
-            "OPTIONS": {
-                "timeout": 30,
-                "transaction_mode": "IMMEDIATE",
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
-        }
-    if not url.startswith(("postgres://", "postgresql://", "sqlite://")):
-        raise ImproperEnv(f"DATABASE_URL={url!r}: only postgres:// (or sqlite://) URLs are supported")
-    return dj_database_url.parse(url, conn_max_age=envint("DB_CONN_MAX_AGE", 60))
+        return _sqlite(DATA_DIR / "tailtune.sqlite3")
+    if url.startswith("sqlite:///"):
+        # sqlite:////abs/path or sqlite:///relative/path
+        return _sqlite(url.removeprefix("sqlite:///"))
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise ImproperEnv(f"DATABASE_URL={url!r}: only postgres:// (or sqlite:///) URLs are supported")
+    db = dj_database_url.parse(url, conn_max_age=envint("DB_CONN_MAX_AGE", 60))
+    db["CONN_HEALTH_CHECKS"] = True
+    return db
 
 
 DATABASES = {"default": _database()}
@@ -162,7 +173,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_TASK_DEFAULT_QUEUE = "default"
+# Tests give their workers a queue of their own, so no other worker takes their tasks.
+CELERY_TASK_DEFAULT_QUEUE = envstr("TAILTUNE_DEFAULT_QUEUE", "default")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
 

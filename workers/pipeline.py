@@ -43,7 +43,7 @@ from apps.runs.services import experiment_check_finished, host_lease, host_relea
 from apps.workloads.services import tokenizer_dir, trace_load
 from workers.engine.launcher import HostConfig
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
-from workers.replay.client import run_replay
+from workers.replay.isolated import run_replay_isolated
 from workers.replay.records import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ def _with_server(
         scraper.start_during()
         watcher.origin = time.monotonic()
         workload = run.experiment.workload
-        result = run_replay(
+        result = run_replay_isolated(
             requests,
             base_url=server.base_url,
             model=server.served_model_name,

@@ -11,6 +11,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -203,7 +204,9 @@ def experiment_check_finished(*, experiment_id: int) -> bool:
     from workers.tasks import analyse_experiment
 
     transaction.on_commit(
-        lambda: analyse_experiment.apply_async(kwargs={"experiment_pk": experiment_id}, queue="default")
+        lambda: analyse_experiment.apply_async(
+            kwargs={"experiment_pk": experiment_id}, queue=settings.CELERY_TASK_DEFAULT_QUEUE
+        )
     )
     return True
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import sys
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from apps.runs.hosts import host_register_local
@@ -19,7 +20,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):  # type: ignore[no-untyped-def]
         host = host_register_local()
-        queues = [host.queue] if options["no_default_queue"] else ["default", host.queue]
+        queues = (
+            [host.queue] if options["no_default_queue"] else [settings.CELERY_TASK_DEFAULT_QUEUE, host.queue]
+        )
         self.stdout.write(f"host {host.name}: worker on queues {', '.join(queues)}")
         sys.stdout.flush()
         argv = worker_argv(queues)

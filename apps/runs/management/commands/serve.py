@@ -39,7 +39,7 @@ class Command(BaseCommand):
         host = host_register_local()
         procs: list[subprocess.Popen[bytes]] = []
         if not options["no_worker"]:
-            procs.append(subprocess.Popen(worker_argv(["default", host.queue])))
+            procs.append(subprocess.Popen(worker_argv([settings.CELERY_TASK_DEFAULT_QUEUE, host.queue])))
         web = [
             sys.executable, "manage.py", "runserver", f"{options['addr']}:{options['port']}",
             "--noreload", "--insecure",  # --insecure: serve static files with DEBUG off

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from workers.celery import app
@@ -10,7 +11,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):  # type: ignore[no-untyped-def]
         parser.add_argument("--timeout", type=float, default=30.0)
-        parser.add_argument("--queue", default="default")
+        parser.add_argument("--queue", default=settings.CELERY_TASK_DEFAULT_QUEUE)
 
     def handle(self, *args, **options):  # type: ignore[no-untyped-def]
         result = app.send_task("tailtune.health", queue=options["queue"])
