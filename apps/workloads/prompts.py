@@ -28,6 +28,10 @@ import numpy as np
 _MAX_ROUNDS = 50
 # Fresh draws tried when a prompt collides with an earlier one.
 _MAX_REDRAWS = 100
+# Enough word-initial tokens to draw distinct prompts from.
+_MIN_WORD_POOL = 256
+# Prompts checked per batched decode/encode call (parallel in the tokenizer).
+_BATCH = 32
 
 
 class PromptError(ValueError):
@@ -76,11 +80,17 @@ class PromptTokenizer:
         # never settle.
         texts = self._tok.decode_batch([[i] for i in candidates], skip_special_tokens=False)
         again = self._tok.encode_batch(texts, add_special_tokens=False)
-        self.allowed = np.array(
-            [i for i, enc in zip(candidates, again, strict=True) if enc.ids == [i]], dtype=np.int64
-        )
+        keep = [(i, text) for i, text, enc in zip(candidates, texts, again, strict=True) if enc.ids == [i]]
+        self.allowed = np.array([i for i, _ in keep], dtype=np.int64)
         if len(self.allowed) == 0:
             raise PromptError(f"tokenizer in {tokenizer_dir} has no ordinary tokens")
+        # Draws come from word-initial tokens (" word") where the vocabulary
+        # has enough of them: a pre-tokenizer splits their concatenation back
+        # at every token, so random prompts are fixed points at the first
+        # check instead of after several decode/encode rounds. Other
+        # vocabularies (no leading-space tokens) draw from every allowed token.
+        words = [i for i, text in keep if len(text) > 1 and text[0] == " " and not text[1].isspace()]
+        self.pool = np.array(words, dtype=np.int64) if len(words) >= _MIN_WORD_POOL else self.allowed
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
@@ -88,13 +98,19 @@ class PromptTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
+    def decode_many(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        return self._tok.decode_batch([list(ids) for ids in batch], skip_special_tokens=False)
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(enc.ids) for enc in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
     def _draw(self, rng: np.random.Generator, n: int) -> list[int]:
         if n <= 0:
             return []
-        return [int(i) for i in rng.choice(self.allowed, size=n)]
+        return [int(i) for i in rng.choice(self.pool, size=n)]
 
     def settle(self, *, n: int, rng: np.random.Generator, prefix: Sequence[int] = ()) -> list[int]:
         """Ids of length ``n`` starting with ``prefix`` that decode/encode to themselves.
@@ -142,8 +158,7 @@ def build_prompts(
     its own stream (seed, i), so its prompt does not depend on the others'.
     """
     prefixes: dict[str, list[int]] = {}
-    seen: set[tuple[int, ...]] = set()
-    out: list[list[int]] = []
+    plans: list[tuple[int, list[int], np.random.Generator, bool]] = []
     for index, (klass, n, shared) in enumerate(requests):
         if n <= 0:
             raise PromptError(f"request {index}: input_tokens must be positive, got {n}")
@@ -156,14 +171,28 @@ def build_prompts(
                 prng = np.random.default_rng(stable_seed(seed, "prefix", klass, shared))
                 prefixes[key] = tokenizer.settle(n=shared, rng=prng)
             prefix = prefixes[key]
-        rng = np.random.default_rng(stable_seed(seed, "prompt", index))
-        for _ in range(_MAX_REDRAWS):
-            ids = tokenizer.settle(n=n, rng=rng, prefix=prefix)
-            # A whole-prefix prompt is the one case that is shared on purpose.
-            if shared == n or tuple(ids) not in seen:
-                break
-        else:
-            raise PromptError(f"request {index}: no distinct {n}-token prompt left in this vocabulary")
-        seen.add(tuple(ids))
-        out.append(ids)
+        # A whole-prefix prompt is the one case that is shared on purpose.
+        plans.append((n, prefix, np.random.default_rng(stable_seed(seed, "prompt", index)), shared == n))
+    seen: set[tuple[int, ...]] = set()
+    out: list[list[int]] = []
+    for start in range(0, len(plans), _BATCH):
+        chunk = plans[start : start + _BATCH]
+        # First draws are checked in one batched call; the rare draw that is
+        # not a fixed point continues in settle() with its own stream.
+        drafts = [prefix + tokenizer._draw(rng, n - len(prefix)) for n, prefix, rng, _ in chunk]
+        checked = tokenizer.encode_many(tokenizer.decode_many(drafts))
+        for offset, ((n, prefix, rng, shared_whole), draft, again) in enumerate(
+            zip(chunk, drafts, checked, strict=True)
+        ):
+            ids = draft if again == draft else tokenizer.settle(n=n, rng=rng, prefix=prefix)
+            for _ in range(_MAX_REDRAWS):
+                if shared_whole or tuple(ids) not in seen:
+                    break
+                ids = tokenizer.settle(n=n, rng=rng, prefix=prefix)
+            else:
+                raise PromptError(
+                    f"request {start + offset}: no distinct {n}-token prompt left in this vocabulary"
+                )
+            seen.add(tuple(ids))
+            out.append(ids)
     return out

@@ -91,3 +91,10 @@ def test_it_refuses_malformed_traces_naming_the_line(data: bytes, line: int, fra
         trace_loads(data)
     assert info.value.line == line
     assert fragment in info.value.message
+
+
+def test_it_refuses_booleans_and_floats_among_token_ids() -> None:
+    for bad in ([10, True], [10, 11.0]):
+        with pytest.raises(TraceFormatError, match="list of integers") as info:
+            trace_loads(_edit(3, prompt_token_ids=bad))
+        assert info.value.line == 3
