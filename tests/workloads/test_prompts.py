@@ -79,3 +79,23 @@ def test_it_refuses_impossible_prompts(tokenizer: PromptTokenizer, tmp_path: Pat
         PromptTokenizer(tmp_path)
     with pytest.raises(PromptError, match="longer than the prompt"):
         tokenizer.settle(n=2, rng=np.random.default_rng(0), prefix=[5, 6, 7])
+
+
+def test_it_settles_draws_from_the_whole_vocabulary_too(tokenizer_dir: Path) -> None:
+    # Vocabularies without enough word-initial tokens draw from every allowed
+    # token; such draws are rarely fixed points at first and go through settle().
+    whole = PromptTokenizer(tokenizer_dir)
+    whole.pool = whole.allowed
+    assert len(whole.allowed) > 2 * len(PromptTokenizer(tokenizer_dir).pool)
+    first_try = 0
+    for n in (1, 2, 3, 9, 100, 700):
+        for i in range(20):
+            rng = np.random.default_rng(i)
+            draft = whole._draw(np.random.default_rng(i), n)
+            first_try += whole.encode(whole.decode(draft)) == draft
+            ids = whole.settle(n=n, rng=rng)
+            assert len(ids) == n
+            assert whole.encode(whole.decode(ids)) == ids
+    assert first_try < 100  # the loop really was exercised
+    prompts = build_prompts(tokenizer=whole, requests=[("c", 50, 20)] * 10 + [("d", 3, 0)] * 10, seed=3)
+    assert all(whole.encode(whole.decode(p)) == p for p in prompts)
