@@ -16,6 +16,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from apps.accounts.roles import APPROVER, EXPERIMENTER, VIEWER, has_role
+from apps.analysis.models import Decision
 from apps.experiments.models import Experiment
 from apps.experiments.plan import expand_plan
 from apps.runs.models import MetricSample, RequestRecord, Run
@@ -71,7 +72,12 @@ def approve_refusal(user: Any, experiment: Experiment) -> str | None:
 def experiment_list_rows(*, status: str = "") -> QuerySet[Experiment]:
     """Newest first, with run counts, the decision and the last activity annotated."""
     qs = (
-        Experiment.objects.select_related("owner", "decision")
+        # The decision's outcome only: its report can weigh megabytes per experiment.
+        Experiment.objects.select_related("owner")
+        .annotate(
+            decision_outcome=F("decision__outcome"),
+            decision_cell=F("decision__chosen_cell"),
+        )
         .annotate(
             runs_total=Count("runs"),
             runs_finished=Count("runs", filter=Q(runs__status__in=sorted(Run.FINISHED))),
@@ -358,6 +364,11 @@ def latency_histogram(*, run: Run, metric: str, buckets: int = HISTOGRAM_BUCKETS
         start_ms = (lo + int(row["b"]) * width) / NS_PER_MS
         series.setdefault(row["request_class"], []).append((start_ms, row["n"]))
     return {"width_ms": width / NS_PER_MS, "series": series}
+
+
+def decision_summary(*, experiment: Experiment) -> Decision | None:
+    """The decision without its (large) report, for pages that only name it."""
+    return Decision.objects.filter(experiment=experiment).defer("report", "evidence").first()
 
 
 def current_runs(*, experiment: Experiment) -> list[Run]:

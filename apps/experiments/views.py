@@ -171,7 +171,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "cells": list(experiment.cells.all()),
             "classes": list(experiment.classes.all()),
-            "decision": getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None,
+            "decision": selectors.decision_summary(experiment=experiment),
             "approve_refusal": selectors.approve_refusal(request.user, experiment),
             "has_manifest": hasattr(experiment, "manifest"),
             "startable": experiment.status in (Experiment.Status.PLANNED, Experiment.Status.CANCELLED),

@@ -1,0 +1,115 @@
+"""Time the results page of a 126-run, 1,000,000-record experiment against the experiment page.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/tailtune_bench SECRET_KEY=bench \
+        .venv/bin/python bench/ui/results_page_bench.py [--records 1000000] [--repeat 7] [--reuse]
+
+Seeds the seed sweep (7 cells x 3 mixtures x 2 rates x 3 repeats = 126 runs)
+with synthetic records and scrapes through bench/analysis/report_bench.py's
+loader, runs the real analysis once (so the Decision holds a report of
+realistic size), then renders each page through Django's test client as a
+logged-in user and reports the median wall time, the SQL queries and the
+response size. The results page draws every chart from the stored report's
+aggregates, so its cost should not grow with the record count; the run page
+buckets one run's records in SQL. Timings vary with the machine: the ratios
+are the numbers to compare. ``--reuse`` keeps an earlier seeded experiment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "analysis"))
+
+import report_bench  # noqa: E402  (sets up Django)
+import yaml  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+
+from apps.analysis.services import experiment_analyse  # noqa: E402
+from apps.experiments.models import Experiment  # noqa: E402
+from apps.experiments.services import experiment_create  # noqa: E402
+from apps.runs.models import RequestRecord  # noqa: E402
+
+NAME = "bench-ui"
+
+
+def seed(records: int) -> Experiment:
+    Experiment.objects.filter(name=NAME).delete()
+    user, _ = get_user_model().objects.get_or_create(username="bench-ui")
+    spec = yaml.safe_load((ROOT / "examples" / "seed-sweep.yaml").read_text())
+    spec["name"] = NAME
+    spec["owner"] = user.username
+    experiment = experiment_create(spec=spec, owner=user)
+    t0 = time.perf_counter()
+    report_bench.load(experiment, records)
+    print(f"seeded {records:,} records in {time.perf_counter() - t0:.1f} s", flush=True)
+    t0 = time.perf_counter()
+    experiment_analyse(experiment_id=experiment.pk)
+    print(f"analysed in {time.perf_counter() - t0:.1f} s", flush=True)
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.ANALYSED)
+    return Experiment.objects.get(pk=experiment.pk)
+
+
+def measure(client: Client, url: str, repeat: int) -> dict[str, float]:
+    client.get(url)  # warm: templates compiled, connection open
+    times = []
+    for _ in range(repeat):
+        with CaptureQueriesContext(connection) as queries:
+            t0 = time.perf_counter()
+            response = client.get(url)
+            times.append(time.perf_counter() - t0)
+        assert response.status_code == 200, (url, response.status_code)
+    return {
+        "median_ms": statistics.median(times) * 1000,
+        "min_ms": min(times) * 1000,
+        "queries": len(queries.captured_queries),
+        "kib": len(response.content) / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--reuse", action="store_true")
+    args = parser.parse_args()
+
+    experiment = Experiment.objects.filter(name=NAME).first() if args.reuse else None
+    if experiment is None:
+        experiment = seed(args.records)
+    records = RequestRecord.objects.filter(run__experiment=experiment).count()
+    report = experiment.decision.report
+    admin, _ = get_user_model().objects.get_or_create(username="bench-ui-admin", is_superuser=True)
+    client = Client()
+    client.force_login(admin)
+    run = experiment.runs.order_by("plan_position").first()
+    pages = {
+        "experiment page": f"/experiments/{experiment.pk}/",
+        "live partial": f"/experiments/{experiment.pk}/live/",
+        "results page": f"/experiments/{experiment.pk}/results/",
+        "run page": f"/runs/{run.run_id}/",
+        "experiment list": "/",
+    }
+    out = {name: measure(client, url, args.repeat) for name, url in pages.items()}
+    base = out["experiment page"]["median_ms"]
+    print(f"\n{connection.vendor}, {experiment.runs.count()} runs, {records:,} request records, "
+          f"report {len(json.dumps(report)) / 1024:.0f} KiB (JSON)")  # fmt: skip
+    print(f"{'page':18} {'median ms':>10} {'min ms':>8} {'x exp. page':>11} {'queries':>8} {'KiB':>7}")
+    for name, m in out.items():
+        print(
+            f"{name:18} {m['median_ms']:10.1f} {m['min_ms']:8.1f} {m['median_ms'] / base:11.2f} "
+            f"{m['queries']:8d} {m['kib']:7.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The whole journey as a new user would make it, on the real pipeline (CPU vLLM, short windows).
+
+Log in as an experimenter, create a small experiment through the form, start
+it, watch progress change without reloading, see results and a decision
+appear; log in as an approver, approve, download the manifest and check it
+against the experiment; the author cannot approve and a viewer cannot create.
+
+It needs what the pipeline needs: the CPU engine (`make engine`) and a worker
+process that shares the test database, so it runs against Postgres
+(DATABASE_URL=postgres://...). Anything missing is a skip with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from django.conf import settings
+from django.db import connection
+
+from apps.approvals import manifest as mf
+from apps.experiments.models import Experiment
+from tests.browser.conftest import login, shot
+from tests.browser.test_pages import CLASS_FIELDS
+from tests.experiments.factories import UserFactory
+
+pytestmark = [pytest.mark.browser, pytest.mark.engine, pytest.mark.django_db(transaction=True)]
+
+ENGINE_DIR = Path(settings.ENGINE_DIR)
+MODEL = ENGINE_DIR / "models" / "tiny-llama"
+RUNS_TIMEOUT_MS = 15 * 60 * 1000  # two short runs on two shared cores, server start included
+ANALYSIS_TIMEOUT_S = 5 * 60
+
+
+def _missing() -> str | None:
+    if not (
+        (ENGINE_DIR / "venv" / ".tailtune-engine-stamp").is_file() and (MODEL / "model.safetensors").is_file()
+    ):
+        return "CPU engine not built: run `make engine`"
+    if connection.vendor != "postgresql":
+        return "the worker process must share the test database: run with DATABASE_URL=postgres://..."
+    return None
+
+
+@pytest.fixture
+def worker(roles, tmp_path):  # type: ignore[no-untyped-def]
+    """A real host worker (its own process) on the live test database."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    db = connection.settings_dict
+    env = dict(os.environ)
+    env["DATABASE_URL"] = (
+        f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    )
+    env.setdefault("SECRET_KEY", "journey")
+    env["TAILTUNE_HOST"] = f"journey-{os.getpid()}"
+    log = open(tmp_path / "worker.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "run_worker"],
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # type: ignore[no-untyped-def]
+    UserFactory(username="erin", roles=["experimenter", "approver"])
+    UserFactory(username="ada", roles=["approver"])
+    UserFactory(username="vera", roles=["viewer"])
+    revision = json.loads((MODEL / "tailtune-revision.json").read_text()).get(
+        "revision", "tiny-llama-local-v1"
+    )
+
+    erin = new_page()
+    login(erin, "erin")
+    erin.click("text=New experiment")
+    values = {
+        "#id_name": "journey",
+        "#id_model_path": str(MODEL),
+        "#id_model_revision": revision,
+        "#id_tokenizer_revision": revision,
+        "#id_dtype": "bfloat16",
+        "#id_max_model_len": "1024",
+        "#id_kv_cache_memory_bytes": str(16 * 1024 * 1024),
+        "#id_generation": "{temperature: 0.0, ignore_eos: true}",
+        "#id_baseline_captured_from": "journey test",
+        "#id_baseline_max_num_batched_tokens": "1024",
+        "#id_baseline_max_num_seqs": "8",
+        "#id_grid_max_num_batched_tokens": "256",
+        "#id_grid_max_num_seqs": "8",
+        "#id_mixtures": "mix: short=0.8, long=0.2",
+        "#id_rates": "low: 2.0",
+        "#id_repeats": "1",
+        "#id_seed": "11",
+        "#id_warmup_s": "2",
+        "#id_observation_s": "8",
+        "#id_drain_deadline_s": "30",
+        "#id_max_dispatch_lag_ms": "250",
+    }
+    for selector, value in values.items():
+        erin.fill(selector, value)
+    erin.click("button[data-formset=classes-table]")
+    classes = [
+        ["short", "32", "4", "0", "0", "20000", "60000", "20000", "0.5"],
+        ["long", "256", "4", "1", "0", "40000", "90000", "20000", "0.5"],
+    ]
+    for row, row_values in enumerate(classes):
+        for field, value in zip(CLASS_FIELDS, row_values, strict=True):
+            erin.fill(f"#id_classes-{row}-{field}", value)
+    erin.click("button[name=preview]")
+    assert "2 runs" in erin.inner_text("#plan-estimate")
+    erin.click("button[name=create]")
+    erin.wait_for_selector("#start")
+    experiment = Experiment.objects.get(name="journey")
+
+    # The worker registers its host with a heartbeat; start once it is there.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        from apps.runs.services import hosts_alive
+
+        if hosts_alive():
+            break
+        time.sleep(1)
+    erin.click("#start")
+    erin.wait_for_selector("#live[data-live-url]")
+    shot(erin, "j1-started")
+
+    # Progress changes in place: the page is never reloaded.
+    erin.evaluate("window.__journeyMarker = 42")
+    erin.wait_for_function(
+        "document.querySelector('#progress-text') && /^\\s*2 \\/ 2/.test(document.querySelector('#progress-text').innerText)",
+        timeout=RUNS_TIMEOUT_MS,
+        polling=2000,
+    )
+    assert erin.evaluate("window.__journeyMarker") == 42
+    shot(erin, "j2-runs-finished")
+
+    deadline = time.monotonic() + ANALYSIS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        experiment.refresh_from_db()
+        if experiment.status == "analysed":
+            break
+        time.sleep(3)
+    assert experiment.status == "analysed", experiment.status_reason
+    erin.goto(f"/experiments/{experiment.pk}/results/")
+    decision = experiment.decision
+    assert decision.outcome in erin.inner_text("#decision")
+    shot(erin, "j3-results")
+    assert erin.goto(f"/experiments/{experiment.pk}/approve/").status == 403  # the author
+
+    vera = new_page()
+    login(vera, "vera")
+    assert vera.goto("/experiments/new/").status == 403
+
+    ada = new_page()
+    login(ada, "ada")
+    ada.goto(f"/experiments/{experiment.pk}/approve/")
+    ada.check(f"input[name=chosen_cell][value={decision.chosen_cell or 'B0'}]")
+    ada.fill("#id_reason", "journey approval")
+    ada.click("#do-approve")
+    ada.wait_for_selector("#experiment-status")
+    assert ada.inner_text("#experiment-status") == "approved"
+    doc = json.loads(ada.request.get(f"/experiments/{experiment.pk}/manifest.json").text())
+    assert yaml.safe_load(ada.request.get(f"/experiments/{experiment.pk}/manifest.yaml").text()) == doc
+    assert mf.verify(doc)
+    runs = list(experiment.runs.select_related("cell"))
+    b0_run = next(r for r in runs if r.cell.cell_id == "B0")
+    assert doc["baseline"]["effective_args"]["source"] == mf.CONFIRMED
+    assert doc["baseline"]["effective_args"]["args"] == b0_run.effective_args
+    assert doc["evidence"]["trace_sha256"] == sorted({r.trace_sha256 for r in runs})
+    assert doc["evidence"]["decision"]["outcome"] == decision.outcome
+    assert doc["baseline"]["model"]["revision"] == revision
+    shot(ada, "j4-approved")
