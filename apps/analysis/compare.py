@@ -103,6 +103,14 @@ class Resampling:
     counts: np.ndarray
     repeat_mult: np.ndarray  # (resamples, R): how often each repeat was drawn
     sizes: list[int]
+    # Kept once per resampling, not per metric: requests per row, and the
+    # counts as float32 for BLAS (exact: every sum stays below 2**24).
+    totals: np.ndarray = field(init=False)
+    counts_f: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.totals = self.counts.sum(axis=1, dtype=np.int64)
+        self.counts_f = self.counts.astype(np.float32)
 
     @property
     def n_repeats(self) -> int:
@@ -139,17 +147,49 @@ def resampling(sizes: Sequence[int], *, resamples: int, rng: np.random.Generator
     return Resampling(counts=np.vstack([fixed, boot]), repeat_mult=mult, sizes=list(sizes))
 
 
-def weighted_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
-    """Nearest-rank quantile of ``values`` under each row of ``counts``; +inf ranks last."""
-    order = np.argsort(values, kind="stable")
-    sorted_v = values[order]
-    cum = np.cumsum(counts[:, order], axis=1, dtype=np.int64)
-    total = cum[:, -1] if cum.shape[1] else np.zeros(counts.shape[0], dtype=np.int64)
+def _quantile_full(sorted_v: np.ndarray, counts_sorted: np.ndarray, q: float) -> np.ndarray:
+    cum = np.cumsum(counts_sorted, axis=1, dtype=np.int64)
+    total = cum[:, -1]
     k = np.maximum(1, np.ceil(q * total - 1e-9)).astype(np.int64)
     pos = (cum < k[:, None]).sum(axis=1)
-    out = np.full(counts.shape[0], np.nan)
+    out = np.full(counts_sorted.shape[0], np.nan)
     ok = total > 0
     out[ok] = sorted_v[np.minimum(pos[ok], len(sorted_v) - 1)]
+    return out
+
+
+def weighted_quantile(values: np.ndarray, rs: Resampling, q: float) -> np.ndarray:
+    """Nearest-rank quantile of ``values`` under each row of ``rs.counts``; +inf ranks last.
+
+    A high quantile of a resample almost always lies among the largest values,
+    so the ranks are counted down from the top over a tail a few times wider
+    than needed; the rare row whose quantile falls below that tail is
+    recomputed over all values (the answer is exact either way: values that
+    tie are equal, so their order never changes the result).
+    """
+    counts = rs.counts
+    n = values.size
+    if n == 0 or counts.shape[0] == 0:
+        return np.full(counts.shape[0], np.nan)
+    tail = n if q < 0.9 else min(n, max(64, int(math.ceil((1 - q) * n * 6))))
+    if tail == n:
+        order = np.argsort(values, kind="stable")
+        return _quantile_full(values[order], counts[:, order], q)
+    part = np.argpartition(values, n - tail)[n - tail :]
+    top = part[np.argsort(values[part], kind="stable")][::-1]  # largest first
+    total = rs.totals
+    k = np.maximum(1, np.ceil(q * total - 1e-9)).astype(np.int64)
+    # The k-th smallest is the (total - k + 1)-th largest.
+    need = total - k + 1
+    cum_top = np.cumsum(counts[:, top], axis=1, dtype=np.int32)
+    pos = (cum_top < need[:, None]).sum(axis=1)
+    out = np.full(counts.shape[0], np.nan)
+    inside = (pos < tail) & (total > 0)
+    out[inside] = values[top[pos[inside]]]
+    rest = np.flatnonzero(~inside & (total > 0))
+    if rest.size:
+        order = np.argsort(values, kind="stable")
+        out[rest] = _quantile_full(values[order], counts[rest][:, order], q)
     return out
 
 
@@ -175,41 +215,46 @@ def side_vectors(d: Derived, aligned: Sequence[np.ndarray]) -> dict[str, np.ndar
 def _metric_rows(
     vectors: dict[str, np.ndarray], rs: Resampling, obs_s: Sequence[float]
 ) -> dict[str, np.ndarray]:
-    counts = rs.counts
     n_fixed = 1 + rs.n_repeats
-    good = counts @ vectors["good"]
-    n_req = counts.sum(axis=1)
+    good = (rs.counts_f @ vectors["good"].astype(np.float32)).astype(np.float64)
+    n_req = rs.totals.astype(np.float64)
     # Observation time behind each row: all repeats once (row 0), one repeat,
     # or the drawn repeats (bootstrap rows).
     obs = np.asarray(obs_s, dtype=np.float64)
-    dur = np.concatenate([[obs.sum()], obs, rs.repeat_mult @ obs]) if obs.size else np.zeros(len(counts))
+    dur = np.concatenate([[obs.sum()], obs, rs.repeat_mult @ obs]) if obs.size else np.zeros(len(n_req))
     out = {
         "goodput_rps": np.divide(good, dur, out=np.zeros_like(good), where=dur > 0),
         "contract_share": np.divide(good, n_req, out=np.full_like(good, np.nan), where=n_req > 0),
     }
     for m in ("ttft_p99_ms", "e2e_p99_ms", "max_stall_p99_ms"):
-        out[m] = weighted_quantile(vectors[m], counts, 0.99)
+        out[m] = weighted_quantile(vectors[m], rs, 0.99)
     assert all(v.shape[0] == n_fixed + rs.repeat_mult.shape[0] for v in out.values())
     return out
 
 
 def _hist_rows(hists: Sequence[GapHistogram | None], rs: Resampling) -> np.ndarray:
     """ITL p99 (ms) for the full sample, each repeat, and each replicate of repeats."""
-
-    def p99(weights: Sequence[int]) -> float:
-        merged = GapHistogram()
-        for h, w in zip(hists, weights, strict=True):
-            if h is not None and w:
-                for b, c in h.counts.items():
-                    merged.counts[b] = merged.counts.get(b, 0.0) + c * w
-        us = merged.quantile(0.99)
-        return math.inf if us is None else us / 1000.0
-
     n = rs.n_repeats
-    rows = [p99([1] * n)]
-    rows += [p99([1 if j == r else 0 for j in range(n)]) for r in range(n)]
-    rows += [p99(list(m)) for m in rs.repeat_mult]
-    return np.asarray(rows)
+    buckets = sorted({b for h in hists if h is not None for b in h.counts})
+    weights = np.zeros((n, len(buckets)))
+    col = {b: i for i, b in enumerate(buckets)}
+    for r, h in enumerate(hists):
+        if h is not None:
+            for b, c in h.counts.items():
+                weights[r, col[b]] = c
+    mult = np.vstack([np.ones((1, n)), np.eye(n), rs.repeat_mult]).astype(np.float64)
+    merged = mult @ weights
+    out = np.full(merged.shape[0], math.inf)
+    if not buckets:
+        return out
+    cum = np.cumsum(merged, axis=1)
+    total = cum[:, -1]
+    # Same rule as GapHistogram.quantile: the first bucket whose running total reaches q * total.
+    pos = np.minimum((cum < (0.99 * total)[:, None]).sum(axis=1), len(buckets) - 1)
+    mids = np.asarray([GapHistogram({b: 1.0}).quantile(0.5) for b in buckets])
+    ok = total > 0
+    out[ok] = mids[pos[ok]] / 1000.0
+    return out
 
 
 def _num(x: float | None) -> float | None:

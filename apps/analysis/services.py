@@ -142,31 +142,46 @@ def _load_table(run_inputs: list[dict[str, Any]]) -> RecordTable:
 
 
 def _cohort_histograms(run_inputs: list[dict[str, Any]], column: str) -> dict[tuple[str, str], GapHistogram]:
-    """Merge one gap-histogram column per (run, class) cohort inside the database."""
+    """Merge one gap-histogram column per (run, class) cohort inside the database.
+
+    One query per distinct observation window (usually one for the whole
+    experiment), grouped by run, class and bucket.
+    """
     if column not in ("token_gaps", "chunk_gaps"):
         raise ValueError(column)
     qn = connection.ops.quote_name
     table = qn(RecordRow._meta.db_table)
     col = qn(column)
     if connection.vendor == "postgresql":
-        each = f"jsonb_each_text(r.{col}) AS j"
+        each = f"jsonb_each(r.{col}) AS j"
         value = "CAST(j.value AS double precision)"
     else:
         each = f"json_each(r.{col}) AS j"
         value = "j.value"
-    # Only identifiers from the model's own metadata are interpolated; every value is a parameter.
-    sql = (
-        f"SELECT r.request_class, j.key, SUM({value}) FROM {table} AS r, {each} "  # noqa: S608
-        "WHERE r.run_id = %s AND r.warmup = %s AND r.planned_ns >= %s AND r.planned_ns < %s "
-        "GROUP BY r.request_class, j.key"
-    )
+    by_window: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for run in run_inputs:
+        w = run_window(run)
+        by_window[(w.start_ns, w.end_ns)].append(run)
     out: dict[tuple[str, str], GapHistogram] = {}
-    with connection.cursor() as cursor:
-        for run in run_inputs:
-            w = run_window(run)
-            cursor.execute(sql, [run["pk"], False, w.start_ns, w.end_ns])
-            for cls, bucket, weight in cursor.fetchall():
-                h = out.setdefault((run["key"], cls), GapHistogram())
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # The planner's estimate for a set-returning function over a million
+            # rows triggers JIT compilation and a sort-based aggregate; neither
+            # pays off here (measured in bench/results/analysis.md).
+            cursor.execute("SET LOCAL jit = off")
+            cursor.execute("SET LOCAL work_mem = '64MB'")
+        for (start, end), runs in sorted(by_window.items()):
+            key_of = {run["pk"]: run["key"] for run in runs}
+            marks = ", ".join(["%s"] * len(key_of))
+            # Only identifiers from the model's own metadata are interpolated; every value is a parameter.
+            sql = (
+                f"SELECT r.run_id, r.request_class, j.key, SUM({value}) FROM {table} AS r, {each} "  # noqa: S608
+                f"WHERE r.run_id IN ({marks}) AND r.warmup = %s AND r.planned_ns >= %s AND r.planned_ns < %s "
+                "GROUP BY r.run_id, r.request_class, j.key"
+            )
+            cursor.execute(sql, [*key_of, False, start, end])
+            for run_pk, cls, bucket, weight in cursor.fetchall():
+                h = out.setdefault((key_of[run_pk], cls), GapHistogram())
                 h.counts[int(bucket)] = h.counts.get(int(bucket), 0.0) + float(weight)
     return out
 

@@ -1,0 +1,343 @@
+"""Time experiment_report on a 126-run experiment holding 1,000,000 request records.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/tailtune_bench SECRET_KEY=bench \
+        .venv/bin/python bench/analysis/report_bench.py [--records 1000000] [--skip-naive]
+
+Creates the seed sweep (examples/seed-sweep.yaml: 7 cells x 3 mixtures x 2
+rates x 3 repeats = 126 runs) in the database the environment selects, marks
+every run done on one shared trace per (mixture, rate, repeat), bulk-loads
+synthetic records (COPY on Postgres, executemany on SQLite) plus a few metric
+samples per run, then times:
+
+1. experiment_report_build (what `manage.py experiment_report` runs), by phase;
+2. the peer: a naive per-record Python loop over model instances computing
+   only the per-run, per-class percentiles, goodput and merged ITL histogram
+   (a strict subset of the report's work).
+
+The database is wiped of earlier bench experiments first. Timings vary with
+the machine; the ratio is the number to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import zlib
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+import yaml  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+
+from apps.analysis import services  # noqa: E402
+from apps.analysis.report import build_report  # noqa: E402
+from apps.experiments.models import Experiment  # noqa: E402
+from apps.experiments.services import experiment_create  # noqa: E402
+from apps.runs.models import MetricSample, Run  # noqa: E402
+from apps.runs.models import RequestRecord as RecordRow  # noqa: E402
+from workers.replay.records import GapHistogram, _bucket  # noqa: E402
+
+COLUMNS = (
+    "run_id", "index", "request_class", "warmup", "priority", "input_tokens", "expected_output_tokens",
+    "planned_ns", "sent", "sent_ns", "admission_delay_ns", "first_token_ns", "last_token_ns", "end_ns",
+    "output_tokens", "prompt_tokens", "chunks", "max_gap_ns", "chunk_gaps", "token_gaps", "http_status",
+    "error_kind", "error", "finish_reason", "cancelled", "unfinished",
+)  # fmt: skip
+
+
+def create_experiment() -> Experiment:
+    Experiment.objects.filter(name__startswith="bench-analysis").delete()
+    user, _ = get_user_model().objects.get_or_create(username="bench")
+    spec = yaml.safe_load((ROOT / "examples" / "seed-sweep.yaml").read_text())
+    spec["name"] = "bench-analysis"
+    spec["owner"] = "bench"
+    return experiment_create(spec=spec, owner=user)
+
+
+def run_rows(run: Run, n: int, cell_pos: int, weights: dict[str, float], seed: int) -> list[tuple]:
+    """Synthetic records of one run: the trace (classes, arrivals) depends only on `seed`."""
+    trace = np.random.default_rng(seed)
+    names = sorted(weights)
+    probs = np.asarray([weights[k] for k in names]) / sum(weights.values())
+    cls = trace.choice(len(names), size=n, p=probs)
+    planned = np.sort(trace.uniform(0, run.warmup_seconds + run.observation_seconds, n) * 1e9).astype(
+        np.int64
+    )
+    noise = np.random.default_rng(seed * 31 + cell_pos)
+    long = np.asarray([names[c] == "long" for c in cls])
+    ttft = np.where(
+        long, noise.lognormal(np.log(900), 0.5, n), noise.lognormal(np.log(120 + 10 * cell_pos), 0.6, n)
+    )
+    itl = noise.normal(20 + cell_pos, 2, n).clip(5)
+    status = np.where(noise.random(n) < 0.004, 503, 200)
+    unfinished = long & (noise.random(n) < 0.002) & (status == 200)
+    spread = noise.multinomial(127, [0.25, 0.45, 0.2, 0.08, 0.02], size=n)
+    rows = []
+    window_start = run.warmup_seconds * 1e9
+    for i in range(n):
+        p = int(planned[i])
+        name = names[cls[i]]
+        sent = p + int(noise.integers(50_000, 400_000))
+        # 127 gaps spread over five buckets around the request's own ITL, with
+        # per-request weights: real histograms are rarely identical, and the
+        # database must not get to cache the work away.
+        b = _bucket(itl[i] * 1000.0)
+        w = spread[i]
+        hist = json.dumps(
+            {
+                str(b - 1): int(w[0]),
+                str(b): int(w[1]),
+                str(b + 1): int(w[2]),
+                str(b + 4): int(w[3]),
+                str(b + 9): int(w[4]),
+            }
+        )
+        if status[i] != 200:
+            rows.append(
+                (
+                    run.pk,
+                    i,
+                    name,
+                    p < window_start,
+                    0,
+                    512,
+                    128,
+                    p,
+                    True,
+                    sent,
+                    0,
+                    None,
+                    None,
+                    sent + 10**6,
+                    None,
+                    None,
+                    0,
+                    None,
+                    "{}",
+                    "{}",
+                    503,
+                    "http",
+                    "queue full",
+                    None,
+                    False,
+                    False,
+                )
+            )
+            continue
+        first = p + int(ttft[i] * 1e6)
+        last = first + int(127 * itl[i] * 1e6)
+        done = not unfinished[i]
+        rows.append(
+            (
+                run.pk,
+                i,
+                name,
+                p < window_start,
+                0,
+                8000 if name == "long" else 512,
+                128,
+                p,
+                True,
+                sent,
+                0,
+                first,
+                last,
+                last + 200_000 if done else None,
+                128 if done else None,
+                512,
+                128,
+                int(itl[i] * 3e6),
+                hist,
+                hist,
+                200,
+                None,
+                None,
+                "length" if done else None,
+                False,
+                not done,
+            )
+        )
+    return rows
+
+
+def load(experiment: Experiment, total: int) -> None:
+    runs = list(experiment.runs.select_related("cell").order_by("plan_position"))
+    cells = [c.cell_id for c in experiment.cells.order_by("position")]
+    mixtures = experiment.workload.mixtures
+    per_run, extra = divmod(total, len(runs))
+    quoted = ", ".join(f'"{c}"' for c in COLUMNS)
+    table = RecordRow._meta.db_table
+    for i, run in enumerate(runs):
+        run.status = Run.Status.DONE
+        run.trace_sha256 = f"trace-{run.mixture}-{run.rate_name}-{run.repeat}"
+        run.corpus_sha256 = f"corpus-{run.mixture}-{run.rate_name}-{run.repeat}"
+        run.hardware_id = "bench-cpu"
+        run.dispatch_lag_p99_ms = 1.0
+        run.save()
+        n = per_run + (1 if i < extra else 0)
+        seed = zlib.crc32(f"{run.mixture}|{run.rate_name}|{run.repeat}".encode())
+        rows = run_rows(run, n, cells.index(run.cell.cell_id), mixtures[run.mixture], seed)
+        with transaction.atomic(), connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                with cursor.cursor.copy(f"COPY {table} ({quoted}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+            else:
+                marks = ", ".join(["%s"] * len(COLUMNS))
+                cursor.executemany(f"INSERT INTO {table} ({quoted}) VALUES ({marks})", rows)  # noqa: S608
+        samples = []
+        for k in range(40):
+            t = int(k * 3.5e9)
+            samples.append(
+                MetricSample(
+                    run=run,
+                    t_ns=t,
+                    phase="during",
+                    name="vllm:num_preemptions_total",
+                    kind="counter",
+                    value=float(k * (cells.index(run.cell.cell_id) % 3)),
+                )
+            )
+            samples.append(
+                MetricSample(
+                    run=run,
+                    t_ns=t,
+                    phase="during",
+                    name="vllm:num_requests_waiting",
+                    kind="gauge",
+                    value=float(k % 7),
+                )
+            )
+        MetricSample.objects.bulk_create(samples)
+        if (i + 1) % 21 == 0:
+            print(f"loaded run {i + 1}/{len(runs)}", flush=True)
+
+
+def naive(experiment: Experiment) -> int:
+    """The peer: one Python pass over model instances, per-(run, class) lists, sorted percentiles."""
+    runs = {r.pk: r for r in experiment.runs.all()}
+    classes = {c.name: c for c in experiment.classes.all()}
+    groups: dict[tuple[int, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    hists: dict[tuple[int, str], GapHistogram] = defaultdict(GapHistogram)
+    for rec in RecordRow.objects.filter(run__experiment=experiment).iterator(chunk_size=10_000):
+        run = runs[rec.run_id]
+        start = run.warmup_seconds * 1e9
+        if rec.warmup or not (start <= rec.planned_ns < start + run.observation_seconds * 1e9):
+            continue
+        g = groups[(rec.run_id, rec.request_class)]
+        ok = rec.http_status == 200 and not rec.unfinished and rec.error_kind is None
+        ttft = (rec.first_token_ns - rec.planned_ns) / 1e6 if rec.first_token_ns else math.inf
+        e2e = (rec.end_ns - rec.planned_ns) / 1e6 if ok else math.inf
+        g["ttft"].append(ttft)
+        g["e2e"].append(e2e)
+        g["stall"].append(rec.max_gap_ns / 1e6 if ok and rec.max_gap_ns else math.inf)
+        c = classes[rec.request_class]
+        g["good"].append(
+            ok
+            and rec.output_tokens == rec.expected_output_tokens
+            and ttft <= c.ttft_p99_ms
+            and e2e <= c.e2e_p99_ms
+        )
+        hists[(rec.run_id, rec.request_class)].merge(GapHistogram.from_json(rec.token_gaps))
+    out = 0
+    for key, g in groups.items():
+        for name in ("ttft", "e2e", "stall"):
+            v = sorted(g[name])
+            for q in (0.5, 0.95, 0.99):
+                _ = v[max(0, math.ceil(q * len(v)) - 1)]
+        _ = sum(g["good"]) / runs[key[0]].observation_seconds
+        _ = hists[key].quantile(0.99)
+        out += 1
+    return out
+
+
+def timed(label: str, fn, results: dict[str, float]):  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    value = fn()
+    results[label] = time.perf_counter() - t0
+    print(f"{label}: {results[label]:.2f} s", flush=True)
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument("--reuse", action="store_true", help="time the existing bench experiment")
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    print(f"database: {connection.vendor}")
+    results: dict[str, float] = {}
+    if args.reuse:
+        experiment = Experiment.objects.get(name="bench-analysis")
+    else:
+        experiment = timed("create experiment", create_experiment, results)
+        timed("load records", lambda: load(experiment, args.records), results)
+        # What autovacuum does after a bulk load; without statistics the planner
+        # misjudges the histogram merge (a serial plan, several times slower).
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(f"ANALYZE {RecordRow._meta.db_table}")
+    n = RecordRow.objects.filter(run__experiment=experiment).count()
+    print(f"runs: {experiment.runs.count()}, records: {n}")
+
+    runs = list(experiment.runs.select_related("cell").order_by("plan_position", "id"))
+    run_inputs = services._run_inputs(runs)
+    table = timed("phase: load record columns", lambda: services._load_table(run_inputs), results)
+    tok = timed(
+        "phase: merge token_gaps in SQL",
+        lambda: services._cohort_histograms(run_inputs, "token_gaps"),
+        results,
+    )
+    chk = timed(
+        "phase: merge chunk_gaps in SQL",
+        lambda: services._cohort_histograms(run_inputs, "chunk_gaps"),
+        results,
+    )
+    smp = timed("phase: metric samples", lambda: services._samples(run_inputs), results)
+    inputs = services._experiment_inputs(experiment)
+    plain_runs = [{k: v for k, v in r.items() if k != "pk"} for r in run_inputs]
+    report = timed(
+        "phase: build_report (pure)",
+        lambda: build_report(
+            **inputs, runs=plain_runs, table=table, samples=smp, token_hists=tok, chunk_hists=chk
+        ),
+        results,
+    )
+    full = timed(
+        "experiment_report_build (total)",
+        lambda: services.experiment_report_build(experiment_id=experiment.pk),
+        results,
+    )
+    assert full["decision"] == report["decision"]
+    print(
+        f"decision: {full['decision']['outcome']} {full['decision']['chosen_cell']}; "
+        f"comparisons: {len(full['comparisons'])}; report JSON: {len(json.dumps(full)) / 1e6:.1f} MB"
+    )
+    if not args.skip_naive:
+        timed("peer: naive per-record loop (per-run metrics only)", lambda: naive(experiment), results)
+        ratio = (
+            results["peer: naive per-record loop (per-run metrics only)"]
+            / results["experiment_report_build (total)"]
+        )
+        print(f"ratio naive / experiment_report_build: {ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
