@@ -112,16 +112,20 @@ def _human_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
+def check_size(size: int, *, max_bytes: int = DEFAULT_MAX_BYTES, name: str = "file") -> None:
+    """Refuse a trace larger than ``max_bytes``; call it with an upload's declared size before reading it."""
+    if size > max_bytes:
+        raise TraceImportError(
+            None,
+            f"{name} is {_human_bytes(size)}, over the {_human_bytes(max_bytes)} import limit; nothing was read",
+        )
+
+
 def read_trace_file(
     path: str | Path, *, fmt: str, max_bytes: int = DEFAULT_MAX_BYTES, **options: float
 ) -> ImportedTrace:
     """Check the size cap on disk, then read and parse the file."""
-    size = os.stat(path).st_size
-    if size > max_bytes:
-        raise TraceImportError(
-            None,
-            f"{path} is {_human_bytes(size)}, over the {_human_bytes(max_bytes)} import limit; nothing was read",
-        )
+    check_size(os.stat(path).st_size, max_bytes=max_bytes, name=str(path))
     return parse_trace_bytes(Path(path).read_bytes(), fmt=fmt, max_bytes=max_bytes, **options)
 
 
@@ -136,10 +140,7 @@ def parse_trace_bytes(
     """Parse a whole trace held in memory (an upload); ``sec_multiplier`` and ``block_tokens`` apply to vllm-timed."""
     if fmt not in FORMATS:
         raise TraceImportError(None, f"unknown trace format {fmt!r} (known: {', '.join(FORMATS)})")
-    if len(data) > max_bytes:
-        raise TraceImportError(
-            None, f"upload is {_human_bytes(len(data))}, over the {_human_bytes(max_bytes)} import limit"
-        )
+    check_size(len(data), max_bytes=max_bytes, name="upload")
     lines = _lines(data)
     if fmt == "azure":
         return _parse_azure(lines)

@@ -16,7 +16,15 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.workloads import stats as trace_stats_module
-from apps.workloads.generate import generate_trace
+from apps.workloads.generate import generate_trace, trace_from_imported
+from apps.workloads.importers import (
+    DEFAULT_MAX_BYTES,
+    busiest_window,
+    cap_to_context,
+    parse_trace_bytes,
+    scale_time,
+    select_window,
+)
 from apps.workloads.models import Trace
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.tracefile import Trace as TraceFile
@@ -114,6 +122,61 @@ def trace_store(*, trace: TraceFile, label: str = "") -> Trace:
 def trace_store_bytes(*, data: bytes, label: str = "") -> Trace:
     """Store an uploaded canonical trace file; a bad file raises TraceFormatError and saves nothing."""
     return trace_store(trace=trace_loads(data), label=label)
+
+
+def trace_import(
+    *,
+    data: bytes,
+    fmt: str,
+    tokenizer_dir: str | Path,
+    tokenizer_revision: str,
+    thresholds: list[tuple[str, int | None]],
+    max_model_len: int,
+    priorities: dict[str, int] | None = None,
+    window_start_s: float | None = None,
+    window_length_s: float | None = None,
+    busiest_s: float | None = None,
+    speed: float = 1.0,
+    warmup_s: float = 0.0,
+    seed: int = 0,
+    label: str = "",
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    sec_multiplier: float = 1.0,
+    block_tokens: int = 16,
+) -> Trace:
+    """Import a real trace file as a stored canonical trace (kind ``imported``).
+
+    Steps: 1. parse strictly (size cap first; any error names the line);
+    2. cut a window (start + length, or the busiest ``busiest_s`` seconds);
+    3. scale time by ``speed``; 4. cap rows to the model's context; 5. build
+    the canonical trace; 6. store it. Errors raise before anything is saved.
+    """
+    if busiest_s is not None and window_start_s is not None:
+        raise ValueError("choose a window by start and length or by busiest_s, not both")
+    imported = parse_trace_bytes(
+        data, fmt=fmt, max_bytes=max_bytes, sec_multiplier=sec_multiplier, block_tokens=block_tokens
+    )
+    if busiest_s is not None:
+        imported = busiest_window(imported, length_s=busiest_s)
+    elif window_start_s is not None or window_length_s is not None:
+        if window_start_s is None or window_length_s is None:
+            raise ValueError("a window needs both window_start_s and window_length_s")
+        imported = select_window(imported, start_s=window_start_s, length_s=window_length_s)
+    if speed != 1.0:
+        imported = scale_time(imported, speed=speed)
+    imported = cap_to_context(imported, max_model_len=max_model_len)
+    trace = trace_from_imported(
+        imported=imported,
+        thresholds=thresholds,
+        priorities=priorities,
+        tokenizer_dir=tokenizer_dir,
+        tokenizer_revision=tokenizer_revision,
+        seed=seed,
+        warmup_s=warmup_s,
+        label=label,
+        source_sha256=trace_sha256(data),
+    )
+    return trace_store(trace=trace, label=label)
 
 
 def trace_content(*, sha256: str) -> bytes:

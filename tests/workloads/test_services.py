@@ -10,6 +10,7 @@ from apps.workloads.services import (
     TraceIntegrityError,
     TraceNotFound,
     trace_content,
+    trace_import,
     trace_load,
     trace_store,
     trace_store_bytes,
@@ -121,3 +122,31 @@ def test_it_saves_no_trace_without_a_tokenizer(tokenizer_dir: Path, tmp_path: Pa
     with pytest.raises(ValueError, match="no tokenizer.json"):
         workload_traces_freeze(experiment=experiment)
     assert Trace.objects.count() == 0
+
+
+def test_it_imports_a_real_trace_window_as_a_stored_trace(tokenizer_dir: Path) -> None:
+    from apps.workloads.importers import TraceImportError
+    from tests.workloads.conftest import FIXTURES
+
+    data = (FIXTURES / "azure_2023.csv").read_bytes()
+    common = {
+        "fmt": "azure",
+        "tokenizer_dir": tokenizer_dir,
+        "tokenizer_revision": "tiny-v1",
+        "thresholds": [("short", 1024), ("long", None)],
+        "max_model_len": 2048,
+    }
+    row = trace_import(data=data, busiest_s=10.0, speed=2.0, label="azure burst", **common)
+    assert row.kind == "imported" and row.requests == 3
+    trace = trace_load(sha256=row.sha256)
+    assert [r.klass for r in trace.requests] == ["short", "short", "long"]
+    assert trace.requests[2].input_tokens == 2048 - 12  # capped to the context
+    assert trace.meta["capped_rows"] == 1 and trace.meta["speed"] == 2.0
+    assert trace.requests[1].t_offset_s == pytest.approx(4.314579 / 2, abs=1e-6)
+    assert trace.meta["source_sha256"] == trace_sha256(data)
+    with pytest.raises(TraceImportError) as info:
+        trace_import(data=data.replace(b",396,", b",3x6,"), **common)
+    assert info.value.line == 3
+    with pytest.raises(TraceImportError, match="import limit"):
+        trace_import(data=data, max_bytes=100, **common)
+    assert Trace.objects.count() == 1
