@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, ExpressionWrapper, F, IntegerField, Max, Min, Q, QuerySet
+from django.db.models import Avg, Count, ExpressionWrapper, F, IntegerField, Max, Min, Q, QuerySet
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -364,6 +364,49 @@ def latency_histogram(*, run: Run, metric: str, buckets: int = HISTOGRAM_BUCKETS
         start_ms = (lo + int(row["b"]) * width) / NS_PER_MS
         series.setdefault(row["request_class"], []).append((start_ms, row["n"]))
     return {"width_ms": width / NS_PER_MS, "series": series}
+
+
+def partial_results(*, experiment: Experiment) -> list[dict[str, Any]]:
+    """Before analysis: per finished run and class, counts and TTFT mean / max (one grouped query).
+
+    Tail percentiles, goodput and the comparison with B0 need the analysis;
+    these are what SQL can aggregate portably, labelled as such on the page.
+    """
+    runs = {
+        r.pk: r
+        for r in experiment.runs.filter(status__in=sorted(Run.FINISHED))
+        .select_related("cell")
+        .order_by("plan_position")
+    }
+    if not runs:
+        return []
+    ttft = ExpressionWrapper(F("first_token_ns") - F("planned_ns"), output_field=IntegerField())
+    rows = (
+        RequestRecord.objects.filter(run_id__in=list(runs), warmup=False)
+        .values("run_id", "request_class")
+        .annotate(
+            n=Count("id"),
+            completed=Count("id", filter=Q(end_ns__isnull=False, error_kind__isnull=True, unfinished=False)),
+            ttft_mean=Avg(ttft),
+            ttft_max=Max(ttft),
+        )
+        .order_by("run_id", "request_class")
+    )
+    out = []
+    for row in rows:
+        run = runs[row["run_id"]]
+        out.append(
+            {
+                "run": run,
+                "class": row["request_class"],
+                "n": row["n"],
+                "completed": row["completed"],
+                "ttft_mean_ms": row["ttft_mean"] / NS_PER_MS if row["ttft_mean"] is not None else None,
+                "ttft_max_ms": row["ttft_max"] / NS_PER_MS if row["ttft_max"] is not None else None,
+            }
+        )
+    out.sort(key=lambda r: (r["run"].plan_position, r["class"]))
+    return out
 
 
 def decision_summary(*, experiment: Experiment) -> Decision | None:

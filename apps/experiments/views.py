@@ -241,6 +241,7 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
     progress = selectors.experiment_progress(experiment=experiment)
     context: dict[str, Any] = {"experiment": experiment, "decision": decision, "progress": progress}
     if decision is None or not decision.report:
+        context["partial"] = selectors.partial_results(experiment=experiment)
         return render(request, "experiments/results.html", context)
     report = decision.report
     cells = [c["cell_id"] for c in report.get("cells", [])]

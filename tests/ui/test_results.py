@@ -70,3 +70,23 @@ def test_it_switches_the_mixture_and_rate(client, viewer, author) -> None:  # ty
     odd = client.get(f"/experiments/{experiment.pk}/results/?mixture=nope&rate=low")
     assert (odd.context["mixture"], odd.context["rate"]) in {("80-20", "low"), ("80-20", "high")}
     assert len(_figures(odd)["heat-goodput"]["data"][0]["x"]) == 2
+
+
+@pytest.mark.django_db
+def test_it_shows_partial_results_of_finished_runs_before_analysis(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    import random
+
+    from apps.runs.models import Run
+    from tests.ui.factories import seed_records
+
+    run = experiment.runs.select_related("cell").first()
+    Run.objects.filter(pk=run.pk).update(status="done")
+    seed_records(run, per_run=10, rng=random.Random(5))
+    client.force_login(viewer)
+    response = client.get(f"/experiments/{experiment.pk}/results/")
+    assert b"No results yet" in response.content and b"1 of 2 runs have finished" in response.content
+    partial = {p["class"]: p for p in response.context["partial"]}
+    assert partial["short"]["n"] + partial["long"]["n"] == 10  # warm-up excluded
+    assert (
+        partial["long"]["ttft_max_ms"] >= partial["long"]["ttft_mean_ms"] > partial["short"]["ttft_mean_ms"]
+    )
