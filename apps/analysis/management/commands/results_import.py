@@ -55,7 +55,7 @@ SAMPLE_TYPES: dict[str, str] = {
     "labels": "object", "histogram": "object or null", "taken_at": "ISO datetime",
 }  # fmt: skip
 SAMPLE_REQUIRED = ("t_ns", "phase", "name", "kind")
-RECORD_UPDATE_FIELDS = [f for f in RECORD_TYPES if f != "run_id"]
+RECORD_UPDATE_FIELDS = [f for f in RECORD_TYPES if f not in ("run_id", "index")]
 
 
 def _ok(kind: str, v: Any) -> bool:
