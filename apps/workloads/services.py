@@ -15,7 +15,6 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from apps.workloads import stats as trace_stats_module
 from apps.workloads.generate import generate_trace, trace_from_imported
 from apps.workloads.importers import (
     DEFAULT_MAX_BYTES,
@@ -27,6 +26,7 @@ from apps.workloads.importers import (
 )
 from apps.workloads.models import Trace
 from apps.workloads.prompts import PromptTokenizer
+from apps.workloads.stats import trace_file_stats
 from apps.workloads.tracefile import Trace as TraceFile
 from apps.workloads.tracefile import trace_dumps, trace_loads, trace_sha256
 
@@ -54,15 +54,6 @@ def _content(row: Trace) -> bytes:
     return data
 
 
-def file_stats(trace: TraceFile) -> dict[str, Any]:
-    """trace_stats of a canonical trace's planned arrivals and token counts."""
-    return trace_stats_module.trace_stats(
-        [r.t_offset_s for r in trace.requests],
-        [r.input_tokens for r in trace.requests],
-        [r.output_tokens for r in trace.requests],
-    )
-
-
 @dataclass(frozen=True)
 class _Frozen:
     """A trace reduced to what its row holds: verified, compressed, small."""
@@ -88,7 +79,7 @@ def _freeze(trace: TraceFile) -> _Frozen:
         "requests": len(trace.requests),
         "duration_s": trace.duration_s,
         "meta": trace.meta,
-        "stats": file_stats(trace),
+        "stats": trace_file_stats(trace),
     }
     return _Frozen(sha256=sha, blob=blob, fields=fields)
 

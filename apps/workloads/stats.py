@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from apps.workloads.tracefile import Trace
+
 WINDOW_S = 300.0
 LONG_INPUT_TOKENS = 4096
 
@@ -117,3 +119,12 @@ def trace_stats(t_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.nda
         "frac_input_gt_4096": float(np.mean(inputs > LONG_INPUT_TOKENS)) if n else None,
         "busiest_5min": busiest,
     }
+
+
+def trace_file_stats(trace: Trace) -> dict[str, Any]:
+    """The statistics of a canonical trace's planned arrivals and token counts."""
+    return trace_stats(
+        np.array([r.t_offset_s for r in trace.requests], dtype=np.float64),
+        np.array([r.input_tokens for r in trace.requests], dtype=np.int64),
+        np.array([r.output_tokens for r in trace.requests], dtype=np.int64),
+    )

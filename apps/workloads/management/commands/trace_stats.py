@@ -10,8 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.workloads.importers import DEFAULT_MAX_BYTES, FORMATS, TraceImportError, read_trace_file
-from apps.workloads.services import file_stats
-from apps.workloads.stats import trace_stats
+from apps.workloads.stats import trace_file_stats, trace_stats
 from apps.workloads.tracefile import TraceFormatError, trace_loads
 
 
@@ -39,7 +38,7 @@ class Command(BaseCommand):
                 size = os.stat(path).st_size
                 if size > options["max_bytes"]:
                     raise CommandError(f"{path} is {size} bytes, over the {options['max_bytes']}-byte limit")
-                result = file_stats(trace_loads(path.read_bytes()))
+                result = trace_file_stats(trace_loads(path.read_bytes()))
             else:
                 extra = {}
                 if fmt == "vllm-timed":
