@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -169,3 +170,15 @@ def test_it_reaps_recorded_pids_but_not_a_reused_pid():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_it_can_be_stopped_from_another_thread_while_starting(tmp_path):
+    server = fake_server(tmp_path, "hang", health_deadline_s=120)
+    stopper = threading.Timer(1.0, server.stop)
+    stopper.start()
+    started = time.monotonic()
+    with server, pytest.raises(EngineFailed, match="during startup"):
+        server.start()
+    stopper.join()
+    assert time.monotonic() - started < 60
+    assert procs.alive_pids(server.tracked_pids()) == []

@@ -41,6 +41,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -200,6 +201,7 @@ class EngineServer:
         self._pipe_w: int | None = None
         self._log_fh: Any = None
         self._tracked: dict[int, int] = {}  # pid -> start ticks
+        self._stop_lock = threading.Lock()
         self._client = httpx.Client(timeout=httpx.Timeout(10.0, connect=2.0))
 
     # -- properties ---------------------------------------------------------------------------
@@ -300,30 +302,49 @@ class EngineServer:
         if reason is not None:
             raise EngineFailed(reason, log_tail=read_tail(self.log_path))
 
-    def stop(self) -> int | None:
-        """SIGTERM the process group, SIGKILL after ``grace_s``; returns the exit status. Idempotent."""
-        code = None
-        if self.proc is not None:
-            self._track()
-            pgid = self.proc.pid
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        pgid = self.proc.pid
+        if self.proc.returncode is None:
+            # The guard is unreaped (running or a zombie), so its pid, the group id, is still ours.
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
-            deadline = time.monotonic() + self.grace_s
-            while time.monotonic() < deadline and (self.proc.poll() is None or procs.group(pgid)):
-                time.sleep(0.1)
-            if self.proc.poll() is None or procs.group(pgid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
-            code = self.proc.wait()
-            # Anything that left the group (a daemon that called setsid) is still ours.
-            procs.reap_pids(self.tracked_pids(), grace_s=min(self.grace_s, 5.0))
-        if self._pipe_w is not None:
-            os.close(self._pipe_w)
-            self._pipe_w = None
-        if self._log_fh is not None:
-            self._log_fh.close()
-            self._log_fh = None
-        return code
+                os.killpg(pgid, sig)
+            return
+        # The guard is reaped: its number may be reused, so signal only processes we recorded.
+        for pid in procs.alive_pids(self.tracked_pids()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def _running(self) -> bool:
+        assert self.proc is not None
+        return self.proc.poll() is None or bool(procs.alive_pids(self.tracked_pids()))
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group, SIGKILL after ``grace_s``; returns the exit status.
+
+        Idempotent and safe to call from another thread (e.g. a cancel watcher
+        while ``start()`` waits): the second caller waits for the first.
+        """
+        with self._stop_lock:
+            code = None
+            if self.proc is not None:
+                self._track()
+                self._signal_group(signal.SIGTERM)
+                deadline = time.monotonic() + self.grace_s
+                while time.monotonic() < deadline and self._running():
+                    time.sleep(0.1)
+                if self._running():
+                    self._signal_group(signal.SIGKILL)
+                code = self.proc.wait()
+                # Anything that left the group (a daemon that called setsid) is still ours.
+                procs.reap_pids(self.tracked_pids(), grace_s=min(self.grace_s, 5.0))
+            if self._pipe_w is not None:
+                os.close(self._pipe_w)
+                self._pipe_w = None
+            if self._log_fh is not None:
+                self._log_fh.close()
+                self._log_fh = None
+            return code
 
     def close(self) -> None:
         self.stop()
