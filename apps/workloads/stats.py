@@ -64,7 +64,9 @@ def windowed_cv(t: np.ndarray, *, window_s: float = WINDOW_S) -> np.ndarray:
     """
     if len(t) < 3:
         return np.zeros(0)
-    w = np.floor((t - t[0]) / window_s).astype(np.int64)
+    # floor_divide matches Python's // exactly (a float quotient can round up
+    # across a window edge).
+    w = np.floor_divide(t - t[0], window_s).astype(np.int64)
     iat = np.diff(t)
     same = w[1:] == w[:-1]
     group = w[:-1][same]
