@@ -4,6 +4,8 @@ import hashlib
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apps.workloads.tracefile import (
     Trace,
@@ -98,3 +100,25 @@ def test_it_refuses_booleans_and_floats_among_token_ids() -> None:
         with pytest.raises(TraceFormatError, match="list of integers") as info:
             trace_loads(_edit(3, prompt_token_ids=bad))
         assert info.value.line == 3
+
+
+_request_parts = st.tuples(
+    st.floats(0, 1e5, allow_nan=False),
+    st.text(min_size=1, max_size=8),
+    st.lists(st.integers(0, 300_000), min_size=1, max_size=20),
+    st.integers(1, 10_000),
+    st.integers(-5, 5),
+    st.one_of(st.none(), st.text(min_size=1, max_size=20)),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(parts=st.lists(_request_parts, max_size=12), warmup=st.floats(0, 1e5, allow_nan=False))
+def test_it_round_trips_any_valid_trace_byte_for_byte(parts: list, warmup: float) -> None:
+    times = sorted(round(p[0], 6) for p in parts)
+    requests = [
+        TraceRequest(i, t, klass, len(ids), out, prio, t < warmup, prompt_token_ids=ids, prompt=text)
+        for i, (t, (_, klass, ids, out, prio, text)) in enumerate(zip(times, parts, strict=True))
+    ]
+    data = trace_dumps(Trace(meta={"warmup_s": warmup, "x": [1.5, "\u2603"]}, requests=requests))
+    assert trace_dumps(trace_loads(data)) == data
