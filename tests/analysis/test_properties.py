@@ -71,3 +71,27 @@ def test_it_never_puts_a_censored_percentile_below_the_censored_bound(observed, 
         assert not p["censored"]
         # Unobserved values only ever push a percentile up, never down.
         assert p["ms"] >= round(np.sort(np.concatenate([obs, bnd]))[k - 1], 3) - 1e-9
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    ttft=st.tuples(st.floats(10.0, 700.0), st.floats(10.0, 700.0), st.floats(10.0, 700.0)),
+    shift=st.floats(0.0, 500.0),
+)
+def test_it_never_lets_a_cell_pass_or_leave_isolation_after_every_latency_shifts_up(ttft, shift):
+    from dataclasses import replace
+
+    from tests.analysis.builders import Plan, build
+
+    per_cell = dict(zip(("B0", "C1", "C2"), ttft, strict=True))
+    plan = replace(Plan(), repeats=2, per_class=20)
+
+    def behaviour(extra):
+        return lambda cell, mix, rate, rep, cls, idx: {"ttft_ms": per_cell[cell] + extra + idx % 7}
+
+    before = build(plan, behaviour(0.0), options={"compare": {"resamples": 20}})
+    after = build(plan, behaviour(shift), options={"compare": {"resamples": 20}})
+    for cell, verdict in after["checks"]["acceptance"]["cells"].items():
+        assert before["checks"]["acceptance"]["cells"][cell]["passed"] or not verdict["passed"]
+    if before["decision"]["outcome"] == "isolate":
+        assert after["decision"]["outcome"] == "isolate"
