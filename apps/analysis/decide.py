@@ -109,6 +109,8 @@ def validity_check(
             expected = base_runs[0].get(field) if base_runs else None
         reference[field] = expected
     reference["generation"] = experiment.get("generation")
+    # A field no run recorded cannot tell cells apart: a warning, not an invalid cell.
+    unrecorded = [f for f in identity if chosen and not any(r.get(f) for r in chosen.values())]
 
     for (cell, *combo_l), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):
         combo = (combo_l[0], combo_l[1], combo_l[2])
@@ -126,7 +128,7 @@ def validity_check(
         for field in identity:
             if reference[field] and run.get(field) and run.get(field) != reference[field]:
                 add(cell, f"{field} differs", combo, value=run.get(field), expected=reference[field])
-            elif not run.get(field):
+            elif not run.get(field) and field not in unrecorded:
                 add(cell, f"no {field}", combo)
         if run.get("generation") is not None and run.get("generation") != reference["generation"]:
             add(cell, "generation settings differ", combo, value=run.get("generation"))
@@ -144,6 +146,7 @@ def validity_check(
         "invalid_cells": invalid,
         "baseline_valid": baseline not in invalid,
         "problems": problems,
+        "warnings": [f"no run recorded {f}: cells cannot be checked for it" for f in unrecorded],
         "reference": reference,
         "max_dispatch_lag_ms": _num(max_lag),
     }

@@ -192,3 +192,20 @@ def test_it_judges_only_the_agreed_rates():
     assert build(plan, breaks_at_high)["decision"]["outcome"] == "isolate"
     agreed = build(plan, breaks_at_high, options={"agreed_rates": ["low"]})
     assert agreed["decision"]["outcome"] == "retain"
+
+
+def test_it_warns_when_no_run_recorded_the_hardware_but_invalidates_a_cell_that_alone_lacks_it():
+    def nobody(run):
+        run["hardware_id"] = ""
+
+    report = build(Plan(), healthy, run_overrides=nobody)
+    assert report["checks"]["validity"]["status"] == "pass"
+    assert report["checks"]["validity"]["warnings"] == [
+        "no run recorded hardware_id: cells cannot be checked for it"
+    ]
+
+    def only_c1(run):
+        if run["cell"] == "C1":
+            run["hardware_id"] = ""
+
+    assert build(Plan(), healthy, run_overrides=only_c1)["checks"]["validity"]["invalid_cells"] == ["C1"]
