@@ -288,3 +288,41 @@ def test_it_builds_a_synthetic_exact_length_body() -> None:
 def test_it_refuses_chat_requests_without_text_before_sending() -> None:
     with pytest.raises(ValueError, match="request 0: the chat endpoint needs a text 'prompt'"):
         _replay(make_requests(1), "http://127.0.0.1:9", endpoint="chat")
+
+
+def test_it_spreads_the_send_loop_over_processes_with_one_origin(mock_config: MockConfig) -> None:
+    mock_config.default = Behaviour(ttft_s=0.01, itl_s=0.002, tokens_per_chunk=2)
+    mock_config.by_index[3] = Behaviour(status=500)
+    batches: list[list[RequestRecord]] = []
+    with MockServer(mock_config) as server:
+        result = _replay(
+            make_requests(12, spacing_s=0.01, output_tokens=6),
+            server.base_url,
+            processes=2,
+            on_batch=batches.append,
+        )
+        arrivals = {int(e.tag.rpartition(":")[2]): e.arrival_ns for e in server.log if e.tag}
+    assert [r.index for r in result.records] == list(range(12))
+    assert sorted(r.index for b in batches for r in b) == list(range(12))
+    assert all(r.output_tokens == 6 for r in result.records if r.index != 3)
+    assert result.records[3].error_kind == "http"
+    assert result.sent == 12 and result.ok == 11
+    # Both children scheduled against the same origin: the server saw the trace order.
+    assert sorted(arrivals, key=arrivals.__getitem__) == list(range(12))
+    assert "send loop spread over 2 processes" in result.notes
+
+
+def test_it_stops_every_process_when_asked(mock_config: MockConfig) -> None:
+    mock_config.default = Behaviour(ttft_s=0.01, itl_s=0.05)
+    stop = threading.Event()
+    timer = threading.Timer(2.5, stop.set)
+    timer.start()
+    with MockServer(mock_config) as server:
+        result = _replay(
+            make_requests(100, spacing_s=0.1, output_tokens=100), server.base_url, stop=stop, processes=2
+        )
+    timer.cancel()
+    assert result.stopped
+    assert result.sent > 0 and result.not_sent > 0
+    assert len(result.records) == 100
+    assert all(r.cancelled for r in result.records if r.sent)

@@ -124,6 +124,7 @@ def run_replay(
     connect_timeout_s: float = 10.0,
     read_timeout_s: float | None = None,
     extra_body: dict[str, Any] | None = None,
+    processes: int = 1,
 ) -> ReplayResult:
     """Replay ``requests`` (canonical trace request objects, in arrival order) and wait for the result.
 
@@ -131,6 +132,12 @@ def run_replay(
     be called from a Celery task thread. ``on_batch`` receives each record
     exactly once, about every ``batch_interval_s`` and once more at the end;
     if it raises, the run stops and the exception is re-raised here.
+
+    ``processes > 1`` spreads the requests round-robin over that many child
+    processes (``python -m workers.replay.shard``), each with its own event
+    loop and the same origin on the shared monotonic clock, for rates one
+    event loop cannot keep on schedule. Children are plain subprocesses, so
+    this also works inside a daemonic Celery worker process.
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {sorted(ENDPOINTS)}, not {endpoint!r}")
@@ -141,6 +148,34 @@ def run_replay(
             raise ValueError(f"request {position}: the chat endpoint needs a text 'prompt'")
         if request.get("prompt") is None and request.get("prompt_token_ids") is None:
             raise ValueError(f"request {position}: needs prompt_token_ids or prompt")
+    if processes < 1:
+        raise ValueError("processes must be >= 1")
+    options = {
+        "base_url": base_url,
+        "model": model,
+        "run_id": run_id,
+        "warmup_s": warmup_s,
+        "observation_s": observation_s,
+        "drain_deadline_s": drain_deadline_s,
+        "endpoint": endpoint,
+        "max_concurrency": max_concurrency,
+        "connect_timeout_s": connect_timeout_s,
+        "read_timeout_s": read_timeout_s,
+        "extra_body": extra_body or {},
+    }
+    if processes > 1:
+        from workers.replay.shard import run_sharded
+
+        return run_sharded(
+            requests,
+            options=options,
+            processes=processes,
+            tolerance_ms=max_dispatch_lag_ms,
+            on_batch=on_batch,
+            batch_interval_s=batch_interval_s,
+            on_progress=on_progress,
+            stop=stop or threading.Event(),
+        )
     replay = _Replay(
         requests,
         base_url=base_url,
@@ -193,6 +228,24 @@ def request_body(request: dict[str, Any], *, model: str, endpoint: str, extra_bo
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def new_record(*, run_id: str, warmup_ns: int, position: int, request: dict[str, Any]) -> RequestRecord:
+    """The record of a request before it is sent (planned time, class, warm-up flag)."""
+    planned_ns = round(float(request["t_offset_s"]) * 1e9)
+    warmup = request.get("warmup")
+    return RequestRecord(
+        run_id=run_id,
+        index=int(request.get("index", position)),
+        request_class=str(request.get("class", "")),
+        warmup=bool(warmup) if warmup is not None else planned_ns < warmup_ns,
+        input_tokens=int(request.get("input_tokens") or len(request.get("prompt_token_ids") or ())),
+        expected_output_tokens=int(request["output_tokens"]),
+        planned_ns=planned_ns,
+        sent_ns=None,
+        sent=False,
+        priority=int(request.get("priority") or 0),
+    )
+
+
 class _Replay:
     def __init__(
         self,
@@ -210,6 +263,7 @@ class _Replay:
         read_timeout_s: float | None,
         extra_body: dict[str, Any],
         stop: threading.Event,
+        origin_ns: int | None = None,
     ) -> None:
         self.requests = requests
         self.url = base_url.rstrip("/") + ENDPOINTS[endpoint]
@@ -228,8 +282,11 @@ class _Replay:
         # Records finished and not yet handed to on_batch (appended by the loop,
         # drained by the batcher thread; deque operations are thread-safe).
         self.finished: collections.deque[RequestRecord] = collections.deque()
+        self.total = len(self.records)
         self.sent_count = 0
-        self.origin_ns = 0
+        # Fixed by the caller when several processes share one origin.
+        self.origin_ns = origin_ns or 0
+        self._fixed_origin = origin_ns is not None
         self.stopped = False
         self.notes: list[str] = []
         self._close_reason = "unfinished"
@@ -239,20 +296,7 @@ class _Replay:
         self._idle: asyncio.Event  # created inside the loop, in run()
 
     def _record(self, position: int, request: dict[str, Any]) -> RequestRecord:
-        planned_ns = round(float(request["t_offset_s"]) * 1e9)
-        warmup = request.get("warmup")
-        return RequestRecord(
-            run_id=self.run_id,
-            index=int(request.get("index", position)),
-            request_class=str(request.get("class", "")),
-            warmup=bool(warmup) if warmup is not None else planned_ns < self.warmup_ns,
-            input_tokens=int(request.get("input_tokens") or len(request.get("prompt_token_ids") or ())),
-            expected_output_tokens=int(request["output_tokens"]),
-            planned_ns=planned_ns,
-            sent_ns=None,
-            sent=False,
-            priority=int(request.get("priority") or 0),
-        )
+        return new_record(run_id=self.run_id, warmup_ns=self.warmup_ns, position=position, request=request)
 
     async def run(self) -> None:
         _raise_fd_limit()
@@ -272,7 +316,8 @@ class _Replay:
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
         ) as session:
             await _preflight(session, self.url)
-            self.origin_ns = perf_ns() + _ORIGIN_LEAD_NS
+            if not self._fixed_origin:
+                self.origin_ns = perf_ns() + _ORIGIN_LEAD_NS
             dispatcher = asyncio.create_task(self._dispatch(session, semaphore))
             watcher = asyncio.create_task(self._watch_stop())
             deadline_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
@@ -287,6 +332,10 @@ class _Replay:
                     {idle, watcher}, timeout=max(0.0, remaining_s), return_when="FIRST_COMPLETED"
                 )
                 idle.cancel()
+            # Loop timers may fire a little early: never close a stream before its deadline.
+            deadline = self.origin_ns + self.deadline_ns
+            while (self._tasks or not dispatcher.done()) and not self.stop.is_set() and perf_ns() < deadline:
+                await asyncio.sleep((deadline - perf_ns()) / 1e9)
             if self.stop.is_set():
                 self.stopped = True
                 self._close_reason = "cancelled"
@@ -561,7 +610,7 @@ class _Batcher:
 
     def __init__(
         self,
-        replay: _Replay,
+        replay: Any,  # _Replay, or shard.Sharded: anything with finished, sent_count, total, stop, notes
         *,
         on_batch: BatchCallback | None,
         on_progress: ProgressCallback | None,
@@ -602,7 +651,7 @@ class _Batcher:
             if batch and self.on_batch is not None:
                 self.on_batch(batch)
             if self.on_progress is not None:
-                self.on_progress(replay.sent_count, len(replay.records))
+                self.on_progress(replay.sent_count, replay.total)
         except BaseException as exc:  # re-raised by run_replay once the loop is down
             self.error = exc
             replay.notes.append(f"on_batch/on_progress raised {type(exc).__name__}: the run was stopped")
@@ -615,7 +664,8 @@ def _percentile(sorted_values: list[int], q: float) -> float:
     return float(sorted_values[rank - 1])
 
 
-def _result(replay: _Replay, *, tolerance_ms: float, duration_s: float) -> ReplayResult:
+def _result(replay: Any, *, tolerance_ms: float, duration_s: float) -> ReplayResult:
+    """Summarise a finished replay (single loop or sharded: records, windows, stopped, notes)."""
     records = replay.records
     sent = [r for r in records if r.sent and r.sent_ns is not None]
     observed = [r for r in sent if not r.warmup] or sent
