@@ -8,6 +8,11 @@ against the experiment; the author cannot approve and a viewer cannot create.
 It needs what the pipeline needs: the CPU engine (`make engine`) and a worker
 process that shares the test database, so it runs against Postgres
 (DATABASE_URL=postgres://...). Anything missing is a skip with its reason.
+On a machine where other workers share the embedded broker, give the run
+its own TAILTUNE_DATA, or another worker may take its analysis task:
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/tailtune_ui SECRET_KEY=x \
+    TAILTUNE_DATA=$(mktemp -d) .venv/bin/pytest tests/browser/test_journey.py
 """
 
 from __future__ import annotations
