@@ -120,6 +120,15 @@ def validity_check(
                 add(cell, f"no {field}", combo)
             elif base is not None and run.get(field) != base.get(field):
                 add(cell, f"{field} differs from {baseline}", combo, value=run.get(field), b0=base.get(field))
+        weights = (experiment.get("mixtures") or {}).get(combo[0]) or {}
+        expected = sorted(c for c, w in weights.items() if w and w > 0)
+        empty = sorted(
+            c for c in expected if run["classes"].get(c, {}).get("counts", {}).get("offered", 0) == 0
+        )
+        if not any(m["counts"]["offered"] for m in run["classes"].values()):
+            add(cell, "no records in the observation window", combo, run=run["key"])
+        elif empty:
+            add(cell, "a class of the mixture has no requests", combo, classes=empty)
         if base is not None and run is not base:
             mine = {c: m["counts"]["offered"] for c, m in run["classes"].items()}
             theirs = {c: m["counts"]["offered"] for c, m in base["classes"].items()}

@@ -165,7 +165,7 @@ def build_report(
     order = np.argsort(gkey, kind="stable")
     rows, gkey = rows[order], gkey[order]
     uniq, starts = np.unique(gkey, return_index=True)
-    ends = np.append(starts[1:], rows.size)
+    ends = np.append(starts[1:], rows.size) if starts.size else starts
     groups: dict[tuple[str, str], np.ndarray] = {}
     for g, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
         run_i, cls_i = divmod(g, n_cls)

@@ -91,3 +91,17 @@ def test_it_merges_gap_histograms_in_the_database_like_the_pure_code():
     m = report["runs"][0]["classes"]["short"]
     assert m["itl_ms"]["p50"] == pytest.approx(5.0, rel=0.03)
     assert m["chunk_gap_ms"]["p50"] == pytest.approx(20.0, rel=0.03)
+
+
+def test_it_reports_an_experiment_without_records_as_failing_not_crashing():
+    experiment, _ = done_experiment(store=False)
+    report = experiment_report_build(experiment_id=experiment.pk)
+    assert report["records"]["total"] == 0
+    assert all(r["classes"]["short"]["counts"]["offered"] == 0 for r in report["runs"])
+    # A done run with nothing measured is not data: every cell is invalid, B0 included.
+    assert report["decision"]["outcome"] == "inconclusive"
+    assert report["checks"]["validity"]["invalid_cells"] == ["B0", "C1"]
+    assert {p["problem"] for p in report["checks"]["validity"]["problems"]} == {
+        "no records in the observation window"
+    }
+    assert report["comparisons"] == []
