@@ -297,8 +297,11 @@ def class_metrics(
     base = offered - counts["cancelled"]
     error_rate = failed / base if base else 0.0
     ttft = _percentiles(d.ttft_ms[rows], d.ttft_bound_ms[rows])
-    e2e = _percentiles(d.e2e_ms[rows], d.e2e_bound_ms[rows])
-    stall = _percentiles(d.stall_ms[rows], d.stall_bound_ms[rows])
+    # A stream the client cancelled on purpose has no end to measure: it
+    # leaves the end-to-end and stall populations (it is counted above).
+    streamed = rows[outcome != CANCELLED]
+    e2e = _percentiles(d.e2e_ms[streamed], d.e2e_bound_ms[streamed])
+    stall = _percentiles(d.stall_ms[streamed], d.stall_bound_ms[streamed])
     stall_seen = d.stall_ms[rows]
     stall_seen = stall_seen[~np.isnan(stall_seen)]
     stall["max"] = _ms(stall_seen.max()) if stall_seen.size else None

@@ -124,3 +124,14 @@ def test_it_takes_the_nearest_rank_percentile():
     assert censored_percentile(obs, np.zeros(0), 0.99)["ms"] == 99.0
     assert censored_percentile(obs, np.zeros(0), 0.5)["ms"] == 50.0
     assert censored_percentile(np.zeros(0), np.zeros(0), 0.5)["ms"] is None
+
+
+def test_it_leaves_client_cancellations_out_of_end_to_end_percentiles():
+    recs = [request("r1", i, "short", planned(i)) for i in range(95)]
+    recs += [request("r1", 95 + i, "short", planned(95 + i), cancelled=True) for i in range(5)]
+    m = analyse(recs)
+    assert m["counts"]["cancelled"] == 5
+    assert m["e2e_ms"]["censored"] == 0 and m["e2e_ms"]["observed"] == 95
+    assert not m["e2e_ms"]["p99"]["censored"]
+    # They still count as offered and not good.
+    assert m["contract_share"] == pytest.approx(0.95)
