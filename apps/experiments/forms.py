@@ -33,7 +33,7 @@ CHUNKED_CHOICES = [("", "(vLLM default)"), ("true", "on"), ("false", "off")]
 EXTRA_ARGS = ("long_prefill_token_threshold", "max_num_queued_reqs")
 
 
-def _int_list(text: str, field: str) -> list[int]:
+def _int_list(text: str) -> list[int]:
     values: list[int] = []
     for part in re.split(r"[,\s]+", text.strip()):
         if not part:
@@ -129,7 +129,10 @@ class ExperimentForm(forms.Form):
         help_text="One per line, name: requests per second, e.g. low: 2.0",
     )
     arrival_process = forms.ChoiceField(
-        choices=[(p, p) for p in ARRIVAL_PROCESSES], initial="poisson", label="Arrival process"
+        choices=[(p, p) for p in ARRIVAL_PROCESSES],
+        initial="poisson",
+        required=False,
+        label="Arrival process",
     )
     arrival_cv = forms.FloatField(required=False, label="Arrival CV (gamma only)")
     repeats = forms.IntegerField(required=False, initial=3)
@@ -202,12 +205,10 @@ class ExperimentForm(forms.Form):
         return [(title, [self[name] for name in names]) for title, names in self.SECTIONS]
 
     def clean_grid_max_num_batched_tokens(self) -> list[int]:
-        return _int_list(
-            self.cleaned_data.get("grid_max_num_batched_tokens") or "", "grid_max_num_batched_tokens"
-        )
+        return _int_list(self.cleaned_data.get("grid_max_num_batched_tokens") or "")
 
     def clean_grid_max_num_seqs(self) -> list[int]:
-        return _int_list(self.cleaned_data.get("grid_max_num_seqs") or "", "grid_max_num_seqs")
+        return _int_list(self.cleaned_data.get("grid_max_num_seqs") or "")
 
     def clean_generation(self) -> dict[str, Any]:
         text = (self.cleaned_data.get("generation") or "").strip()

@@ -12,7 +12,6 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -102,8 +101,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     if spec is not None:
         estimate = selectors.plan_estimate(spec)
         if "create" in request.POST:
-            with transaction.atomic():
-                experiment = experiment_create(spec=spec, owner=request.user)
+            experiment = experiment_create(spec=spec, owner=request.user)
             messages.success(
                 request, f"Created {experiment.name}: {estimate.runs} runs planned. Start it when ready."
             )

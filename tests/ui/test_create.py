@@ -89,3 +89,12 @@ def test_it_creates_from_an_uploaded_yaml_spec_owned_by_the_uploader(client, aut
     assert experiment.name == "seed-sweep"
     assert experiment.owner == author  # the spec says admin; the uploader owns what they create
     assert experiment.runs.count() == 126
+
+
+@pytest.mark.django_db
+def test_it_accepts_a_bare_upload_without_the_typed_fields(client, author, seed_spec_text) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    upload = SimpleUploadedFile("seed.yaml", seed_spec_text.encode(), content_type="text/yaml")
+    response = client.post("/experiments/new/", {"spec_file": upload, "create": "1"})
+    assert response.status_code == 302
+    assert Experiment.objects.get().runs.count() == 126
