@@ -38,7 +38,8 @@ def _check(experiment: Experiment, approver: Any) -> Decision:
 
 def _locked(experiment: Experiment) -> Experiment:
     # Re-read under a row lock: two approvers clicking at once get one approval.
-    return Experiment.objects.select_for_update().select_related("owner", "workload").get(pk=experiment.pk)
+    # No joins here: Postgres cannot lock the nullable side of an outer join (the workload).
+    return Experiment.objects.select_for_update().get(pk=experiment.pk)
 
 
 def _cell_record(experiment: Experiment, cell: ServerConfig) -> dict[str, Any]:
