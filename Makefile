@@ -1,6 +1,39 @@
-.PHONY: engine
+# The README's two commands are `make run` and `make test`; CI's .ci/run calls `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup engine browser run worker test lint
+
+# The project environment, rebuilt when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
 
 # The CPU vLLM engine (own venv under .engine/) and the tiny local model it serves.
-# Idempotent: a second run only checks its stamps.
-engine:
-	scripts/engine-setup.sh
+# Idempotent: a second run only checks its stamps (see docs/ENGINE.md).
+engine: setup
+	bash scripts/engine-setup.sh
+
+# Debian's Chromium for the browser tests (Playwright never downloads its own).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+# Command 1: the whole service on embedded defaults (SQLite, file broker, CPU engine).
+run: setup engine
+	$(BIN)/python manage.py serve
+
+# A worker for one host, e.g. `TAILTUNE_HOST=gpu-a make worker` (docs/ENGINE.md).
+worker: setup
+	$(BIN)/python manage.py run_worker
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser).
+test: setup engine browser lint
+	$(BIN)/pytest
