@@ -84,6 +84,14 @@ def cmd_tailtune(port: int, rate: float, duration: int, out: Path, output_tokens
     ]
 
 
+def cmd_tailtune_2p(port: int, rate: float, duration: int, out: Path, output_tokens: int) -> list[str]:
+    return [*cmd_tailtune(port, rate, duration, out, output_tokens), "--processes=2"]
+
+
+def cmd_tailtune_aiohttp(port: int, rate: float, duration: int, out: Path, output_tokens: int) -> list[str]:
+    return [*cmd_tailtune(port, rate, duration, out, output_tokens), "--transport=aiohttp"]
+
+
 def cmd_vllm(port: int, rate: float, duration: int, out: Path, output_tokens: int) -> list[str]:
     return [
         str(ENGINE_PY),
@@ -286,6 +294,8 @@ def reported_inference_perf(out: Path) -> dict[str, Any]:
 # name: (command builder, reader, ITL kind the client reports: per-token gaps or per-request means)
 CLIENTS: dict[str, tuple[Any, Any, str]] = {
     "tailtune": (cmd_tailtune, reported_tailtune, "token"),
+    "tailtune-2proc": (cmd_tailtune_2p, reported_tailtune, "token"),
+    "tailtune-aiohttp": (cmd_tailtune_aiohttp, reported_tailtune, "token"),
     "vllm-bench-serve": (cmd_vllm, reported_vllm, "token"),
     "guidellm": (cmd_guidellm, reported_guidellm, "request_mean"),
     "aiperf": (cmd_aiperf, reported_aiperf, "request_mean"),
@@ -484,7 +494,7 @@ def run_one(client: str, rate: float, duration: int, output_tokens: int, work: P
     except Exception as exc:  # a peer that failed to write its report is a result too
         row["report_error"] = f"{type(exc).__name__}: {exc}"
         row["log_tail"] = (case / "client.log").read_text()[-1500:]
-    if client == "tailtune" and "report_error" not in row:
+    if client.startswith("tailtune") and "report_error" not in row:
         row.update(tailtune_per_request_error(case / "mock", case / "client"))
     for metric in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99"):
         got, true = row.get(f"{metric}_ms"), row.get(f"true_{metric}_ms")

@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--drain", type=float, default=30.0)
     parser.add_argument("--tolerance-ms", type=float, default=5.0)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--transport", choices=["raw", "aiohttp"], default="raw")
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     requests = constant_rate_requests(
@@ -69,6 +71,8 @@ def main() -> None:
         observation_s=args.duration,
         drain_deadline_s=args.drain,
         max_dispatch_lag_ms=args.tolerance_ms,
+        processes=args.processes,
+        transport=args.transport,
     )
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_SELF)

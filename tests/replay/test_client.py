@@ -3,6 +3,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,9 +13,20 @@ from workers.replay.client import ReplayResult, request_body, run_replay
 from workers.replay.mockserver import Behaviour, MockConfig, MockServer
 from workers.replay.records import RequestRecord
 
+# Every behaviour is checked on both HTTP paths: the raw protocol (default) and aiohttp.
+_transport = {"name": "raw"}
+
+
+@pytest.fixture(autouse=True, params=["raw", "aiohttp"])
+def _each_transport(request: pytest.FixtureRequest) -> Iterator[None]:
+    _transport["name"] = request.param
+    yield
+    _transport["name"] = "raw"
+
 
 def _replay(requests: list[dict[str, Any]], base_url: str, **overrides: Any) -> ReplayResult:
     options: dict[str, Any] = {
+        "transport": _transport["name"],
         "base_url": base_url,
         "model": "mock",
         "run_id": "run-1",

@@ -52,6 +52,7 @@ from typing import Any
 
 import aiohttp
 
+from workers.replay import rawhttp
 from workers.replay.frames import frame_parse
 from workers.replay.records import RequestRecord
 from workers.replay.sse import DONE, SSEParser
@@ -125,6 +126,7 @@ def run_replay(
     read_timeout_s: float | None = None,
     extra_body: dict[str, Any] | None = None,
     processes: int = 1,
+    transport: str = "raw",
 ) -> ReplayResult:
     """Replay ``requests`` (canonical trace request objects, in arrival order) and wait for the result.
 
@@ -150,6 +152,8 @@ def run_replay(
             raise ValueError(f"request {position}: needs prompt_token_ids or prompt")
     if processes < 1:
         raise ValueError("processes must be >= 1")
+    if transport not in ("raw", "aiohttp"):
+        raise ValueError(f"transport must be 'raw' or 'aiohttp', not {transport!r}")
     options = {
         "base_url": base_url,
         "model": model,
@@ -162,6 +166,7 @@ def run_replay(
         "connect_timeout_s": connect_timeout_s,
         "read_timeout_s": read_timeout_s,
         "extra_body": extra_body or {},
+        "transport": transport,
     }
     if processes > 1:
         from workers.replay.shard import run_sharded
@@ -176,21 +181,7 @@ def run_replay(
             on_progress=on_progress,
             stop=stop or threading.Event(),
         )
-    replay = _Replay(
-        requests,
-        base_url=base_url,
-        model=model,
-        run_id=run_id,
-        warmup_s=warmup_s,
-        observation_s=observation_s,
-        drain_deadline_s=drain_deadline_s,
-        endpoint=endpoint,
-        max_concurrency=max_concurrency,
-        connect_timeout_s=connect_timeout_s,
-        read_timeout_s=read_timeout_s,
-        extra_body=extra_body or {},
-        stop=stop or threading.Event(),
-    )
+    replay = _Replay(requests, **options, stop=stop or threading.Event())
     batcher = _Batcher(replay, on_batch=on_batch, on_progress=on_progress, interval_s=batch_interval_s)
     batcher.start()
     started = perf_ns()
@@ -263,10 +254,15 @@ class _Replay:
         read_timeout_s: float | None,
         extra_body: dict[str, Any],
         stop: threading.Event,
+        transport: str = "raw",
         origin_ns: int | None = None,
     ) -> None:
         self.requests = requests
+        self.base_url = base_url
         self.url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+        self.path = ENDPOINTS[endpoint]
+        self.transport = transport
+        self._pool: rawhttp.Pool
         self.model = model
         self.run_id = run_id
         self.endpoint = endpoint
@@ -300,57 +296,71 @@ class _Replay:
 
     async def run(self) -> None:
         _raise_fd_limit()
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=self.connect_timeout_s,
-            sock_connect=self.connect_timeout_s,
-            sock_read=self.read_timeout_s,
-        )
         semaphore = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         self._idle = asyncio.Event()
-        async with aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        ) as session:
-            await _preflight(session, self.url)
-            if not self._fixed_origin:
-                self.origin_ns = perf_ns() + _ORIGIN_LEAD_NS
-            dispatcher = asyncio.create_task(self._dispatch(session, semaphore))
-            watcher = asyncio.create_task(self._watch_stop())
-            deadline_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
-            done, _ = await asyncio.wait(
-                {dispatcher, watcher}, timeout=max(0.0, deadline_s), return_when="FIRST_COMPLETED"
+        if self.transport == "raw":
+            self._pool = rawhttp.Pool(
+                self.base_url, connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s
             )
-            if dispatcher in done and watcher not in done and self._tasks:
-                # All sent: wait for the last streams, until the deadline or a stop.
-                idle = asyncio.create_task(self._idle.wait())
-                remaining_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
-                await asyncio.wait(
-                    {idle, watcher}, timeout=max(0.0, remaining_s), return_when="FIRST_COMPLETED"
-                )
-                idle.cancel()
-            # Loop timers may fire a little early: never close a stream before its deadline.
-            deadline = self.origin_ns + self.deadline_ns
-            while (self._tasks or not dispatcher.done()) and not self.stop.is_set() and perf_ns() < deadline:
-                await asyncio.sleep((deadline - perf_ns()) / 1e9)
-            if self.stop.is_set():
-                self.stopped = True
-                self._close_reason = "cancelled"
-            watcher.cancel()
-            dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await dispatcher
-            await self._close_open_streams()
+            try:
+                await self._drive(None, semaphore)
+            finally:
+                self._pool.close()
+        else:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
+            timeout = aiohttp.ClientTimeout(
+                total=None,
+                connect=self.connect_timeout_s,
+                sock_connect=self.connect_timeout_s,
+                sock_read=self.read_timeout_s,
+            )
+            async with aiohttp.ClientSession(
+                connector=connector,
+                timeout=timeout,
+                auto_decompress=False,
+                skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            ) as session:
+                await _preflight(session, self.url)
+                await self._drive(session, semaphore)
         self._mark_unsent()
+
+    async def _drive(
+        self, session: aiohttp.ClientSession | None, semaphore: asyncio.Semaphore | None
+    ) -> None:
+        if not self._fixed_origin:
+            self.origin_ns = perf_ns() + _ORIGIN_LEAD_NS
+        dispatcher = asyncio.create_task(self._dispatch(session, semaphore))
+        watcher = asyncio.create_task(self._watch_stop())
+        deadline_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
+        done, _ = await asyncio.wait(
+            {dispatcher, watcher}, timeout=max(0.0, deadline_s), return_when="FIRST_COMPLETED"
+        )
+        if dispatcher in done and watcher not in done and self._tasks:
+            # All sent: wait for the last streams, until the deadline or a stop.
+            idle = asyncio.create_task(self._idle.wait())
+            remaining_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
+            await asyncio.wait({idle, watcher}, timeout=max(0.0, remaining_s), return_when="FIRST_COMPLETED")
+            idle.cancel()
+        # Loop timers may fire a little early: never close a stream before its deadline.
+        deadline = self.origin_ns + self.deadline_ns
+        while (self._tasks or not dispatcher.done()) and not self.stop.is_set() and perf_ns() < deadline:
+            await asyncio.sleep((deadline - perf_ns()) / 1e9)
+        if self.stop.is_set():
+            self.stopped = True
+            self._close_reason = "cancelled"
+        watcher.cancel()
+        dispatcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await dispatcher
+        await self._close_open_streams()
 
     async def _watch_stop(self) -> None:
         while not self.stop.is_set():
             await asyncio.sleep(_STOP_POLL_S)
 
-    async def _dispatch(self, session: aiohttp.ClientSession, semaphore: asyncio.Semaphore | None) -> None:
+    async def _dispatch(
+        self, session: aiohttp.ClientSession | None, semaphore: asyncio.Semaphore | None
+    ) -> None:
         loop = asyncio.get_running_loop()
         origin = self.origin_ns
         for position, request in enumerate(self.requests):
@@ -395,43 +405,60 @@ class _Replay:
 
     async def _stream(
         self,
-        session: aiohttp.ClientSession,
+        session: aiohttp.ClientSession | None,
         semaphore: asyncio.Semaphore | None,
         request: dict[str, Any],
         record: RequestRecord,
     ) -> None:
         origin = self.origin_ns
         dispatched = perf_ns()
-        response: aiohttp.ClientResponse | None = None
+        response: aiohttp.ClientResponse | rawhttp.Response | None = None
+        tally: _Tally | None = None
         acquired = False
         try:
             if semaphore is not None:
                 await semaphore.acquire()
                 acquired = True
             body = request_body(request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body)
+            headers = {
+                "Content-Type": "application/json",
+                "Accept": "text/event-stream",
+                # Lets a server (or the test and benchmark mocks) tie its log to this record.
+                "X-Tailtune-Request": f"{self.run_id}:{record.index}",
+            }
             sent = perf_ns()
             record.sent = True
             record.sent_ns = sent - origin
             record.admission_delay_ns = sent - dispatched if semaphore is not None else 0
             self.sent_count += 1
-            response = await session.post(
-                self.url,
-                data=body,
-                headers={
-                    "Content-Type": "application/json",
-                    "Accept": "text/event-stream",
-                    # Lets a server (or the test and benchmark mocks) tie its log to this record.
-                    "X-Tailtune-Request": f"{self.run_id}:{record.index}",
-                },
-            )
+            if session is None:
+                response = await self._pool.post(self.path, body, headers)
+            else:
+                response = await session.post(self.url, data=body, headers=headers)
             record.http_status = response.status
             if response.status != 200:
-                text = (await response.content.read(_ERROR_TEXT_LIMIT * 4)).decode("utf-8", "replace")
+                if isinstance(response, rawhttp.Response):
+                    raw = await response.read_body(_ERROR_TEXT_LIMIT * 4)
+                else:
+                    raw = await response.content.read(_ERROR_TEXT_LIMIT * 4)
+                text = raw.decode("utf-8", "replace")
                 record.error_kind = "context" if _is_context_error(text) else "http"
                 record.error = f"HTTP {response.status}: {text[:_ERROR_TEXT_LIMIT]}"
                 record.end_ns = perf_ns() - origin
                 return
-            await self._read_stream(response, request, record)
+            cancel_after = request.get("cancel_after_tokens")
+            if cancel_after is not None and cancel_after <= 0:
+                record.cancelled = True
+                record.end_ns = perf_ns() - origin
+                return
+            tally = _Tally(record, origin, cancel_after)
+            if isinstance(response, rawhttp.Response):
+                # Frames are accounted inside the connection's data_received, stamped on arrival.
+                await response.stream(tally.feed)
+                if not tally.ended:
+                    tally.feed(b"", perf_ns())
+            else:
+                await self._read_stream(response, tally)
         except asyncio.CancelledError:
             # Only this module cancels stream tasks: at the drain deadline or on stop.
             now = perf_ns()
@@ -455,121 +482,148 @@ class _Replay:
             _fail(record, "timeout", exc, origin)
         except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
             _fail(record, "connect", exc, origin)
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except OSError as exc:
+            # ConnectionLost (server hung up mid-stream) is an OSError too; a failed
+            # connect has no HTTP status yet.
+            kind = (
+                "connect"
+                if record.http_status is None and not isinstance(exc, rawhttp.ConnectionLost)
+                else "protocol"
+            )
+            _fail(record, kind, exc, origin)
+        except (aiohttp.ClientError, ValueError) as exc:
             # Server hung up mid-stream, broken chunked encoding, bad JSON.
             _fail(record, "protocol", exc, origin)
         except Exception as exc:  # a client bug must still become data, not kill the run
             _fail(record, "client", exc, origin)
         finally:
+            if tally is not None:
+                tally.close()
             if response is not None:
                 # close() drops the connection: after a cancel or a deadline the
                 # server must see the disconnect. A fully read stream was already
-                # released to the pool by aiohttp, so close() is harmless there.
+                # released to the pool, so close() is harmless there.
                 response.close()
             if acquired and semaphore is not None:
                 semaphore.release()
             self.finished.append(record)
 
-    async def _read_stream(
-        self, response: aiohttp.ClientResponse, request: dict[str, Any], record: RequestRecord
-    ) -> None:
-        origin = self.origin_ns
-        cancel_after = request.get("cancel_after_tokens")
-        if cancel_after is not None and cancel_after <= 0:
-            record.cancelled = True
-            record.end_ns = perf_ns() - origin
-            return
-        parser = SSEParser()
-        tokens = 0
-        final_tokens: int | None = None
-        chunks = 0
-        first_ns: int | None = None
-        last_ns = 0
-        max_gap = 0
-        done = False
-        chunk_gaps = record.chunk_gaps
-        token_gaps = record.token_gaps
-        parse = frame_parse
+    async def _read_stream(self, response: aiohttp.ClientResponse, tally: _Tally) -> None:
         content = response.content
-        # Counts are written however the stream ends (done, cancelled, cut,
-        # timed out, closed at the deadline): partial streams are data too.
-        try:
-            while True:
-                data = await content.readany()
-                now = perf_ns()
-                events = parser.feed(data) if data else parser.close()
-                for event in events:
-                    if done:
-                        continue
-                    if event == DONE:
-                        done = True
-                        record.end_ns = now - origin
-                        continue
-                    frame = parse(event)
-                    if frame.error is not None:
-                        record.error_kind = "http"
-                        record.error = f"error event in stream: {frame.error[:_ERROR_TEXT_LIMIT]}"
-                        continue
-                    delta = 0
-                    completion = frame.completion_tokens
-                    if frame.prompt_tokens is not None:
-                        record.prompt_tokens = frame.prompt_tokens
-                    if completion is not None:
-                        if frame.has_choices:
-                            delta = completion - tokens
-                        else:
-                            # The closing usage-only frame: the authoritative total.
-                            final_tokens = completion
-                    elif frame.has_output:
-                        # No usage on this frame (server ignores continuous usage
-                        # stats): one frame, one token, corrected by the final usage.
-                        delta = 1
-                    if frame.finish_reason is not None:
-                        record.finish_reason = frame.finish_reason
-                    if delta > 0:
-                        if first_ns is None:
-                            first_ns = now
-                        else:
-                            gap = now - last_ns
-                            gap_us = gap / 1000
-                            chunk_gaps.add(gap_us)
-                            token_gaps.add(gap_us / delta, delta)
-                            if gap > max_gap:
-                                max_gap = gap
-                        last_ns = now
-                        tokens += delta
-                        chunks += 1
-                        if cancel_after is not None and tokens >= cancel_after:
-                            record.cancelled = True
-                            record.end_ns = now - origin
-                            return
-                if not data:
-                    break
-        finally:
-            self._finish_counts(record, tokens, final_tokens, chunks, first_ns, last_ns, max_gap)
-        if record.end_ns is None:
-            record.end_ns = perf_ns() - origin
-        if not done and record.error_kind is None:
-            record.error_kind = "protocol"
-            record.error = "stream ended before data: [DONE]"
+        while True:
+            data = await content.readany()
+            if tally.feed(data, perf_ns()) or not data:
+                return
 
-    def _finish_counts(
-        self,
-        record: RequestRecord,
-        tokens: int,
-        final_tokens: int | None,
-        chunks: int,
-        first_ns: int | None,
-        last_ns: int,
-        max_gap: int,
-    ) -> None:
-        origin = self.origin_ns
-        record.output_tokens = final_tokens if final_tokens is not None else tokens
-        record.chunks = chunks
-        if first_ns is not None:
-            record.first_token_ns = first_ns - origin
-            record.last_token_ns = last_ns - origin
-            record.max_gap_ns = max_gap if chunks > 1 else None
+
+class _Tally:
+    """Turns one stream's bytes into its record: tokens, chunks, gaps, end.
+
+    ``feed`` gets each network read with its arrival time; counts are written
+    to the record by ``close`` however the stream ends (done, cancelled, cut,
+    timed out, closed at the deadline): partial streams are data too.
+    """
+
+    __slots__ = (
+        "record",
+        "origin",
+        "cancel_after",
+        "parser",
+        "tokens",
+        "final_tokens",
+        "chunks",
+        "first_ns",
+        "last_ns",
+        "max_gap",
+        "done",
+        "ended",
+    )
+
+    def __init__(self, record: RequestRecord, origin: int, cancel_after: int | None) -> None:
+        self.record = record
+        self.origin = origin
+        self.cancel_after = cancel_after
+        self.parser = SSEParser()
+        self.tokens = 0
+        self.final_tokens: int | None = None
+        self.chunks = 0
+        self.first_ns: int | None = None
+        self.last_ns = 0
+        self.max_gap = 0
+        # Saw data: [DONE]; and: the stream reached its end (EOF or [DONE] or a cancel).
+        self.done = False
+        self.ended = False
+
+    def feed(self, data: bytes, now: int) -> bool:
+        """Account one read (b"" = end of stream); True when the caller should stop reading."""
+        record = self.record
+        events = self.parser.feed(data) if data else self.parser.close()
+        for event in events:
+            if self.done:
+                continue
+            if event == DONE:
+                self.done = True
+                record.end_ns = now - self.origin
+                continue
+            frame = frame_parse(event)
+            if frame.error is not None:
+                record.error_kind = "http"
+                record.error = f"error event in stream: {frame.error[:_ERROR_TEXT_LIMIT]}"
+                continue
+            delta = 0
+            completion = frame.completion_tokens
+            if frame.prompt_tokens is not None:
+                record.prompt_tokens = frame.prompt_tokens
+            if completion is not None:
+                if frame.has_choices:
+                    delta = completion - self.tokens
+                else:
+                    # The closing usage-only frame: the authoritative total.
+                    self.final_tokens = completion
+            elif frame.has_output:
+                # No usage on this frame (server ignores continuous usage
+                # stats): one frame, one token, corrected by the final usage.
+                delta = 1
+            if frame.finish_reason is not None:
+                record.finish_reason = frame.finish_reason
+            if delta > 0:
+                if self.first_ns is None:
+                    self.first_ns = now
+                else:
+                    gap = now - self.last_ns
+                    gap_us = gap / 1000
+                    record.chunk_gaps.add(gap_us)
+                    record.token_gaps.add(gap_us / delta, delta)
+                    if gap > self.max_gap:
+                        self.max_gap = gap
+                self.last_ns = now
+                self.tokens += delta
+                self.chunks += 1
+                if self.cancel_after is not None and self.tokens >= self.cancel_after:
+                    record.cancelled = True
+                    record.end_ns = now - self.origin
+                    self.ended = True
+                    return True
+        if not data:
+            self.ended = True
+            return True
+        return False
+
+    def close(self) -> None:
+        record = self.record
+        origin = self.origin
+        record.output_tokens = self.final_tokens if self.final_tokens is not None else self.tokens
+        record.chunks = self.chunks
+        if self.first_ns is not None:
+            record.first_token_ns = self.first_ns - origin
+            record.last_token_ns = self.last_ns - origin
+            record.max_gap_ns = self.max_gap if self.chunks > 1 else None
+        if self.ended:
+            if record.end_ns is None:
+                record.end_ns = perf_ns() - origin
+            if not self.done and not record.cancelled and record.error_kind is None:
+                record.error_kind = "protocol"
+                record.error = "stream ended before data: [DONE]"
 
 
 async def _preflight(session: aiohttp.ClientSession, url: str) -> None:
