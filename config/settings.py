@@ -8,6 +8,7 @@ and a ``redis://`` URL select the real services.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -97,7 +98,8 @@ def _sqlite(name: str | Path) -> dict:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         },
         # A file, not memory, so a worker process started by a test sees the test database.
-        "TEST": {"NAME": str(DATA_DIR / "test-tailtune.sqlite3")},
+        # Per test process, so two test runs on one machine never share a file.
+        "TEST": {"NAME": str(DATA_DIR / f"test-tailtune-{os.getpid()}.sqlite3")},
     }
 
 

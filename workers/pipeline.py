@@ -75,7 +75,12 @@ def run_controls(experiment: Experiment) -> dict[str, Any]:
 
 
 def host_config(host: Host) -> HostConfig:
-    return HostConfig(vllm_command=tuple(host.vllm_command), bind_host=host.bind_host, devices=host.devices)
+    return HostConfig(
+        vllm_command=tuple(host.vllm_command),
+        bind_host=host.bind_host,
+        devices=host.devices,
+        image_digest=host.image_digest,
+    )
 
 
 def _is_cancelled(run_pk: int) -> bool:

@@ -20,7 +20,8 @@ def host_register_local() -> Host:
 
     ``TAILTUNE_HOST`` names it; ``TAILTUNE_VLLM_COMMAND`` (a JSON list) is its
     vLLM argv prefix, defaulting to the CPU engine built by ``make engine``;
-    ``TAILTUNE_DEVICES`` becomes CUDA_VISIBLE_DEVICES for its servers.
+    ``TAILTUNE_DEVICES`` becomes CUDA_VISIBLE_DEVICES for its servers;
+    ``TAILTUNE_IMAGE_DIGEST`` names the container image the command runs.
     """
     import json
 
@@ -47,6 +48,7 @@ def host_register_local() -> Host:
             "vllm_command": command,
             "devices": os.environ.get("TAILTUNE_DEVICES", ""),
             "bind_host": os.environ.get("TAILTUNE_BIND_HOST", "127.0.0.1"),
+            "image_digest": os.environ.get("TAILTUNE_IMAGE_DIGEST", ""),
             "enabled": True,
             "last_heartbeat": timezone.now(),
         },

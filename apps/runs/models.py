@@ -23,6 +23,9 @@ class Host(models.Model):
     max_model_len = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     hardware_id = models.CharField(max_length=300, blank=True)
+    # Digest of the container image the vLLM command runs (empty for a local install,
+    # whose version and RECORD hash the engine records instead).
+    image_digest = models.CharField(max_length=300, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     worker_pid = models.IntegerField(null=True, blank=True)
     # Lease: the run this host is serving now; claimed with a conditional update.

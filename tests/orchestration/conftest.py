@@ -1,0 +1,113 @@
+"""Real workers for end-to-end tests: `manage.py run_worker` processes on the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from apps.runs.models import Host
+
+ENGINE_PYTHON = Path(settings.ENGINE_DIR) / "venv" / "bin" / "python"
+MODEL_DIR = Path(settings.ENGINE_DIR) / "models" / "tiny-llama"
+
+requires_engine = pytest.mark.skipif(
+    not (ENGINE_PYTHON.exists() and MODEL_DIR.exists()),
+    reason="the CPU engine is not built: run `make engine` (make test does)",
+)
+
+
+def test_database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "postgresql":
+        user = s.get("USER") or "postgres"
+        auth = f"{user}:{s['PASSWORD']}@" if s.get("PASSWORD") else f"{user}@"
+        return f"postgres://{auth}{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+    return f"sqlite:///{s['NAME']}"
+
+
+class Workers:
+    """Start, kill and restart worker processes for one test host."""
+
+    def __init__(self, tmp: Path) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.host_name = f"e2e-{tag}"
+        self.env = dict(os.environ)
+        self.env.update(
+            {
+                "DATABASE_URL": test_database_url(),
+                "TAILTUNE_HOST": self.host_name,
+                "TAILTUNE_DEFAULT_QUEUE": f"e2e-default-{tag}",
+                "SECRET_KEY": settings.SECRET_KEY,
+                "TAILTUNE_DATA": str(settings.DATA_DIR),
+            }
+        )
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"worker-{len(self.procs)}.log", "wb")  # closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "run_worker"],
+            cwd=settings.BASE_DIR,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        wait_for(lambda: Host.objects.filter(name=self.host_name, last_heartbeat__isnull=False).exists(), 60)
+        time.sleep(3)  # registered happens before the consumer is up; give it a moment
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("worker-*.log")))
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.5) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(tmp_path)
+    yield w
+    w.stop_all()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -1,0 +1,110 @@
+"""End to end on the CPU vLLM: real workers, real engine processes, real broker and database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from apps.experiments.models import Experiment
+from apps.runs.models import Host, MetricSample, RequestRecord, Run
+from apps.runs.services import experiment_cancel, experiment_start
+from tests.experiments.factories import make_experiment
+from tests.orchestration.conftest import Workers, pid_alive, requires_engine, wait_for
+from workers.tasks import execute_run
+
+pytestmark = [pytest.mark.engine, requires_engine, pytest.mark.django_db(transaction=True)]
+
+FINISHED = {"analysed", "cancelled"}
+
+
+def _wait_experiment(experiment: Experiment, timeout_s: float, workers: Workers) -> Experiment:
+    try:
+        wait_for(lambda: Experiment.objects.get(pk=experiment.pk).status in FINISHED, timeout_s, interval_s=1)
+    except AssertionError:
+        runs = list(experiment.runs.values_list("status", "reason"))
+        raise AssertionError(f"experiment not finished: runs {runs}\n{workers.logs()}") from None
+    experiment.refresh_from_db()
+    return experiment
+
+
+def _server_pids(host_name: str) -> list[int]:
+    host = Host.objects.get(name=host_name)
+    return [pid for pid, _ in host.server_pids]
+
+
+def test_it_runs_a_small_experiment_end_to_end_and_ignores_a_redelivered_task(workers: Workers) -> None:
+    workers.start()
+    experiment = make_experiment()
+    assert experiment_start(experiment=experiment) == 2
+    experiment = _wait_experiment(experiment, 600, workers)
+    runs = list(experiment.runs.select_related("cell"))
+    assert [r.status for r in runs] == ["done", "done"], [(r.status, r.reason) for r in runs]
+    for run in runs:
+        records = RequestRecord.objects.filter(run=run)
+        # Every planned request has a record: sent, or marked unsent with a reason.
+        assert records.count() == run.requests_planned
+        ok = records.filter(http_status=200, error__isnull=True)
+        assert ok.count() == run.requests_planned
+        for rec in ok:
+            assert rec.output_tokens == rec.expected_output_tokens
+            assert rec.first_token_ns is not None and rec.first_token_ns > rec.planned_ns
+        assert MetricSample.objects.filter(run=run, name="vllm:num_requests_running").exists()
+        assert run.effective_args["max_num_batched_tokens"] == run.cell.args["max_num_batched_tokens"]
+        assert run.trace_sha256 and run.hardware_id and run.image_digest
+    assert runs[0].trace_sha256 == runs[1].trace_sha256  # paired: the same frozen traffic
+    assert hasattr(experiment, "decision")
+
+    # The same task delivered again is harmless: one set of results.
+    before = RequestRecord.objects.filter(run=runs[0]).count()
+    result = execute_run.apply_async(kwargs={"run_pk": runs[0].pk}, queue=f"host.{workers.host_name}")
+    assert result.get(timeout=60).startswith("skipped")
+    assert RequestRecord.objects.filter(run=runs[0]).count() == before
+
+
+def test_it_survives_a_worker_killed_mid_run(workers: Workers) -> None:
+    first = workers.start()
+    experiment = make_experiment(workload={**make_experiment_workload(), "observation_s": 30})
+    experiment_start(experiment=experiment)
+    measuring = wait_for(lambda: experiment.runs.filter(status="measuring").first(), 300)
+    wait_for(lambda: RequestRecord.objects.filter(run=measuring).exists(), 60)
+    server_pids = _server_pids(workers.host_name)
+    assert server_pids
+    os.killpg(first.pid, signal.SIGKILL)  # the worker and its pool process, as an OOM kill would
+    first.wait()
+    workers.start()  # the new worker reaps what the killed one left and fails the run
+    wait_for(lambda: not any(pid_alive(p) for p in server_pids), 60)
+    killed = Run.objects.get(pk=measuring.pk)
+    assert killed.status == "failed" and "worker lost" in killed.reason
+    experiment = _wait_experiment(experiment, 900, workers)
+    assert experiment.status == "analysed"
+    retry = Run.objects.get(retry_of=killed)
+    assert retry.status == "done"
+    # Records of the killed run are kept, none twice.
+    for run in experiment.runs.all():
+        indexes = list(RequestRecord.objects.filter(run=run).values_list("index", flat=True))
+        assert len(indexes) == len(set(indexes))
+    assert RequestRecord.objects.filter(run=killed).exists()
+
+
+def test_it_cancels_mid_run_within_ten_seconds_keeping_partial_records(workers: Workers) -> None:
+    workers.start()
+    experiment = make_experiment(workload={**make_experiment_workload(), "observation_s": 60})
+    experiment_start(experiment=experiment)
+    measuring = wait_for(lambda: experiment.runs.filter(status="measuring").first(), 300)
+    wait_for(lambda: RequestRecord.objects.filter(run=measuring).count() >= 2, 60)
+    server_pids = _server_pids(workers.host_name)
+    experiment_cancel(experiment=experiment)
+    started = time.monotonic()
+    wait_for(lambda: Run.objects.get(pk=measuring.pk).status == "cancelled", 10, interval_s=0.2)
+    wait_for(lambda: not any(pid_alive(p) for p in server_pids), 10 - (time.monotonic() - started) + 5)
+    assert RequestRecord.objects.filter(run=measuring).count() >= 2
+    assert set(experiment.runs.exclude(pk=measuring.pk).values_list("status", flat=True)) == {"cancelled"}
+
+
+def make_experiment_workload() -> dict:
+    from tests.experiments.factories import SMALL_SPEC
+
+    return dict(SMALL_SPEC["workload"])
