@@ -20,6 +20,13 @@ def health() -> dict[str, object]:
     return {"ok": True, "hostname": socket.gethostname(), "pid": os.getpid(), "host": settings.TAILTUNE_HOST}
 
 
+@shared_task(name="tailtune.freeze_experiment", acks_late=True)
+def freeze_experiment(*, experiment_pk: int) -> int:
+    from apps.runs.services import experiment_freeze_and_enqueue
+
+    return experiment_freeze_and_enqueue(experiment_id=experiment_pk)
+
+
 @shared_task(name="tailtune.execute_run", acks_late=True, reject_on_worker_lost=True)
 def execute_run(*, run_pk: int) -> str:
     from workers.pipeline import run_execute

@@ -52,12 +52,14 @@ def _assign(runs: list[Run], hosts: list[Host]) -> None:
 
 
 def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
-    """Freeze the workload (every trace generated and stored once), then enqueue the plan.
+    """Check a host can serve the plan, mark the experiment running, and queue the freeze.
 
-    Returns the number of runs enqueued. Enqueueing happens only after the
-    transaction commits, so no task can see a run that was rolled back.
+    Generating every trace takes minutes for a large plan, so it happens in a
+    task on a host's worker (:func:`experiment_freeze_and_enqueue`), never in
+    the web request. Returns the number of runs that will be enqueued. The task
+    is sent only after this transaction commits.
     """
-    from apps.workloads.services import workload_traces_freeze
+    from workers.tasks import freeze_experiment
 
     if experiment.status not in (Experiment.Status.PLANNED, Experiment.Status.CANCELLED):
         raise StartError(f"experiment is {experiment.status}; only a planned experiment can start")
@@ -67,34 +69,55 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
             "no host can serve this experiment: no worker has sent a heartbeat in the last "
             f"{int(HEARTBEAT_TIMEOUT.total_seconds())} s (start one with `make run` or `make worker`)"
         )
-    traces = workload_traces_freeze(experiment=experiment)
     with transaction.atomic():
-        runs = list(
-            experiment.runs.filter(status__in=[Run.Status.QUEUED, Run.Status.CANCELLED]).order_by(
-                "plan_position"
-            )
-        )
-        for run in runs:
-            trace = traces[(run.mixture, run.rate_name, run.repeat)]
-            run.trace = trace
-            run.trace_sha256 = trace.sha256
-            run.corpus_sha256 = trace.corpus_sha256
-            run.requests_planned = trace.requests
-            run.status = Run.Status.QUEUED
-            run.reason = ""
-        Run.objects.bulk_update(
-            runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned", "status", "reason"]
-        )
+        pending = experiment.runs.filter(status__in=[Run.Status.QUEUED, Run.Status.CANCELLED])
+        n = pending.update(status=Run.Status.QUEUED, reason="", finished_at=None)
         Experiment.objects.filter(pk=experiment.pk).update(
-            status=Experiment.Status.RUNNING, status_reason="", updated_at=timezone.now()
+            status=Experiment.Status.RUNNING, status_reason="freezing the workload", updated_at=timezone.now()
         )
         experiment.status = Experiment.Status.RUNNING
         audit_record(
             action="experiment.started",
             actor=actor,
             experiment=experiment,
-            detail={"runs": len(runs), "hosts": [h.name for h in hosts]},
+            detail={"runs": n, "hosts": [h.name for h in hosts]},
         )
+        queue = hosts[0].queue
+        transaction.on_commit(
+            lambda: freeze_experiment.apply_async(kwargs={"experiment_pk": experiment.pk}, queue=queue)
+        )
+    return n
+
+
+def experiment_freeze_and_enqueue(*, experiment_id: int) -> int:
+    """Freeze the workload (every trace generated and stored once by hash), then enqueue the plan."""
+    from apps.workloads.services import workload_traces_freeze
+
+    experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
+    if experiment.status != Experiment.Status.RUNNING:
+        return 0
+    try:
+        traces = workload_traces_freeze(experiment=experiment)
+    except Exception as exc:  # the user sees why, and can start again after fixing it
+        log.exception("freezing experiment %s failed", experiment_id)
+        Experiment.objects.filter(pk=experiment_id).update(
+            status=Experiment.Status.PLANNED, status_reason=f"could not freeze the workload: {exc}"
+        )
+        audit_record(action="experiment.freeze_failed", experiment=experiment, detail={"error": str(exc)})
+        return 0
+    hosts = hosts_alive(max_model_len=experiment.max_model_len)
+    with transaction.atomic():
+        runs = list(experiment.runs.filter(status=Run.Status.QUEUED).order_by("plan_position"))
+        for run in runs:
+            trace = traces[(run.mixture, run.rate_name, run.repeat)]
+            run.trace = trace
+            run.trace_sha256 = trace.sha256
+            run.corpus_sha256 = trace.corpus_sha256
+            run.requests_planned = trace.requests
+        Run.objects.bulk_update(runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned"])
+        Experiment.objects.filter(pk=experiment_id).update(status_reason="", updated_at=timezone.now())
+        if not hosts:
+            raise StartError("no host is alive to take the runs")
         _assign(runs, hosts)
     return len(runs)
 
