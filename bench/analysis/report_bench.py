@@ -180,7 +180,9 @@ def load(experiment: Experiment, total: int) -> None:
     runs = list(experiment.runs.select_related("cell").order_by("plan_position"))
     cells = [c.cell_id for c in experiment.cells.order_by("position")]
     mixtures = experiment.workload.mixtures
-    per_run, extra = divmod(total, len(runs))
+    # Every cell of a (mixture, rate, repeat) replays the same trace, so every
+    # run gets the same count: ceil(total / runs), at least `total` in all.
+    per_run = -(-total // len(runs))
     quoted = ", ".join(f'"{c}"' for c in COLUMNS)
     table = RecordRow._meta.db_table
     for i, run in enumerate(runs):
@@ -190,7 +192,7 @@ def load(experiment: Experiment, total: int) -> None:
         run.hardware_id = "bench-cpu"
         run.dispatch_lag_p99_ms = 1.0
         run.save()
-        n = per_run + (1 if i < extra else 0)
+        n = per_run
         seed = zlib.crc32(f"{run.mixture}|{run.rate_name}|{run.repeat}".encode())
         rows = run_rows(run, n, cells.index(run.cell.cell_id), mixtures[run.mixture], seed)
         with transaction.atomic(), connection.cursor() as cursor:
