@@ -223,7 +223,7 @@ def _percentiles(values: np.ndarray, bounds: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def _plain_stats(values: np.ndarray) -> dict[str, Any]:
+def plain_stats(values: np.ndarray) -> dict[str, Any]:
     v = values[~np.isnan(values)]
     if v.size == 0:
         return {"p50": None, "p99": None, "max": None, "n": 0}
@@ -315,8 +315,8 @@ def class_metrics(
         "itl_ms": _hist_percentiles(token_hist),
         "chunk_gap_ms": _hist_percentiles(chunk_hist),
         "max_stall_ms": stall,
-        "lateness_ms": _plain_stats(d.lateness_ms[rows]),
-        "admission_delay_ms": _plain_stats(d.admission_ms[rows]),
+        "lateness_ms": plain_stats(d.lateness_ms[rows]),
+        "admission_delay_ms": plain_stats(d.admission_ms[rows]),
         "oldest_queue_age_ms": _ms(queue_age.max()) if queue_age.size else None,
         "goodput_rps": float(round(good / observation_s, 6)) if observation_s > 0 else 0.0,
         "contract_share": float(round(good / offered, 6)) if offered else None,

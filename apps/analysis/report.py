@@ -217,7 +217,7 @@ def build_report(
                     "observation_s": w.observation_s,
                     "drain_deadline_s": float(r["drain_deadline_s"]),
                 },
-                "lateness_ms": metrics._plain_stats(d.lateness_ms[all_rows]),
+                "lateness_ms": metrics.plain_stats(d.lateness_ms[all_rows]),
                 "tokens_per_s": round(total_tokens / w.observation_s, 6) if w.observation_s > 0 else None,
                 "classes": per_class,
                 "server": server_metrics((samples or {}).get(key, [])),
