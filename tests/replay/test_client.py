@@ -247,7 +247,7 @@ def test_it_stops_promptly_and_marks_what_was_left(mock_config: MockConfig) -> N
     assert result.stopped
     assert result.not_sent > 0 and result.sent > 0
     unsent = [r for r in result.records if not r.sent]
-    assert all(r.error == "run stopped before this request was due" for r in unsent)
+    assert all(r.error is not None and r.error.startswith("run stopped before this request") for r in unsent)
     # Streams open at the stop were closed and marked cancelled (100 tokens take 5 s).
     open_at_stop = [r for r in result.records if r.sent]
     assert open_at_stop and all(r.cancelled for r in open_at_stop)

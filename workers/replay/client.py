@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import math
 import resource
@@ -373,16 +374,27 @@ class _Replay:
                 if delay <= 0:
                     break
                 await asyncio.sleep(delay / 1e9)
-            task = loop.create_task(self._stream(session, semaphore, request, record))
+            sent_early = None
+            if session is None and semaphore is None:
+                sent_early = self._send_now(request, record)
+            task = loop.create_task(self._stream(session, semaphore, request, record, sent_early))
             self._tasks.add(task)
-            task.add_done_callback(self._task_done)
+            task.add_done_callback(functools.partial(self._task_done, record, sent_early))
             self._dispatched = position + 1
         self._dispatch_done = True
         if not self._tasks:
             self._idle.set()
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(
+        self, record: RequestRecord, sent_early: rawhttp.Response | None, task: asyncio.Task[None]
+    ) -> None:
         self._tasks.discard(task)
+        if task.cancelled():
+            # Cancelled before its first step, so _stream never ran to record it.
+            if sent_early is not None:
+                sent_early.close()
+            self._mark_interrupted(record, perf_ns())
+            self.finished.append(record)
         if self._dispatch_done and not self._tasks:
             self._idle.set()
 
@@ -403,38 +415,89 @@ class _Replay:
             record.error = reason
             self.finished.append(record)
 
+    def _mark_interrupted(self, record: RequestRecord, now: int) -> None:
+        if not record.sent:
+            record.error = (
+                "run stopped before this request was sent"
+                if self._close_reason == "cancelled"
+                else "not sent by the drain deadline (waiting for a concurrency slot)"
+            )
+        elif self._close_reason == "cancelled":
+            record.cancelled = True
+            record.error = "run stopped before the stream ended"
+            record.end_ns = now - self.origin_ns
+        else:
+            record.unfinished = True
+            record.end_ns = now - self.origin_ns
+
+    def _headers(self, record: RequestRecord) -> dict[str, str]:
+        return {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            # Lets a server (or the test and benchmark mocks) tie its log to this record.
+            "X-Tailtune-Request": f"{self.run_id}:{record.index}",
+        }
+
+    def _send_now(self, request: dict[str, Any], record: RequestRecord) -> rawhttp.Response | None:
+        # Send from the dispatcher itself when a kept-alive connection is idle:
+        # a new task would only start one loop pass later, after every frame
+        # that arrived meanwhile has been processed.
+        try:
+            body = request_body(request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body)
+        except Exception:  # the stream task records the error
+            return None
+        sent = perf_ns()
+        response = self._pool.send_nowait(self.path, body, self._headers(record))
+        if response is not None:
+            record.sent = True
+            record.sent_ns = sent - self.origin_ns
+            record.admission_delay_ns = 0
+            self.sent_count += 1
+        return response
+
     async def _stream(
         self,
         session: aiohttp.ClientSession | None,
         semaphore: asyncio.Semaphore | None,
         request: dict[str, Any],
         record: RequestRecord,
+        sent_early: rawhttp.Response | None = None,
     ) -> None:
         origin = self.origin_ns
         dispatched = perf_ns()
-        response: aiohttp.ClientResponse | rawhttp.Response | None = None
+        response: aiohttp.ClientResponse | rawhttp.Response | None = sent_early
         tally: _Tally | None = None
         acquired = False
         try:
-            if semaphore is not None:
-                await semaphore.acquire()
-                acquired = True
-            body = request_body(request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body)
-            headers = {
-                "Content-Type": "application/json",
-                "Accept": "text/event-stream",
-                # Lets a server (or the test and benchmark mocks) tie its log to this record.
-                "X-Tailtune-Request": f"{self.run_id}:{record.index}",
-            }
-            sent = perf_ns()
-            record.sent = True
-            record.sent_ns = sent - origin
-            record.admission_delay_ns = sent - dispatched if semaphore is not None else 0
-            self.sent_count += 1
-            if session is None:
-                response = await self._pool.post(self.path, body, headers)
+            if sent_early is not None:
+                try:
+                    await sent_early.head()
+                except rawhttp.ConnectionLost:
+                    if sent_early.bytes_seen:
+                        raise
+                    # The idle connection had just been closed by the server: nothing
+                    # was processed, send again on a fresh one (same sent time).
+                    body = request_body(
+                        request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body
+                    )
+                    response = await self._pool.post(self.path, body, self._headers(record))
             else:
-                response = await session.post(self.url, data=body, headers=headers)
+                if semaphore is not None:
+                    await semaphore.acquire()
+                    acquired = True
+                body = request_body(
+                    request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body
+                )
+                headers = self._headers(record)
+                sent = perf_ns()
+                record.sent = True
+                record.sent_ns = sent - origin
+                record.admission_delay_ns = sent - dispatched if semaphore is not None else 0
+                self.sent_count += 1
+                if session is None:
+                    response = await self._pool.post(self.path, body, headers)
+                else:
+                    response = await session.post(self.url, data=body, headers=headers)
             record.http_status = response.status
             if response.status != 200:
                 if isinstance(response, rawhttp.Response):
@@ -461,20 +524,7 @@ class _Replay:
                 await self._read_stream(response, tally)
         except asyncio.CancelledError:
             # Only this module cancels stream tasks: at the drain deadline or on stop.
-            now = perf_ns()
-            if not record.sent:
-                record.error = (
-                    "run stopped while waiting for a concurrency slot"
-                    if self._close_reason == "cancelled"
-                    else "still waiting for a concurrency slot at the drain deadline"
-                )
-            elif self._close_reason == "cancelled":
-                record.cancelled = True
-                record.error = "run stopped before the stream ended"
-                record.end_ns = now - origin
-            else:
-                record.unfinished = True
-                record.end_ns = now - origin
+            self._mark_interrupted(record, perf_ns())
             current = asyncio.current_task()
             if current is not None:
                 current.uncancel()

@@ -80,6 +80,8 @@ class Response:
         self.pool = pool
         self.conn = conn
         self.status = 0
+        # Sent on a kept-alive connection (which the server may have just closed).
+        self.reused = False
         self.last_data_ns = perf_ns()
         self.bytes_seen = 0
         self._state = _HEAD
@@ -96,6 +98,10 @@ class Response:
         self._done: asyncio.Future[None] = loop.create_future()
 
     # -- called by the caller
+
+    async def head(self) -> None:
+        """Wait for the response head (``status``)."""
+        await self._head
 
     async def stream(self, sink: Sink) -> None:
         """Feed the body to ``sink`` as it arrives; returns at its end (or when the sink asks to stop)."""
@@ -304,22 +310,42 @@ class Pool:
         if read_timeout_s:
             self._watchdog = self.loop.create_task(self._watch())
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
-        """Send a POST and return once the response head is in (status known)."""
+    def _message(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
         lines = [
             f"POST {self.prefix}{path} HTTP/1.1",
             f"Host: {self.host_header}",
             f"Content-Length: {len(body)}",
         ]
         lines += [f"{k}: {v}" for k, v in headers.items()]
-        message = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+    def _send(self, conn: _Connection, message: bytes) -> Response:
+        response = Response(self, conn)
+        conn.response = response
+        self._active.add(response)
+        assert conn.transport is not None
+        conn.transport.write(message)
+        return response
+
+    def send_nowait(self, path: str, body: bytes, headers: dict[str, str]) -> Response | None:
+        """Send now on an idle keep-alive connection, without yielding to the loop; None if there is none.
+
+        The load generator calls this from its dispatcher, so a request goes out
+        in the same loop step that found it due, not one loop pass later.
+        """
+        conn = self._idle_connection()
+        if conn is None:
+            return None
+        response = self._send(conn, self._message(path, body, headers))
+        response.reused = True
+        return response
+
+    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
+        """Send a POST and return once the response head is in (status known)."""
+        message = self._message(path, body, headers)
         for attempt in (0, 1):
             conn, reused = await self._acquire()
-            response = Response(self, conn)
-            conn.response = response
-            self._active.add(response)
-            assert conn.transport is not None
-            conn.transport.write(message)
+            response = self._send(conn, message)
             try:
                 await response._head
                 return response
@@ -331,13 +357,19 @@ class Pool:
                 raise
         raise AssertionError("unreachable")
 
-    async def _acquire(self) -> tuple[_Connection, bool]:
+    def _idle_connection(self) -> _Connection | None:
         now = perf_ns()
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed and conn.reusable and now - conn.idle_since_ns < _IDLE_REUSE_NS:
-                return conn, True
+                return conn
             conn.close()
+        return None
+
+    async def _acquire(self) -> tuple[_Connection, bool]:
+        conn = self._idle_connection()
+        if conn is not None:
+            return conn, True
         _transport, conn = await asyncio.wait_for(
             self.loop.create_connection(
                 _Connection,
