@@ -21,15 +21,32 @@ class Command(BaseCommand):
         parser.add_argument(
             "--save", action="store_true", help="also store the decision (experiment_analyse)"
         )
+        parser.add_argument(
+            "--options",
+            default=None,
+            help="analysis options as JSON instead of the spec's analysis section, "
+            'e.g. {"agreed_rates": ["near_capacity"], "compare": {"resamples": 500}}',
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         exp_id = opts["experiment_id"]
         if not Experiment.objects.filter(pk=exp_id).exists():
             raise CommandError(f"experiment {exp_id} does not exist")
-        if opts["save"]:
-            report = experiment_analyse(experiment_id=exp_id).report
-        else:
-            report = experiment_report_build(experiment_id=exp_id)
+        options = None
+        if opts["options"] is not None:
+            try:
+                options = json.loads(opts["options"])
+            except json.JSONDecodeError as exc:
+                raise CommandError(f"--options is not valid JSON: {exc.msg}") from None
+            if opts["save"]:
+                raise CommandError("--save stores the decision under the spec's options; drop --options")
+        try:
+            if opts["save"]:
+                report = experiment_analyse(experiment_id=exp_id).report
+            else:
+                report = experiment_report_build(experiment_id=exp_id, options=options)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         if opts["format"] == "json":
             self.stdout.write(json.dumps(report, indent=opts["indent"], sort_keys=True, allow_nan=False))
             return
