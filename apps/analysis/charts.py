@@ -179,9 +179,17 @@ def latency_by_cell(
                 }
             data.append(trace)
     shapes = _baseline_band(cells, baseline)
+    top = 0.0
+    for trace in data:
+        plus = (trace.get("error_y") or {}).get("array") or [0.0] * len(trace["y"])
+        top = max([top] + [y + e for y, e in zip(trace["y"], plus, strict=True)])
+    off_scale = []
     for c in classes:
         limit = (c.get("contract") or c).get(limit_key)
-        if limit is not None:
+        # A limit far above the data would flatten every point against the axis: name it instead.
+        if limit is not None and top and limit > 1.5 * top:
+            off_scale.append(f"{c['name']} {limit:,.0f} ms")
+        elif limit is not None:
             shapes.append(
                 {
                     "type": "line",
@@ -221,6 +229,20 @@ def latency_by_cell(
             "text": "● p50  ◆ p95  ■ p99 (whiskers: repeat range)  - - contract · open marker: above (censored)",
         }
     ]
+    if off_scale:
+        layout["annotations"].append(
+            {
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0,
+                "y": 1.0,
+                "showarrow": False,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "font": {"size": 11, "color": "#5b6474"},
+                "text": "contract above the chart: " + ", ".join(off_scale),
+            }
+        )
     return {"data": data, "layout": layout}
 
 
@@ -277,7 +299,7 @@ def goodput_heatmaps(
         custom.append(row_c)
     height = max(260, 70 + 42 * len(cells))
 
-    def heat(z: list[list[Any]], text: list[list[str]], title: str, unit: str, scale: str, **kw: Any) -> dict:
+    def heat(z: list[list[Any]], text: list[list[str]], title: str, unit: str, scale: Any, **kw: Any) -> dict:
         return {
             "data": [
                 {
@@ -316,10 +338,9 @@ def goodput_heatmaps(
             t_acc,
             "Accepted / offered per cell (✓ every class kept its contract)",
             "%",
-            "RdYlGn",
+            [[0.0, FAIL_COLOUR], [0.5, "#f6c143"], [1.0, PASS_COLOUR]],
             zmin=80,
             zmax=100,
-            reversescale=True,
         ),
     )
 
@@ -457,6 +478,7 @@ def gauges_over_time(
         if not series:
             continue
         url = url_for_run(str(r["key"]))
+        t0 = series[0][0]  # scrape clocks are per host: each run starts at its own first scrape
         data.append(
             {
                 "type": "scatter",
@@ -464,7 +486,7 @@ def gauges_over_time(
                 "name": r["cell"],
                 "legendgroup": r["cell"],
                 "showlegend": r["cell"] not in shown,
-                "x": [p[0] for p in series],
+                "x": [round(p[0] - t0, 3) for p in series],
                 "y": [p[1] * scale for p in series],
                 "customdata": [url] * len(series),
                 "hovertemplate": f"{r['cell']} repeat {r['repeat']}<br>%{{x:.0f}} s: %{{y:.2f}} {unit}<extra></extra>",
@@ -475,7 +497,10 @@ def gauges_over_time(
             }
         )
         shown.add(r["cell"])
-    return {"data": data, "layout": _layout(title, "time since run start (s)", f"{y_title} ({unit})")}
+    return {
+        "data": data,
+        "layout": _layout(title, "time since the run's first scrape (s)", f"{y_title} ({unit})"),
+    }
 
 
 def preemptions_by_cell(

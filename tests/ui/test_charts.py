@@ -53,8 +53,9 @@ def test_it_gives_each_class_one_colour_everywhere() -> None:
 
 def test_it_draws_quantiles_with_repeat_whiskers_b0_band_and_contract_lines() -> None:
     aggs = [_agg("B0", "short", 100.0), _agg("C1", "short", 80.0), _agg("B0", "long", 900.0, censored=True)]
+    near = [{**CLASSES[0], "ttft_p99_ms": 150}, {**CLASSES[1], "ttft_p99_ms": 1200}]
     fig = charts.latency_by_cell(
-        aggregates=aggs, cells=["B0", "C1"], baseline="B0", classes=CLASSES, metric="ttft",
+        aggregates=aggs, cells=["B0", "C1"], baseline="B0", classes=near, metric="ttft",
         mixture="80-20", rate="low", url_for_cell=_url,
     )  # fmt: skip
     p99_short = next(t for t in fig["data"] if t["name"] == "short p99")
@@ -68,9 +69,16 @@ def test_it_draws_quantiles_with_repeat_whiskers_b0_band_and_contract_lines() ->
     band = fig["layout"]["shapes"][0]
     assert (band["type"], band["x0"], band["x1"]) == ("rect", -0.5, 0.5)
     limits = sorted(s["y0"] for s in fig["layout"]["shapes"] if s["type"] == "line")
-    assert limits == [500, 4000]
+    assert limits == [150, 1200]
     assert fig["layout"]["yaxis"]["title"]["text"].endswith("(ms)")
     assert p99_short["customdata"][1] == "/runs?cell=C1&mixture=80-20&rate=low"
+    # Limits far above the data are named, not drawn (they would flatten every point).
+    far = charts.latency_by_cell(
+        aggregates=aggs, cells=["B0", "C1"], baseline="B0", classes=CLASSES, metric="ttft",
+        mixture="80-20", rate="low", url_for_cell=_url,
+    )  # fmt: skip
+    assert [s["y0"] for s in far["layout"]["shapes"] if s["type"] == "line"] == [500]
+    assert far["layout"]["annotations"][-1]["text"] == "contract above the chart: long 4,000 ms"
 
 
 def test_it_marks_pass_and_fail_on_the_heatmaps() -> None:
