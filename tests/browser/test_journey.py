@@ -153,6 +153,8 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
 
     # Progress changes in place: the page is never reloaded.
     erin.evaluate("window.__journeyMarker = 42")
+    erin.wait_for_selector(".current-run", timeout=RUNS_TIMEOUT_MS)  # a run's live view appears
+    shot(erin, "j1b-live-run")
     erin.wait_for_function(
         "document.querySelector('#progress-text') && /^\\s*2 \\/ 2/.test(document.querySelector('#progress-text').innerText)",
         timeout=RUNS_TIMEOUT_MS,

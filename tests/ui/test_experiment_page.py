@@ -8,7 +8,6 @@ from django.utils import timezone
 from apps.approvals.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.runs.models import Host, MetricSample, RequestRecord, Run
-from tests.experiments.factories import make_experiment
 from tests.ui.factories import seed_records
 
 
@@ -90,23 +89,18 @@ def test_it_shows_the_live_run_and_polls_only_while_running(client, author, expe
 
 
 @pytest.mark.django_db
-def test_it_starts_an_experiment_for_its_author(client, author, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from workers.engine.tinymodel import build_tokenizer
-
-    build_tokenizer(tmp_path)
-    experiment = make_experiment(
-        owner=author, model={"path": str(tmp_path), "revision": "r1", "tokenizer_revision": "r1"}
-    )
+def test_it_starts_an_experiment_for_its_author(client, author, experiment) -> None:  # type: ignore[no-untyped-def]
     Host.objects.create(name="cpu-a", queue="host.cpu-a", last_heartbeat=timezone.now())
     client.force_login(author)
-    response = client.post(f"/experiments/{experiment.pk}/start/")
-    assert response.status_code == 302
+    response = client.post(f"/experiments/{experiment.pk}/start/", follow=True)
+    assert b"Started: 2 runs queued." in response.content
     experiment.refresh_from_db()
     assert experiment.status == "running"
-    assert all(r.trace_sha256 and r.requests_planned for r in experiment.runs.all())
     assert AuditEvent.objects.filter(
         experiment=experiment, action="experiment.started", actor=author
     ).exists()
+    live = client.get(f"/experiments/{experiment.pk}/live/").content.decode()
+    assert "data-live-url" in live  # queued runs: the page polls
 
 
 @pytest.mark.django_db
