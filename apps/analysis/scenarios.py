@@ -1,0 +1,469 @@
+"""What each failure scenario must show, and whether it did. Pure: plain inputs, no Django.
+
+A scenario run is judged from its records (one per planned request), the
+server-side metrics of the run (apps/analysis/server.py ``server_metrics``)
+and the meta of its trace, which names each request's role (the burst, the
+backlog, the input past the context window...). Every verdict has two parts:
+
+- ``must_hold``: claims that keep the measurement honest whatever the
+  candidate (every request is accounted for: answered, refused, cancelled or
+  counted unfinished, never dropped; the run itself did not crash), each with
+  ``held`` and its evidence;
+- ``signal``: the stress the scenario is built to produce (preemptions under
+  KV pressure, unfinished or refused long requests under the burst...), with
+  ``shown`` and the evidence. A scenario that did not produce its signal did
+  not test what it claims to, and says so.
+
+docs/SCENARIOS.md states the same rules in prose.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from apps.analysis.metrics import REJECT_STATUSES, censored_percentile
+
+NS_PER_MS = 1_000_000.0
+# A flood request "overtakes" an older backlog request when its first token
+# comes at least this much earlier: first tokens of one scheduler step differ
+# only by delivery jitter, and that must not count as reordering.
+OVERTAKE_MARGIN_MS = 50.0
+# Shares of flood requests that overtook the backlog: above the first,
+# priority works; at or below the second, the order was arrival order.
+PRIORITY_OVERTAKE_SHARE = 0.5
+FCFS_OVERTAKE_SHARE = 0.1
+
+OUTCOMES = ("unsent", "rejected", "timeout", "error", "cancelled", "unfinished", "completed")
+
+
+def outcome(rec: Mapping[str, Any]) -> str:
+    """One outcome per record, in the precedence apps/analysis/metrics.py uses."""
+    kind = rec.get("error_kind")
+    if not rec.get("sent", True):
+        return "unsent"
+    if rec.get("http_status") in REJECT_STATUSES or kind == "admission":
+        return "rejected"
+    if kind == "timeout":
+        return "timeout"
+    if kind is not None:
+        return "error"
+    if rec.get("cancelled"):
+        return "cancelled"
+    if rec.get("unfinished"):
+        return "unfinished"
+    if rec.get("http_status") == 200:
+        return "completed"
+    return "error"
+
+
+def _claim(claim: str, held: bool, **evidence: Any) -> dict[str, Any]:
+    return {"claim": claim, "held": bool(held), "evidence": evidence}
+
+
+def _counts(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    out = dict.fromkeys(OUTCOMES, 0)
+    for r in records:
+        out[outcome(r)] += 1
+    return out
+
+
+def _deadline_ns(meta: Mapping[str, Any]) -> float:
+    return (
+        float(meta.get("warmup_s") or 0)
+        + float(meta.get("observation_s") or 0)
+        + float(meta.get("drain_deadline_s") or 0)
+    ) * 1e9
+
+
+def _ttft_ms(rec: Mapping[str, Any]) -> float | None:
+    first = rec.get("first_token_ns")
+    if first is None or outcome(rec) in ("unsent", "rejected"):
+        return None
+    return (float(first) - float(rec["planned_ns"])) / NS_PER_MS
+
+
+def _p(records: Sequence[Mapping[str, Any]], q: float, deadline_ns: float) -> dict[str, Any]:
+    """Censored percentile of TTFT: a request without a first token ranks above every observed one."""
+    seen = [t for t in (_ttft_ms(r) for r in records) if t is not None]
+    bounds = [
+        (deadline_ns - float(r["planned_ns"])) / NS_PER_MS
+        for r in records
+        if _ttft_ms(r) is None and outcome(r) in ("unfinished", "timeout")
+    ]
+    return censored_percentile(np.asarray(seen, dtype=float), np.asarray(bounds, dtype=float), q)
+
+
+def _oldest_wait_ms(records: Sequence[Mapping[str, Any]], deadline_ns: float) -> float | None:
+    """Oldest wait from planned arrival to first token; still waiting counts up to the deadline."""
+    waits = []
+    for r in records:
+        if outcome(r) in ("unsent", "rejected", "error"):
+            continue
+        end = r.get("first_token_ns")
+        end = float(end) if end is not None else deadline_ns
+        waits.append((end - float(r["planned_ns"])) / NS_PER_MS)
+    return round(max(waits), 3) if waits else None
+
+
+def _in_flight_peak(records: Sequence[Mapping[str, Any]], deadline_ns: float) -> int:
+    """Most streams between first and last token at the same moment."""
+    events: list[tuple[float, int]] = []
+    for r in records:
+        first = r.get("first_token_ns")
+        if first is None:
+            continue
+        last = r.get("last_token_ns") or r.get("end_ns") or deadline_ns
+        events += [(float(first), 1), (float(last), -1)]
+    peak = cur = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        cur += step
+        peak = max(peak, cur)
+    return peak
+
+
+def _roles(
+    meta: Mapping[str, Any], by_index: Mapping[int, Mapping[str, Any]]
+) -> dict[str, list[Mapping[str, Any]]]:
+    roles = meta.get("roles") or {}
+    return {role: [by_index[i] for i in idx if i in by_index] for role, idx in roles.items()}
+
+
+def _accounted(meta: Mapping[str, Any], by_index: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    planned = int(meta.get("requests") or sum(len(v) for v in (meta.get("roles") or {}).values()))
+    return _claim(
+        "every planned request is accounted for (answered, refused, cancelled or counted unfinished)",
+        len(by_index) == planned and planned > 0,
+        planned=planned,
+        recorded=len(by_index),
+    )
+
+
+def _run_done(status: str) -> dict[str, Any]:
+    return _claim("the run finished without crashing (status done)", status == "done", status=status)
+
+
+def _long_burst(
+    meta: Mapping[str, Any],
+    roles: Mapping[str, list[Mapping[str, Any]]],
+    deadline: float,
+    _: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    burst = _counts(roles.get("burst", []))
+    steady = roles.get("steady", [])
+    not_done = burst["unfinished"] + burst["rejected"] + burst["timeout"] + burst["error"]
+    claims = [
+        _claim(
+            "bounded admission: burst requests the server could not take are refused or left visibly "
+            "unfinished at the drain deadline, never silently dropped",
+            sum(burst.values()) == len(roles.get("burst", [])),
+            burst=burst,
+        ),
+    ]
+    signal = {
+        "expected": "some long requests of the burst are refused or still unfinished at the drain deadline",
+        "shown": not_done > 0,
+        "evidence": {
+            "burst": burst,
+            "steady": _counts(steady),
+            "steady_ttft_p99": _p(steady, 0.99, deadline),
+            "steady_oldest_wait_ms": _oldest_wait_ms(steady, deadline),
+        },
+    }
+    return claims, signal
+
+
+def _decode_pressure(
+    meta: Mapping[str, Any],
+    roles: Mapping[str, list[Mapping[str, Any]]],
+    deadline: float,
+    server: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    streams = roles.get("long_output", [])
+    counts = _counts(streams)
+    wrong = sum(
+        1
+        for r in streams
+        if outcome(r) == "completed" and r.get("output_tokens") != r.get("expected_output_tokens")
+    )
+    peak = _in_flight_peak(streams, deadline)
+    want = max(2, math.ceil(len(streams) / 2))
+    running = ((server.get("gauges") or {}).get("running") or {}).get("max")
+    claims = [
+        _claim(
+            "every long stream either delivered all its tokens or is counted unfinished",
+            wrong == 0 and counts["completed"] + counts["unfinished"] + counts["timeout"] == len(streams),
+            counts=counts,
+            wrong_token_counts=wrong,
+        )
+    ]
+    signal = {
+        "expected": f"at least {want} long outputs in flight at the same time",
+        "shown": peak >= want,
+        "evidence": {
+            "peak_streams_in_flight": peak,
+            "server_running_max": running,
+            "stream_stall_p99": _stall_p99(streams),
+        },
+    }
+    return claims, signal
+
+
+def _stall_p99(records: Sequence[Mapping[str, Any]]) -> float | None:
+    gaps = [float(r["max_gap_ns"]) / NS_PER_MS for r in records if r.get("max_gap_ns") is not None]
+    return round(float(np.quantile(gaps, 0.99, method="inverted_cdf")), 3) if gaps else None
+
+
+def _context_boundary(
+    meta: Mapping[str, Any],
+    roles: Mapping[str, list[Mapping[str, Any]]],
+    deadline: float,
+    _: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    at = roles.get("at_limit", [])
+    past = roles.get("past_limit", [])
+    at_ok = bool(at) and all(
+        outcome(r) == "completed" and r.get("output_tokens") == r.get("expected_output_tokens") for r in at
+    )
+    past_err = bool(past) and all(r.get("error_kind") is not None for r in past)
+    claims = [
+        _claim(
+            "the input exactly at the context window is served in full",
+            at_ok,
+            at_limit=[_brief(r) for r in at],
+        ),
+        _claim(
+            "the input past the context window is refused, and the refusal is recorded with its kind",
+            past_err,
+            past_limit=[_brief(r) for r in past],
+        ),
+    ]
+    signal = {
+        "expected": "the server's error for the input past the window is captured in its record",
+        "shown": past_err,
+        "evidence": {"past_limit": [_brief(r) for r in past]},
+    }
+    return claims, signal
+
+
+def _brief(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "index": r.get("index"),
+        "input_tokens": r.get("input_tokens"),
+        "outcome": outcome(r),
+        "http_status": r.get("http_status"),
+        "error_kind": r.get("error_kind"),
+        "error": (r.get("error") or "")[:200] or None,
+        "output_tokens": r.get("output_tokens"),
+    }
+
+
+def _cancellation(
+    meta: Mapping[str, Any],
+    roles: Mapping[str, list[Mapping[str, Any]]],
+    deadline: float,
+    _: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    cancel = roles.get("cancel", [])
+    keep = roles.get("complete", [])
+    c_cancel = _counts(cancel)
+    c_keep = _counts(keep)
+    claims = [
+        _claim(
+            "streams the client cancelled are recorded as cancellations, not as server errors",
+            c_cancel["error"] == 0
+            and c_cancel["cancelled"] + c_cancel["completed"] + c_cancel["unfinished"] == len(cancel),
+            cancel=c_cancel,
+        ),
+        _claim(
+            "the other streams are still served in full after the disconnects",
+            c_keep["completed"] + c_keep["unfinished"] == len(keep) and c_keep["error"] == 0,
+            complete=c_keep,
+        ),
+    ]
+    signal = {
+        "expected": "every stream marked to cancel is recorded as a client cancellation",
+        "shown": bool(cancel) and c_cancel["cancelled"] == len(cancel),
+        "evidence": {"planned_cancellations": len(cancel), "cancelled": c_cancel["cancelled"]},
+    }
+    return claims, signal
+
+
+def _kv_pressure(
+    meta: Mapping[str, Any],
+    roles: Mapping[str, list[Mapping[str, Any]]],
+    deadline: float,
+    server: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    reqs = roles.get("pressure", [])
+    counts = _counts(reqs)
+    preemptions = (server.get("counters") or {}).get("preemptions")
+    claims = [
+        _claim(
+            "preempted requests still finish, or are counted unfinished (recomputation is visible, not lost)",
+            counts["completed"] + counts["unfinished"] + counts["timeout"] == len(reqs),
+            counts=counts,
+        )
+    ]
+    signal = {
+        "expected": "the server's preemption counter rises during the run (delta > 0)",
+        "shown": preemptions is not None and preemptions > 0,
+        "evidence": {
+            "preemption_delta": preemptions,
+            "kv_usage_max": ((server.get("gauges") or {}).get("kv_usage") or {}).get("max"),
+            "kv_capacity_tokens": meta.get("kv_capacity_tokens"),
+        },
+    }
+    return claims, signal
+
+
+def priority_order(
+    backlog: Sequence[Mapping[str, Any]],
+    flood: Sequence[Mapping[str, Any]],
+    *,
+    margin_ms: float = OVERTAKE_MARGIN_MS,
+) -> dict[str, Any]:
+    """How many flood requests got their first token before an older backlog request still waiting.
+
+    A backlog request that never got a first token (and was not refused or
+    failed) was still waiting: every flood request served meanwhile overtook it.
+    """
+    margin = margin_ms * NS_PER_MS
+    waiting = [r for r in backlog if outcome(r) not in ("unsent", "rejected", "error")]
+    overtook = 0
+    for f in flood:
+        first = f.get("first_token_ns")
+        if first is None:
+            continue
+        for b in waiting:
+            if float(b["planned_ns"]) >= float(f["planned_ns"]):
+                continue
+            b_first = b.get("first_token_ns")
+            if b_first is None or float(first) < float(b_first) - margin:
+                overtook += 1
+                break
+    served = sum(1 for f in flood if f.get("first_token_ns") is not None)
+    return {
+        "flood_served": served,
+        "overtook": overtook,
+        "share": round(overtook / served, 6) if served else None,
+    }
+
+
+def _priority_flood(
+    meta: Mapping[str, Any],
+    roles: Mapping[str, list[Mapping[str, Any]]],
+    deadline: float,
+    _: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    backlog = roles.get("backlog", [])
+    flood = roles.get("flood", [])
+    order = priority_order(backlog, flood)
+    high = _p(flood, 0.5, deadline)
+    low = _p(backlog, 0.5, deadline)
+    oldest = _oldest_wait_ms(backlog, deadline)
+    high_v = high["ms"] if high["ms"] is not None else math.inf
+    low_v = low["ms"] if low["ms"] is not None else (math.inf if low.get("censored") else math.nan)
+    claims = [
+        _claim(
+            "no starvation hidden by percentiles of the finished: the oldest lower-priority wait is "
+            "reported, counting requests still waiting at the drain deadline",
+            oldest is not None,
+            oldest_lower_priority_wait_ms=oldest,
+            backlog=_counts(backlog),
+        ),
+        _claim(
+            "every request of the flood and the backlog is accounted for",
+            sum(_counts(backlog).values()) + sum(_counts(flood).values()) == len(backlog) + len(flood),
+            flood=_counts(flood),
+        ),
+    ]
+    evidence = {
+        "high_priority_ttft_p50": high,
+        "low_priority_ttft_p50": low,
+        "overtaking": order,
+        "oldest_lower_priority_wait_ms": oldest,
+        "scheduling_policy": meta.get("scheduling_policy") or "fcfs",
+    }
+    if meta.get("scheduling_policy") == "priority" and meta.get("send_priority", True):
+        shown = (order["share"] or 0) >= PRIORITY_OVERTAKE_SHARE and high_v < low_v
+        signal = {
+            "expected": "under priority scheduling, high-priority arrivals overtake the waiting backlog "
+            "and their TTFT p50 is lower than the backlog's",
+            "shown": shown,
+            "evidence": evidence,
+        }
+        if not shown:
+            signal["diagnosis"] = (
+                "priority has no effect on the order: the priority field is being dropped somewhere "
+                "(trace, replay client, server flag --scheduling-policy priority, or the scheduler)"
+            )
+    else:
+        signal = {
+            "expected": "without priority scheduling, arrival order is kept: high-priority arrivals do not overtake the backlog",
+            "shown": order["share"] is not None and order["share"] <= FCFS_OVERTAKE_SHARE,
+            "evidence": evidence,
+        }
+    return claims, signal
+
+
+_CHECKS = {
+    "long_burst": _long_burst,
+    "decode_pressure": _decode_pressure,
+    "context_boundary": _context_boundary,
+    "cancellation": _cancellation,
+    "kv_pressure": _kv_pressure,
+    "priority_flood": _priority_flood,
+}
+
+
+def scenario_verdict(
+    *,
+    meta: Mapping[str, Any],
+    records: Iterable[Mapping[str, Any]],
+    server: Mapping[str, Any] | None = None,
+    status: str = "done",
+    scheduling_policy: str | None = None,
+) -> dict[str, Any]:
+    """Judge one scenario run: what must hold, whether it did, and whether the scenario's signal showed.
+
+    ``meta`` is the scenario trace's meta (its ``scenario_kind`` picks the
+    check, its ``roles`` map roles to request indices); ``records`` are the
+    run's request records as mappings; ``server`` is ``server_metrics`` of
+    the run's samples; ``scheduling_policy`` is the cell's (vLLM's default,
+    FCFS, when None): it decides what the priority flood must show.
+    """
+    kind = str(meta.get("scenario_kind") or meta.get("scenario") or "")
+    if kind not in _CHECKS:
+        raise ValueError(f"no check for scenario {kind!r}")
+    by_index = {int(r["index"]): r for r in records}
+    roles = _roles(meta, by_index)
+    deadline = _deadline_ns(meta)
+    meta = {**meta, "scheduling_policy": scheduling_policy or "fcfs"}
+    claims, signal = _CHECKS[kind](meta, roles, deadline, server or {})
+    claims = [_run_done(status), _accounted(meta, by_index), *claims]
+    return {
+        "scenario": meta.get("scenario") or kind,
+        "kind": kind,
+        "status": status,
+        "counts": _counts(by_index.values()),
+        "must_hold": claims,
+        "held": all(c["held"] for c in claims),
+        "signal": signal,
+        "shown": bool(signal["shown"]),
+    }
+
+
+def scenarios_summary(verdicts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One line per scenario run and whether all held and showed their signal."""
+    return {
+        "runs": len(verdicts),
+        "held": sum(1 for v in verdicts if v["held"]),
+        "shown": sum(1 for v in verdicts if v["shown"]),
+        "status": "none"
+        if not verdicts
+        else ("pass" if all(v["held"] and v["shown"] for v in verdicts) else "listed"),
+    }

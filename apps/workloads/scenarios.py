@@ -1,0 +1,466 @@
+"""Failure-scenario traces: the traffic every decision must survive.
+
+Pure: no Django. Each scenario is a generator of canonical traces (the same
+format as the sweep's, see docs/TRACES.md) built from the experiment's
+classes, tokenizer and seed, so a scenario trace is hashed, stored once and
+replayed by the same pipeline as any other run. The meta of every scenario
+trace names the role of each request (``meta.roles``: role -> indices), so
+the checks in apps/analysis/scenarios.py know which requests were the burst,
+the backlog or the boundary input without guessing from timings.
+
+Scenarios (parameters and defaults in ``DEFAULTS``, prose in docs/SCENARIOS.md):
+
+- ``long_burst``: steady short traffic, and a burst of long prompts arriving
+  together in the middle of it.
+- ``decode_pressure``: many long outputs in flight at once.
+- ``context_boundary``: one input of exactly max_model_len - output tokens and
+  one a token past it (the server must refuse that one; the run must not crash).
+- ``cancellation``: steady traffic where a share of the streams carry
+  ``cancel_after_tokens`` (the client disconnects mid-response).
+- ``kv_pressure``: enough concurrent context to overflow the KV cache, so the
+  scheduler has to preempt.
+- ``priority_flood``: a low-priority backlog, then a sustained flood of
+  high-priority arrivals (vLLM serves lower priority values first). The same
+  trace runs against every cell: under FCFS the priorities must change
+  nothing, under ``--scheduling-policy priority`` the flood must overtake.
+  ``send_priority=False`` builds a variant with every priority 0, for
+  servers that refuse the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from apps.workloads.generate import GenerateError
+from apps.workloads.prompts import PromptTokenizer, build_prompts, corpus_sha256, stable_seed
+from apps.workloads.tracefile import T_DECIMALS, Trace, TraceRequest
+
+GENERATOR = "tailtune.workloads.scenarios/1"
+SCENARIOS = (
+    "long_burst",
+    "decode_pressure",
+    "context_boundary",
+    "cancellation",
+    "kv_pressure",
+    "priority_flood",
+)
+# The automatic priority verification replays a short priority_flood.
+PRIORITY_CHECK = "priority_check"
+# Priority values (vLLM schedules the lower value first).
+HIGH_PRIORITY = 0
+
+# Parameters each scenario accepts, with defaults. None: derived from the
+# experiment (classes, max_model_len, KV cache) when not given.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "long_burst": {
+        "steady_rps": 2.0,
+        "observation_s": 20.0,
+        "burst_at_s": 5.0,
+        "burst_size": 8,
+        "burst_spread_s": 0.2,
+        "long_input_tokens": None,
+        "long_output_tokens": None,
+        "drain_deadline_s": 10.0,
+    },
+    "decode_pressure": {
+        "concurrency": 8,
+        "output_tokens": None,
+        "input_tokens": None,
+        "ramp_s": 1.0,
+        "observation_s": 5.0,
+        "drain_deadline_s": 60.0,
+    },
+    "context_boundary": {
+        "output_tokens": 8,
+        "gap_s": 2.0,
+        "drain_deadline_s": 30.0,
+    },
+    "cancellation": {
+        "rps": 2.0,
+        "observation_s": 10.0,
+        "share": 0.5,
+        "output_tokens": None,
+        "cancel_after_tokens": None,
+        "drain_deadline_s": 30.0,
+    },
+    "kv_pressure": {
+        "requests": 6,
+        "kv_capacity_tokens": None,
+        "pressure": 1.5,
+        "spread_s": 0.3,
+        "drain_deadline_s": 120.0,
+    },
+    "priority_flood": {
+        "backlog": 12,
+        "backlog_output_tokens": 64,
+        "flood": 12,
+        "flood_at_s": 1.0,
+        "flood_rps": 4.0,
+        "flood_output_tokens": 16,
+        "low_priority": 10,
+        "drain_deadline_s": 60.0,
+    },
+}
+DEFAULTS[PRIORITY_CHECK] = {**DEFAULTS["priority_flood"], "backlog": 8, "flood": 6}
+GENERATORS_OF = {PRIORITY_CHECK: "priority_flood"}
+
+# Which parameters must be whole numbers (the rest are seconds, rates or shares).
+_INTEGER = {
+    "burst_size",
+    "long_input_tokens",
+    "long_output_tokens",
+    "concurrency",
+    "output_tokens",
+    "input_tokens",
+    "cancel_after_tokens",
+    "requests",
+    "kv_capacity_tokens",
+    "backlog",
+    "backlog_output_tokens",
+    "flood",
+    "flood_output_tokens",
+    "low_priority",
+}
+
+
+@dataclass(frozen=True)
+class ScenarioContext:
+    """What a scenario needs from its experiment."""
+
+    classes: Sequence[Mapping[str, Any]]
+    max_model_len: int
+    seed: int
+    tokenizer_revision: str
+    kv_capacity_tokens: int | None = None
+    # False: every priority 0 (a server that refuses the field under FCFS).
+    send_priority: bool = True
+
+
+@dataclass(frozen=True)
+class _Planned:
+    t: float
+    klass: str
+    input_tokens: int
+    output_tokens: int
+    role: str
+    priority: int = 0
+    cancel_after_tokens: int | None = None
+
+
+def scenario_params(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The scenario's parameters: defaults overlaid with ``params``; unknown names refused."""
+    if name not in DEFAULTS:
+        raise GenerateError(f"unknown scenario {name!r} (known: {', '.join(sorted(DEFAULTS))})")
+    given = dict(params or {})
+    unknown = sorted(set(given) - set(DEFAULTS[name]))
+    if unknown:
+        raise GenerateError(f"scenario {name}: unknown parameter(s) {', '.join(unknown)}")
+    out = dict(DEFAULTS[name])
+    for key, value in given.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise GenerateError(f"scenario {name}: {key} must be a number, got {value!r}")
+        if key in _INTEGER and not float(value).is_integer():
+            raise GenerateError(f"scenario {name}: {key} must be a whole number, got {value!r}")
+        if value < 0 or (value == 0 and key not in {"burst_at_s", "flood_at_s", "low_priority"}):
+            raise GenerateError(f"scenario {name}: {key} must be positive, got {value!r}")
+        out[key] = int(value) if key in _INTEGER else float(value)
+    if name in ("cancellation",) and out["share"] > 1:
+        raise GenerateError(f"scenario {name}: share must be at most 1, got {out['share']!r}")
+    return out
+
+
+def kv_capacity_tokens(*, model_config: Mapping[str, Any], kv_cache_memory_bytes: int | None) -> int | None:
+    """Tokens the KV cache holds: bytes / (2 x layers x kv heads x head dim x dtype bytes).
+
+    None when the experiment does not fix the KV cache size (it then depends
+    on the device's free memory, which no generator can know).
+    """
+    if not kv_cache_memory_bytes:
+        return None
+    try:
+        layers = int(model_config["num_hidden_layers"])
+        heads = int(model_config.get("num_key_value_heads") or model_config["num_attention_heads"])
+        head_dim = int(
+            model_config.get("head_dim") or model_config["hidden_size"] // model_config["num_attention_heads"]
+        )
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    dtype = str(model_config.get("torch_dtype") or "bfloat16")
+    width = 4 if dtype in ("float32", "float") else 2
+    per_token = 2 * layers * heads * head_dim * width
+    return int(kv_cache_memory_bytes) // per_token if per_token > 0 else None
+
+
+def _short_long(classes: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    if not classes:
+        raise GenerateError("a scenario needs at least one request class")
+    ordered = sorted(classes, key=lambda c: (int(c["input_tokens"]), str(c["name"])))
+    return ordered[0], ordered[-1]
+
+
+def _fit(name: str, ctx: ScenarioContext, input_tokens: int, output_tokens: int) -> None:
+    if input_tokens < 1 or output_tokens < 1:
+        raise GenerateError(f"scenario {name}: token counts must be positive")
+    if input_tokens + output_tokens > ctx.max_model_len:
+        raise GenerateError(
+            f"scenario {name}: {input_tokens} input + {output_tokens} output tokens exceed "
+            f"max_model_len {ctx.max_model_len}"
+        )
+
+
+def _steady(rps: float, start: float, end: float) -> list[float]:
+    # Constant spacing: the scenario's stress is the burst, not arrival noise.
+    n = max(1, math.ceil((end - start) * rps - 1e-9))
+    return [start + i / rps for i in range(n) if start + i / rps < end]
+
+
+def _long_burst(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[list[_Planned], float]:
+    short, long = _short_long(ctx.classes)
+    obs = float(p["observation_s"])
+    if not p["burst_at_s"] < obs:
+        raise GenerateError("scenario long_burst: burst_at_s must fall inside observation_s")
+    out_long = p["long_output_tokens"] or int(long["output_tokens"])
+    in_long = p["long_input_tokens"] or min(int(long["input_tokens"]), ctx.max_model_len - out_long)
+    _fit("long_burst", ctx, in_long, out_long)
+    _fit("long_burst", ctx, int(short["input_tokens"]), int(short["output_tokens"]))
+    planned = [
+        _Planned(t, str(short["name"]), int(short["input_tokens"]), int(short["output_tokens"]), "steady",
+                 int(short.get("priority") or 0))
+        for t in _steady(float(p["steady_rps"]), 0.0, obs)
+    ]  # fmt: skip
+    size = int(p["burst_size"])
+    for i in range(size):
+        t = float(p["burst_at_s"]) + float(p["burst_spread_s"]) * i / max(1, size)
+        planned.append(
+            _Planned(t, str(long["name"]), in_long, out_long, "burst", int(long.get("priority") or 0))
+        )
+    return planned, obs
+
+
+def _decode_pressure(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[list[_Planned], float]:
+    short, _ = _short_long(ctx.classes)
+    n = int(p["concurrency"])
+    inp = p["input_tokens"] or int(short["input_tokens"])
+    out = p["output_tokens"] or max(int(short["output_tokens"]) * 4, min(512, ctx.max_model_len - inp))
+    _fit("decode_pressure", ctx, inp, out)
+    ramp = float(p["ramp_s"])
+    if not ramp < float(p["observation_s"]):
+        raise GenerateError("scenario decode_pressure: ramp_s must be shorter than observation_s")
+    planned = [
+        _Planned(ramp * i / n, str(short["name"]), inp, out, "long_output", int(short.get("priority") or 0))
+        for i in range(n)
+    ]
+    return planned, float(p["observation_s"])
+
+
+def _context_boundary(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[list[_Planned], float]:
+    _, long = _short_long(ctx.classes)
+    out = int(p["output_tokens"])
+    at_limit = ctx.max_model_len - out
+    if at_limit < 1:
+        raise GenerateError("scenario context_boundary: output_tokens must be below max_model_len")
+    gap = float(p["gap_s"])
+    name, prio = str(long["name"]), int(long.get("priority") or 0)
+    planned = [
+        _Planned(0.0, name, at_limit, out, "at_limit", prio),
+        # One token past the window: vLLM must refuse it with an error the record keeps.
+        _Planned(gap, name, at_limit + 1, out, "past_limit", prio),
+    ]
+    return planned, 2 * gap
+
+
+def _cancellation(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[list[_Planned], float]:
+    short, _ = _short_long(ctx.classes)
+    out = p["output_tokens"] or max(int(short["output_tokens"]), 16)
+    inp = int(short["input_tokens"])
+    _fit("cancellation", ctx, inp, out)
+    cancel_at = p["cancel_after_tokens"] or max(1, out // 2)
+    if cancel_at >= out:
+        raise GenerateError("scenario cancellation: cancel_after_tokens must be below output_tokens")
+    times = _steady(float(p["rps"]), 0.0, float(p["observation_s"]))
+    # Every k-th request cancels, evenly spread: the share is exact, not a draw.
+    marks = _spread(len(times), float(p["share"]))
+    planned = []
+    for i, t in enumerate(times):
+        cancel = i in marks
+        planned.append(
+            _Planned(t, str(short["name"]), inp, out, "cancel" if cancel else "complete",
+                     int(short.get("priority") or 0), cancel_at if cancel else None)
+        )  # fmt: skip
+    return planned, float(p["observation_s"])
+
+
+def _spread(n: int, share: float) -> set[int]:
+    k = round(n * share)
+    if k <= 0:
+        return set()
+    return {math.floor(j * n / k) for j in range(k)}
+
+
+def _kv_pressure(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[list[_Planned], float]:
+    """Size the requests so that their prompts fit the cache together but their outputs do not.
+
+    With C tokens of KV cache, n requests and pressure f: every prompt has
+    0.7 C / n tokens (all admitted at once), every output f C / n - input, so
+    n sequences grow to f x C tokens: more than the cache, and the scheduler
+    must preempt some to let the others grow.
+    """
+    _, long = _short_long(ctx.classes)
+    cap = p["kv_capacity_tokens"] or ctx.kv_capacity_tokens
+    if not cap:
+        raise GenerateError(
+            "scenario kv_pressure needs the KV cache size: set controls.kv_cache_memory_bytes "
+            "or scenarios.kv_pressure.kv_capacity_tokens"
+        )
+    n = int(p["requests"])
+    pressure = float(p["pressure"])
+    if pressure <= 1:
+        raise GenerateError("scenario kv_pressure: pressure must exceed 1 (more context than the cache)")
+    inp = max(1, int(0.7 * cap / n))
+    out = max(1, int(pressure * cap / n) - inp)
+    _fit("kv_pressure", ctx, inp, out)
+    spread = float(p["spread_s"])
+    planned = [
+        _Planned(spread * i / n, str(long["name"]), inp, out, "pressure", int(long.get("priority") or 0))
+        for i in range(n)
+    ]
+    return planned, max(spread, 1.0)
+
+
+def _priority_flood(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[list[_Planned], float]:
+    short, _ = _short_long(ctx.classes)
+    inp = int(short["input_tokens"])
+    low = int(p["low_priority"]) if ctx.send_priority else 0
+    high = HIGH_PRIORITY
+    if ctx.send_priority and low <= high:
+        raise GenerateError("scenario priority_flood: low_priority must be above 0 (vLLM serves lower first)")
+    _fit("priority_flood", ctx, inp, int(p["backlog_output_tokens"]))
+    _fit("priority_flood", ctx, inp, int(p["flood_output_tokens"]))
+    name = str(short["name"])
+    backlog = int(p["backlog"])
+    planned = [
+        _Planned(0.05 * i / backlog, name, inp, int(p["backlog_output_tokens"]), "backlog", low)
+        for i in range(backlog)
+    ]
+    start = float(p["flood_at_s"])
+    rate = float(p["flood_rps"])
+    flood = int(p["flood"])
+    planned += [
+        _Planned(start + i / rate, name, inp, int(p["flood_output_tokens"]), "flood", high)
+        for i in range(flood)
+    ]
+    return planned, start + flood / rate
+
+
+_BUILDERS = {
+    "long_burst": _long_burst,
+    "decode_pressure": _decode_pressure,
+    "context_boundary": _context_boundary,
+    "cancellation": _cancellation,
+    "kv_pressure": _kv_pressure,
+    "priority_flood": _priority_flood,
+}
+
+
+def scenario_windows(name: str, params: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """warmup_s, observation_s and drain_deadline_s of a scenario run, from its parameters alone.
+
+    The server is warmed up by the pipeline before every run, so scenario
+    traces have no warm-up of their own: every request counts.
+    """
+    p = scenario_params(name, params)
+    kind = GENERATORS_OF.get(name, name)
+    if kind == "context_boundary":
+        obs = 2 * float(p["gap_s"])
+    elif kind == "kv_pressure":
+        obs = max(float(p["spread_s"]), 1.0)
+    elif kind == "priority_flood":
+        obs = float(p["flood_at_s"]) + int(p["flood"]) / float(p["flood_rps"])
+    else:
+        obs = float(p["observation_s"])
+    return {"warmup_s": 0.0, "observation_s": obs, "drain_deadline_s": float(p["drain_deadline_s"])}
+
+
+def scenario_trace(
+    *,
+    name: str,
+    context: ScenarioContext,
+    params: Mapping[str, Any] | None = None,
+    tokenizer_dir: str | Path | None = None,
+    tokenizer: PromptTokenizer | None = None,
+) -> Trace:
+    """The canonical trace of one scenario for one experiment.
+
+    Steps: 1. overlay the parameters on the defaults; 2. lay out the
+    requests (times, classes, lengths, roles) with the scenario's builder;
+    3. sort by time (stable, so ties keep the layout's order) and number
+    them; 4. one exact-length prompt per request from the experiment seed;
+    5. the meta names every role's indices and the parameters used.
+    """
+    kind = GENERATORS_OF.get(name, name)
+    p = scenario_params(name, params)
+    planned, observation_s = _BUILDERS[kind](context, p)
+    planned.sort(key=lambda r: r.t)
+    seed = stable_seed("scenario", int(context.seed), name, int(context.send_priority))
+    if tokenizer is None:
+        if tokenizer_dir is None:
+            raise GenerateError("scenario_trace needs tokenizer_dir or tokenizer")
+        tokenizer = PromptTokenizer(tokenizer_dir)
+    prompts = build_prompts(
+        tokenizer=tokenizer, requests=[(r.klass, r.input_tokens, 0) for r in planned], seed=seed
+    )
+    roles: dict[str, list[int]] = {}
+    requests = []
+    for i, (r, prompt) in enumerate(zip(planned, prompts, strict=True)):
+        roles.setdefault(r.role, []).append(i)
+        requests.append(
+            TraceRequest(
+                index=i,
+                t_offset_s=round(float(r.t), T_DECIMALS),
+                klass=r.klass,
+                input_tokens=r.input_tokens,
+                output_tokens=r.output_tokens,
+                priority=r.priority,
+                warmup=False,
+                prompt_token_ids=prompt,
+                cancel_after_tokens=r.cancel_after_tokens,
+                scenario=name,
+            )
+        )
+    windows = scenario_windows(name, params)
+    meta = {
+        "generator": GENERATOR,
+        "kind": "scenario",
+        "scenario": name,
+        "scenario_kind": kind,
+        "params": p,
+        "roles": roles,
+        "send_priority": bool(context.send_priority),
+        "max_model_len": int(context.max_model_len),
+        "kv_capacity_tokens": context.kv_capacity_tokens,
+        "tokenizer_revision": context.tokenizer_revision,
+        "tokenizer_sha256": tokenizer.sha256,
+        "seed": int(context.seed),
+        "trace_seed": seed,
+        "warmup_s": windows["warmup_s"],
+        "observation_s": round(max(observation_s, windows["observation_s"]), T_DECIMALS),
+        "drain_deadline_s": windows["drain_deadline_s"],
+        "classes": sorted({r.klass for r in planned}),
+        "corpus_sha256": corpus_sha256(prompts),
+        "requests": len(requests),
+        "synthetic_output": True,
+        "prompt_encoding": "token_ids_without_special_tokens",
+    }
+    return Trace(meta=meta, requests=requests)
+
+
+def offered_rate(trace: Trace) -> float:
+    """Requests per second over the trace's observation window (what Run.rate_rps records)."""
+    obs = float(trace.meta.get("observation_s") or 0.0)
+    return round(len(trace.requests) / obs, 6) if obs > 0 else 0.0
