@@ -23,8 +23,10 @@ def health() -> dict[str, object]:
 @shared_task(name="tailtune.freeze_experiment", acks_late=True)
 def freeze_experiment(*, experiment_pk: int) -> int:
     from apps.runs.services import experiment_freeze_and_enqueue
+    from workers.pipeline import run_execute
 
-    return experiment_freeze_and_enqueue(experiment_id=experiment_pk)
+    # run_execute lets a capacity probe (if the spec asks for one) run inline on this host.
+    return experiment_freeze_and_enqueue(experiment_id=experiment_pk, execute=run_execute)
 
 
 @shared_task(name="tailtune.execute_run", acks_late=True, reject_on_worker_lost=True)

@@ -149,6 +149,11 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
             for p in planned
         ]
     )
+    # Failure scenarios (and the priority check) follow the sweep; they are
+    # kept apart from it by Run.scenario (apps/runs/scenarios.py).
+    from apps.runs.scenarios import scenario_runs_build
+
+    runs += Run.objects.bulk_create(scenario_runs_build(experiment=experiment, first_position=len(runs)))
     experiment.status = Experiment.Status.PLANNED
     experiment.save(update_fields=["status", "updated_at"])
     audit_record(action="experiment.planned", actor=actor, experiment=experiment, detail={"runs": len(runs)})
@@ -176,6 +181,9 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
     arrival: dict[str, Any] = {"process": w.arrival_process}
     if w.arrival_cv is not None:
         arrival["cv"] = w.arrival_cv
+    extra = {
+        key: experiment.spec[key] for key in ("scenarios", "calibration") if (experiment.spec or {}).get(key)
+    }
     return {
         "name": experiment.name,
         "description": experiment.description,
@@ -219,4 +227,5 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
             "drain_deadline_s": w.drain_deadline_s,
             "max_dispatch_lag_ms": w.max_dispatch_lag_ms,
         },
+        **extra,
     }

@@ -50,6 +50,8 @@ TOP_KEYS = {
     "candidates",
     "classes",
     "workload",
+    "scenarios",
+    "calibration",
 }
 WORKLOAD_KEYS = {
     "mixtures",
@@ -365,6 +367,9 @@ def validate_spec(raw: Any) -> dict[str, Any]:
     spec["classes"] = classes
     class_names = {cls["name"] for cls in classes}
 
+    calibration = _check_calibration(c, top.get("calibration")) if "calibration" in top else None
+    probing = bool(calibration and calibration["enabled"])
+
     workload = c.mapping(top.get("workload"), "workload")
     c.unknown(workload, WORKLOAD_KEYS, "workload")
     mixtures_raw = c.mapping(workload.get("mixtures"), "workload.mixtures")
@@ -388,7 +393,7 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         if weights and len(clean) == len(weights) and abs(sum(clean.values()) - 1.0) > WEIGHT_TOLERANCE:
             c.fail(path, f"weights must sum to 1 (they sum to {sum(clean.values()):g})")
         mixtures[mix_name] = clean
-    rates_raw = c.mapping(workload.get("rates"), "workload.rates")
+    rates_raw = c.mapping(workload.get("rates"), "workload.rates", required=not probing)
     if "rates" in workload and not rates_raw and isinstance(workload.get("rates"), Mapping):
         c.fail("workload.rates", "must name at least one rate")
     rates = {name: c.number(rates_raw, name, "workload.rates", positive=True) for name in rates_raw}
@@ -405,6 +410,19 @@ def validate_spec(raw: Any) -> dict[str, Any]:
     rates_source = workload.get("rates_source", "manual")
     if rates_source not in ("manual", "probe"):
         c.fail("workload.rates_source", f"must be manual or probe, got {rates_source!r}")
+    if probing and calibration is not None:
+        # The probe sets these rates before the first candidate runs; until
+        # then they are provisional (fraction x start rate), so the plan exists.
+        fractions = calibration["fractions"]
+        if rates_raw and set(rates) != set(fractions):
+            c.fail(
+                "workload.rates",
+                f"with calibration on, the rates are set by the probe and must be named like "
+                f"calibration.fractions ({', '.join(sorted(fractions))}), got {', '.join(sorted(rates))}",
+            )
+        if not rates_raw:
+            rates = {name: round(f * calibration["start_rps"], 6) for name, f in fractions.items()}
+        rates_source = "probe"
     spec["workload"] = {
         "mixtures": mixtures,
         "rates": rates,
@@ -418,9 +436,123 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         "max_dispatch_lag_ms": c.number(workload, "max_dispatch_lag_ms", "workload", positive=True),
     }
 
+    if calibration is not None:
+        for i, name in enumerate(calibration["mixtures"] or []):
+            if name not in mixtures:
+                c.fail(f"calibration.mixtures[{i}]", f"names unknown mixture {name!r}")
+        spec["calibration"] = calibration
+    if "scenarios" in top:
+        spec["scenarios"] = _check_scenarios(c, top.get("scenarios"), set(seen))
+
     if c.errors:
         raise SpecError(c.errors)
     return spec
+
+
+CALIBRATION_DEFAULTS: dict[str, Any] = {
+    "enabled": True,
+    "start_rps": 1.0,
+    "tolerance": 0.1,
+    "max_steps": 8,
+    "warmup_s": 2.0,
+    "observation_s": 20.0,
+    "drain_deadline_s": 15.0,
+    "min_accepted_share": 0.99,
+    "fractions": {"low": 0.3, "near_capacity": 0.9},
+    "mixtures": None,
+}
+
+
+def _check_calibration(c: _Checker, raw: Any) -> dict[str, Any]:
+    """The capacity probe's settings (docs/SCENARIOS.md), defaults filled in."""
+    path = "calibration"
+    data = c.mapping(raw, path)
+    c.unknown(data, set(CALIBRATION_DEFAULTS), path)
+    d = CALIBRATION_DEFAULTS
+    out: dict[str, Any] = {
+        "enabled": c.boolean(data, "enabled", path, default=True),
+        "start_rps": c.number(data, "start_rps", path, required=False, positive=True, default=d["start_rps"]),
+        "tolerance": c.number(
+            data, "tolerance", path, required=False, positive=True, maximum=0.99, default=d["tolerance"]
+        ),
+        "max_steps": c.number(
+            data,
+            "max_steps",
+            path,
+            required=False,
+            integer=True,
+            minimum=1,
+            maximum=50,
+            default=d["max_steps"],
+        ),
+        "warmup_s": c.number(data, "warmup_s", path, required=False, minimum=0.0, default=d["warmup_s"]),
+        "observation_s": c.number(
+            data, "observation_s", path, required=False, positive=True, default=d["observation_s"]
+        ),
+        "drain_deadline_s": c.number(
+            data, "drain_deadline_s", path, required=False, positive=True, default=d["drain_deadline_s"]
+        ),
+        "min_accepted_share": c.number(
+            data,
+            "min_accepted_share",
+            path,
+            required=False,
+            minimum=0.0,
+            maximum=1.0,
+            default=d["min_accepted_share"],
+        ),
+    }
+    fractions: dict[str, float] = dict(d["fractions"])
+    if data.get("fractions") is not None:
+        raw_f = c.mapping(data.get("fractions"), f"{path}.fractions")
+        if not raw_f:
+            c.fail(f"{path}.fractions", "must name at least one rate")
+        fractions = {}
+        for name in raw_f:
+            f = c.number(raw_f, name, f"{path}.fractions", positive=True, maximum=1.0)
+            if f is not None:
+                fractions[name] = f
+    out["fractions"] = fractions
+    mixtures = data.get("mixtures")
+    if mixtures is not None and (
+        not isinstance(mixtures, list) or not mixtures or not all(isinstance(m, str) for m in mixtures)
+    ):
+        c.fail(f"{path}.mixtures", "must be a non-empty list of mixture names")
+        mixtures = None
+    out["mixtures"] = list(mixtures) if mixtures is not None else None
+    return out
+
+
+def _check_scenarios(c: _Checker, raw: Any, cell_ids: set[str]) -> dict[str, Any]:
+    """Failure scenarios: name -> {cells, params}; parameters checked by the generator's own rules."""
+    from apps.workloads.scenarios import DEFAULTS, scenario_params
+
+    data = c.mapping(raw, "scenarios")
+    out: dict[str, Any] = {}
+    for name, options_raw in data.items():
+        path = f"scenarios.{name}"
+        if name not in DEFAULTS:
+            c.fail(path, f"unknown scenario (known: {', '.join(sorted(DEFAULTS))})")
+            continue
+        options = c.mapping(options_raw, path, required=False)
+        cells = options.pop("cells", None)
+        if cells is not None:
+            if not isinstance(cells, list) or not all(isinstance(x, str) for x in cells):
+                c.fail(f"{path}.cells", "must be a list of cell ids")
+                cells = None
+            else:
+                for i, cell in enumerate(cells):
+                    if cell_ids and cell not in cell_ids:
+                        c.fail(f"{path}.cells[{i}]", f"names unknown cell {cell!r}")
+        for key in sorted(set(options) - set(DEFAULTS[name])):
+            c.fail(f"{path}.{key}", "unknown field")
+        params = {k: v for k, v in options.items() if k in DEFAULTS[name]}
+        try:
+            scenario_params(name, params)
+        except ValueError as exc:
+            c.fail(path, str(exc))
+        out[name] = {"cells": cells, "params": params}
+    return out
 
 
 def dump_spec(spec: Mapping[str, Any]) -> str:

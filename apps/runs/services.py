@@ -89,15 +89,43 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
     return n
 
 
-def experiment_freeze_and_enqueue(*, experiment_id: int) -> int:
-    """Freeze the workload (every trace generated and stored once by hash), then enqueue the plan."""
+def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) -> int:
+    """Freeze the workload (every trace generated and stored once by hash), then enqueue the plan.
+
+    When the spec asks for a capacity probe (apps/runs/calibration.py) and no
+    probe has frozen the rates yet, the probe runs first, inline, through
+    ``execute`` (the run pipeline of this host's worker), so the rates are
+    frozen before the first candidate runs.
+    """
+    from apps.runs.calibration import CalibrationError, calibration_pending, experiment_calibrate
+    from apps.runs.scenarios import CALIBRATION, scenario_runs_attach, scenario_traces_freeze
     from apps.workloads.services import workload_traces_freeze
 
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     if experiment.status != Experiment.Status.RUNNING:
         return 0
+    if calibration_pending(experiment=experiment):
+        try:
+            if execute is None:
+                raise CalibrationError("the capacity probe needs a host worker to run it")
+            Experiment.objects.filter(pk=experiment_id).update(status_reason="probing B0's capacity")
+            experiment_calibrate(experiment_id=experiment_id, execute=execute)
+        except Exception as exc:  # the user sees why, and can start again after fixing it
+            log.exception("capacity probe of experiment %s failed", experiment_id)
+            if Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).exists():
+                Experiment.objects.filter(pk=experiment_id).update(
+                    status=Experiment.Status.PLANNED, status_reason=f"capacity probe failed: {exc}"
+                )
+            audit_record(
+                action="experiment.calibration_failed", experiment=experiment, detail={"error": str(exc)}
+            )
+            return 0
+        experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
+        if experiment.status != Experiment.Status.RUNNING:
+            return 0
     try:
         traces = workload_traces_freeze(experiment=experiment)
+        scenario_traces = scenario_traces_freeze(experiment=experiment)
     except Exception as exc:  # the user sees why, and can start again after fixing it
         log.exception("freezing experiment %s failed", experiment_id)
         Experiment.objects.filter(pk=experiment_id).update(
@@ -107,14 +135,23 @@ def experiment_freeze_and_enqueue(*, experiment_id: int) -> int:
         return 0
     hosts = hosts_alive(max_model_len=experiment.max_model_len)
     with transaction.atomic():
-        runs = list(experiment.runs.filter(status=Run.Status.QUEUED).order_by("plan_position"))
+        runs = list(
+            experiment.runs.filter(status=Run.Status.QUEUED)
+            .exclude(scenario=CALIBRATION)
+            .order_by("plan_position")
+        )
         for run in runs:
+            if run.scenario:
+                continue
             trace = traces[(run.mixture, run.rate_name, run.repeat)]
             run.trace = trace
             run.trace_sha256 = trace.sha256
             run.corpus_sha256 = trace.corpus_sha256
             run.requests_planned = trace.requests
-        Run.objects.bulk_update(runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned"])
+        scenario_runs_attach(runs=[r for r in runs if r.scenario], traces=scenario_traces)
+        Run.objects.bulk_update(
+            runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned", "rate_rps"]
+        )
         Experiment.objects.filter(pk=experiment_id).update(status_reason="", updated_at=timezone.now())
         if not hosts:
             raise StartError("no host is alive to take the runs")

@@ -1,0 +1,466 @@
+"""The capacity probe: find B0's capacity per mixture, then freeze the sweep's rates from it.
+
+Rates guessed per candidate until each "looks healthy" make every comparison
+meaningless; here they come from one measurement, taken before the first
+candidate runs, and every cell then faces exactly the same offered load.
+
+Steps of :func:`experiment_calibrate`:
+
+1. For each mixture (all, or ``calibration.mixtures``), replay B0 at stepped
+   rates (:func:`next_rate`: doubling from ``start_rps`` until a step fails,
+   then bisecting between the highest pass and the lowest failure until the
+   bracket is within ``tolerance``, at most ``max_steps`` steps). Each step is
+   a real Run (``scenario="calibration"``) with its own generated trace and
+   the probe's short observation window, executed by the run pipeline.
+2. A step passes when the run is ``done`` and every class of the mixture
+   keeps its contract with accepted / offered >= ``min_accepted_share``
+   (default 99 %), judged by apps/analysis/metrics.py on the run's records.
+3. The capacity of a mixture is the highest passing rate below the lowest
+   failing one. The sweep's rates are the configured fractions (default
+   ``low`` 0.3, ``near_capacity`` 0.9) of the smallest capacity over the
+   probed mixtures: one set of rates serves every mixture, so the mixture
+   that saturates first binds.
+4. Workload.rates, rates_source="probe" and rates_derivation (every probe
+   run, its result, the capacities and the chosen values) are written in one
+   transaction together with every planned sweep run's rate_rps.
+
+The search itself (:func:`next_rate`, :func:`capacity_of`,
+:func:`probe_passed`) is pure, and tested without an engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from django.db import transaction
+from django.utils import timezone
+
+from apps.analysis.columns import RecordTable
+from apps.analysis.metrics import Contract, class_metrics, derive, run_window
+from apps.approvals.audit import audit_record
+from apps.experiments.models import Experiment, ServerConfig, Workload
+from apps.runs.models import RequestRecord as RecordRow
+from apps.runs.models import Run
+from apps.runs.scenarios import CALIBRATION
+from apps.workloads.generate import generate_trace
+from apps.workloads.prompts import PromptTokenizer
+from apps.workloads.services import tokenizer_dir, trace_store
+from workers.replay.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+Executor = Callable[..., str]
+# Record fields a RequestRecord is rebuilt from (the histograms are not needed to judge a contract
+# on TTFT, end-to-end latency, max stall and errors).
+_FIELDS = (
+    "index",
+    "request_class",
+    "warmup",
+    "priority",
+    "input_tokens",
+    "expected_output_tokens",
+    "planned_ns",
+    "sent",
+    "sent_ns",
+    "admission_delay_ns",
+    "first_token_ns",
+    "last_token_ns",
+    "end_ns",
+    "output_tokens",
+    "prompt_tokens",
+    "chunks",
+    "max_gap_ns",
+    "http_status",
+    "error_kind",
+    "error",
+    "finish_reason",
+    "cancelled",
+    "unfinished",
+)
+
+
+class CalibrationError(RuntimeError):
+    """The probe could not find a capacity (the message says for which mixture and why)."""
+
+
+# -- the search (pure) -------------------------------------------------------
+
+
+def next_rate(
+    *, history: Sequence[tuple[float, bool]], start_rps: float, tolerance: float, max_steps: int
+) -> float | None:
+    """The next rate to probe, or None when the search is over.
+
+    1. No step yet: ``start_rps``.
+    2. Every step passed: double the highest rate.
+    3. A step failed: bisect between the highest pass below the lowest
+       failure (0 if none) and that failure; stop once (hi - lo) / hi is
+       within ``tolerance``.
+    4. Never more than ``max_steps`` steps.
+    """
+    if len(history) >= max_steps:
+        return None
+    if not history:
+        return float(start_rps)
+    fails = [r for r, ok in history if not ok]
+    if not fails:
+        return max(r for r, _ in history) * 2.0
+    hi = min(fails)
+    lo = max((r for r, ok in history if ok and r < hi), default=0.0)
+    if lo > 0 and (hi - lo) / hi <= tolerance:
+        return None
+    return round((lo + hi) / 2.0, 6)
+
+
+def capacity_of(history: Sequence[tuple[float, bool]]) -> tuple[float | None, bool]:
+    """(highest passing rate below the lowest failure, whether a failure bracketed it).
+
+    A pass above a failure is noise at the edge: the capacity stays below
+    every failure, so it is never overstated.
+    """
+    fails = [r for r, ok in history if not ok]
+    ceiling = min(fails) if fails else float("inf")
+    passes = [r for r, ok in history if ok and r < ceiling]
+    return (max(passes) if passes else None), bool(fails)
+
+
+def probe_passed(
+    *,
+    status: str,
+    per_class: Mapping[str, Mapping[str, Any]],
+    weights: Mapping[str, float],
+    min_accepted_share: float,
+) -> tuple[bool, list[str]]:
+    """Did one probe step pass? Returns (passed, reasons it failed)."""
+    reasons: list[str] = []
+    if status != "done":
+        reasons.append(f"run {status}")
+    for name in sorted(n for n, w in weights.items() if w > 0):
+        m = per_class.get(name)
+        if m is None or not m["counts"]["offered"]:
+            reasons.append(f"{name}: no requests in the window")
+            continue
+        verdict = m["contract"]
+        if not verdict["met"]:
+            broken = sorted(k for k, v in verdict.items() if v is False and k != "met")
+            reasons.append(f"{name}: contract broken ({', '.join(broken) or verdict.get('reason', '?')})")
+        share = m["accepted_share"]
+        if share is None or share < min_accepted_share:
+            reasons.append(f"{name}: accepted/offered {share} below {min_accepted_share}")
+    return not reasons, reasons
+
+
+def frozen_rates(*, capacity_rps: float, fractions: Mapping[str, float]) -> dict[str, float]:
+    return {name: round(float(f) * capacity_rps, 4) for name, f in sorted(fractions.items())}
+
+
+# -- one step against the database ------------------------------------------
+
+
+def run_class_metrics(*, run: Run, contracts: Mapping[str, Contract]) -> dict[str, dict[str, Any]]:
+    """Per-class metrics of one finished run, by apps/analysis/metrics.py (cohort, censoring, contract)."""
+    rows = [
+        RequestRecord(run_id=str(run.run_id), **values)
+        for values in RecordRow.objects.filter(run=run).order_by("index").values(*_FIELDS)
+    ]
+    window = run_window(
+        {
+            "warmup_s": run.warmup_seconds,
+            "observation_s": run.observation_seconds,
+            "drain_deadline_s": run.drain_deadline_seconds,
+        }
+    )
+    table = RecordTable.from_records(rows)
+    d = derive(table, {str(run.run_id): window}, contracts)
+    out = {}
+    for name, contract in contracts.items():
+        if name in table.class_names:
+            code = table.class_names.index(name)
+            picked = np.flatnonzero(d.cohort & (table.cls == code))
+        else:
+            picked = np.zeros(0, dtype=np.int64)
+        out[name] = class_metrics(d, picked, contract=contract, observation_s=window.observation_s)
+    return out
+
+
+def _contracts(experiment: Experiment) -> dict[str, Contract]:
+    return {
+        c.name: Contract(
+            ttft_p99_ms=c.ttft_p99_ms,
+            e2e_p99_ms=c.e2e_p99_ms,
+            max_stall_ms=c.max_stall_ms,
+            error_rate=c.error_rate,
+        )
+        for c in experiment.classes.all()
+    }
+
+
+def _classes(experiment: Experiment) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": c.name,
+            "input_tokens": c.input_tokens,
+            "output_tokens": c.output_tokens,
+            "priority": c.priority,
+            "shared_prefix_tokens": c.shared_prefix_tokens,
+        }
+        for c in experiment.classes.all()
+    ]
+
+
+def calibration_settings(experiment: Experiment) -> dict[str, Any] | None:
+    """The spec's calibration block (normalised by apps/experiments/spec.py), or None."""
+    cal = (experiment.spec or {}).get("calibration")
+    return dict(cal) if cal and cal.get("enabled", True) else None
+
+
+def probe_step(
+    *,
+    experiment: Experiment,
+    cell: ServerConfig,
+    mixture: str,
+    rate_rps: float,
+    step: int,
+    settings: Mapping[str, Any],
+    execute: Executor,
+    tokenizer: PromptTokenizer,
+) -> dict[str, Any]:
+    """Generate, store and replay one probe trace against ``cell``; judge the run."""
+    workload = experiment.workload
+    rate_name = f"probe{step}"
+    trace = generate_trace(
+        classes=_classes(experiment),
+        mixture_name=mixture,
+        mixture=workload.mixtures[mixture],
+        rate_name=rate_name,
+        rate_rps=rate_rps,
+        arrival_process=workload.arrival_process,
+        arrival_cv=workload.arrival_cv,
+        seed=workload.seed,
+        repeat=1,
+        warmup_s=float(settings["warmup_s"]),
+        observation_s=float(settings["observation_s"]),
+        tokenizer_dir=tokenizer_dir(experiment.model_path),
+        tokenizer_revision=experiment.tokenizer_revision,
+        tokenizer=tokenizer,
+    )
+    row = trace_store(trace=trace, label=f"{experiment.name} probe {cell.cell_id} {mixture} {rate_rps:g} rps")
+    run = Run.objects.create(
+        experiment=experiment,
+        cell=cell,
+        mixture=mixture,
+        rate_name=rate_name,
+        rate_rps=rate_rps,
+        repeat=1,
+        round_position=step,
+        plan_position=step,
+        scenario=CALIBRATION,
+        trace=row,
+        trace_sha256=row.sha256,
+        corpus_sha256=row.corpus_sha256,
+        requests_planned=row.requests,
+        model_revision=experiment.model_revision,
+        tokenizer_revision=experiment.tokenizer_revision,
+        warmup_seconds=float(settings["warmup_s"]),
+        observation_seconds=float(settings["observation_s"]),
+        drain_deadline_seconds=float(settings["drain_deadline_s"]),
+    )
+    execute(run_pk=run.pk)
+    run.refresh_from_db()
+    per_class = run_class_metrics(run=run, contracts=_contracts(experiment))
+    passed, reasons = probe_passed(
+        status=run.status,
+        per_class=per_class,
+        weights=workload.mixtures[mixture],
+        min_accepted_share=float(settings["min_accepted_share"]),
+    )
+    return {
+        "step": step,
+        "run": str(run.run_id),
+        "rate_rps": rate_rps,
+        "status": run.status,
+        "reason": run.reason[:300],
+        "trace_sha256": row.sha256,
+        "passed": passed,
+        "failed_because": reasons,
+        "classes": {
+            name: {
+                "offered": m["counts"]["offered"],
+                "accepted_share": m["accepted_share"],
+                "contract_met": m["contract"]["met"],
+                "ttft_p99": m["ttft_ms"]["p99"],
+                "e2e_p99": m["e2e_ms"]["p99"],
+                "max_stall_p99": m["max_stall_ms"]["p99"],
+                "goodput_rps": m["goodput_rps"],
+            }
+            for name, m in per_class.items()
+        },
+    }
+
+
+def capacity_search(
+    *,
+    experiment: Experiment,
+    cell: ServerConfig,
+    mixture: str,
+    settings: Mapping[str, Any],
+    execute: Executor,
+    tokenizer: PromptTokenizer | None = None,
+    first_step: int = 0,
+) -> dict[str, Any]:
+    """The stepped search of one (cell, mixture): every step, and the capacity it found."""
+    tok = tokenizer or PromptTokenizer(tokenizer_dir(experiment.model_path))
+    history: list[tuple[float, bool]] = []
+    steps = []
+    while True:
+        rate = next_rate(
+            history=history,
+            start_rps=float(settings["start_rps"]),
+            tolerance=float(settings["tolerance"]),
+            max_steps=int(settings["max_steps"]),
+        )
+        if rate is None:
+            break
+        if experiment.__class__.objects.filter(pk=experiment.pk, status=Experiment.Status.CANCELLED).exists():
+            raise CalibrationError("the experiment was cancelled during the capacity probe")
+        result = probe_step(
+            experiment=experiment,
+            cell=cell,
+            mixture=mixture,
+            rate_rps=rate,
+            step=first_step + len(steps),
+            settings=settings,
+            execute=execute,
+            tokenizer=tok,
+        )
+        log.info(
+            "probe %s %s %.4g rps: %s", cell.cell_id, mixture, rate, "pass" if result["passed"] else "fail"
+        )
+        steps.append(result)
+        history.append((rate, result["passed"]))
+    capacity, bracketed = capacity_of(history)
+    return {
+        "cell": cell.cell_id,
+        "mixture": mixture,
+        "capacity_rps": capacity,
+        "bracketed": bracketed,
+        "steps": steps,
+    }
+
+
+def experiment_calibrate(*, experiment_id: int, execute: Executor, actor: Any = None) -> dict[str, Any]:
+    """Probe B0's capacity and freeze the sweep's rates (module docstring); returns the derivation.
+
+    ``execute`` runs one run to the end (workers.pipeline.run_execute, called
+    inline by the worker that serves this host: one run at a time). Raises
+    CalibrationError, leaving the rates untouched, when a mixture has no
+    passing rate.
+    """
+    experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
+    settings = calibration_settings(experiment)
+    if settings is None:
+        raise CalibrationError("the spec has no enabled calibration block")
+    if (
+        experiment.runs.filter(scenario="")
+        .exclude(status__in=[Run.Status.QUEUED, Run.Status.CANCELLED])
+        .exists()
+    ):
+        raise CalibrationError("sweep runs have started already: rates must be frozen before the first one")
+    workload = experiment.workload
+    baseline = experiment.cells.get(role=ServerConfig.Role.BASELINE)
+    mixtures = settings.get("mixtures") or sorted(workload.mixtures)
+    tok = PromptTokenizer(tokenizer_dir(experiment.model_path))
+    searches = []
+    for mixture in mixtures:
+        done_steps = sum(len(s["steps"]) for s in searches)
+        searches.append(
+            capacity_search(
+                experiment=experiment,
+                cell=baseline,
+                mixture=mixture,
+                settings=settings,
+                execute=execute,
+                tokenizer=tok,
+                first_step=done_steps,
+            )
+        )
+    missing = [s["mixture"] for s in searches if s["capacity_rps"] is None]
+    if missing:
+        raise CalibrationError(
+            f"no probed rate passed for mixture(s) {', '.join(missing)} (lowest tried "
+            f"{min(st['rate_rps'] for s in searches for st in s['steps']):g} req/s): lower "
+            "calibration.start_rps or check the contracts"
+        )
+    binding = min(searches, key=lambda s: (s["capacity_rps"], s["mixture"]))
+    rates = frozen_rates(capacity_rps=float(binding["capacity_rps"]), fractions=settings["fractions"])
+    derivation = {
+        "method": "stepped probe on B0: doubling, then bisection",
+        "baseline": baseline.cell_id,
+        "settings": settings,
+        "capacities": {s["mixture"]: s["capacity_rps"] for s in searches},
+        "bracketed": {s["mixture"]: s["bracketed"] for s in searches},
+        "binding_mixture": binding["mixture"],
+        "fractions": settings["fractions"],
+        "rates": rates,
+        "probes": searches,
+        "frozen_at": timezone.now().isoformat(),
+    }
+    with transaction.atomic():
+        Workload.objects.filter(pk=workload.pk).update(
+            rates=rates, rates_source="probe", rates_derivation=derivation
+        )
+        for name, value in rates.items():
+            experiment.runs.filter(scenario="", rate_name=name).update(rate_rps=value)
+        audit_record(
+            action="experiment.calibrated",
+            actor=actor,
+            experiment=experiment,
+            detail={"rates": rates, "capacities": derivation["capacities"]},
+        )
+    return derivation
+
+
+def calibration_pending(*, experiment: Experiment) -> bool:
+    """True when the spec asks for the probe and no probe has frozen the rates yet."""
+    if calibration_settings(experiment) is None:
+        return False
+    return not (experiment.workload.rates_derivation or {}).get("rates")
+
+
+def cell_goodput_capacity(
+    *, experiment_id: int, cell_id: str, mixture: str, execute: Executor
+) -> dict[str, Any]:
+    """Goodput capacity of any cell for one mixture: the same stepped search, against that cell.
+
+    Costs one run per step on the host; stored beside the derivation under
+    ``goodput_capacity`` (cell -> mixture -> search) and never used to set rates.
+    """
+    experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
+    settings = calibration_settings(experiment)
+    if settings is None:
+        from apps.experiments.spec import CALIBRATION_DEFAULTS
+
+        settings = dict(CALIBRATION_DEFAULTS)
+    cell = experiment.cells.get(cell_id=cell_id)
+    first = Run.objects.filter(experiment=experiment, scenario=CALIBRATION).count()
+    search = capacity_search(
+        experiment=experiment,
+        cell=cell,
+        mixture=mixture,
+        settings=settings,
+        execute=execute,
+        first_step=first,
+    )
+    search["kind"] = "goodput capacity: highest rate at which every class keeps its contract on this cell"
+    with transaction.atomic():
+        workload = Workload.objects.select_for_update().get(pk=experiment.workload.pk)
+        derivation = dict(workload.rates_derivation or {})
+        per_cell = dict(derivation.get("goodput_capacity") or {})
+        per_cell.setdefault(cell_id, {})[mixture] = search
+        derivation["goodput_capacity"] = per_cell
+        workload.rates_derivation = derivation
+        workload.save(update_fields=["rates_derivation"])
+    return search

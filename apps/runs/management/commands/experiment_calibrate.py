@@ -1,0 +1,49 @@
+"""Run the capacity probe of an experiment here, inline, and freeze its rates (apps/runs/calibration.py)."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from apps.experiments.models import Experiment
+from apps.runs.calibration import CalibrationError, cell_goodput_capacity, experiment_calibrate
+
+
+class Command(BaseCommand):
+    help = (
+        "Probe B0's capacity per mixture on this machine's engine and freeze the sweep's rates "
+        "(low / near_capacity) before any candidate runs. --cell C --mixture M measures a cell's "
+        "goodput capacity instead (reported, never used as a rate)."
+    )
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument("id", type=int)
+        parser.add_argument("--cell", help="measure this cell's goodput capacity instead of calibrating")
+        parser.add_argument("--mixture", help="with --cell: the mixture to probe")
+        parser.add_argument("--json", action="store_true", help="print the whole derivation as JSON")
+
+    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+        from workers.pipeline import run_execute
+
+        try:
+            experiment = Experiment.objects.get(pk=options["id"])
+        except Experiment.DoesNotExist:
+            raise CommandError(f"no experiment with id {options['id']}") from None
+        try:
+            if options["cell"]:
+                if not options["mixture"]:
+                    raise CommandError("--cell needs --mixture")
+                result = cell_goodput_capacity(
+                    experiment_id=experiment.pk,
+                    cell_id=options["cell"],
+                    mixture=options["mixture"],
+                    execute=run_execute,
+                )
+                summary = f"goodput capacity of {options['cell']} on {options['mixture']}: {result['capacity_rps']} req/s"
+            else:
+                result = experiment_calibrate(experiment_id=experiment.pk, execute=run_execute)
+                summary = f"capacities {result['capacities']} -> rates {result['rates']} (source: probe)"
+        except CalibrationError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(json.dumps(result, indent=2, sort_keys=True) if options["json"] else summary)

@@ -1,0 +1,222 @@
+"""Failure-scenario runs: plan them, freeze their traces, and judge them.
+
+Scenario runs are ordinary Run rows (``scenario=<name>``) executed by the
+same pipeline as the sweep; they follow the sweep in the plan and the
+analysis keeps them apart from it. The generators are pure
+(apps/workloads/scenarios.py), and so are the checks
+(apps/analysis/scenarios.py); this module only moves rows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import transaction
+
+from apps.analysis.scenarios import scenario_verdict, scenarios_summary
+from apps.analysis.server import server_metrics
+from apps.experiments.models import Experiment, ServerConfig
+from apps.runs.models import MetricSample, RequestRecord, Run
+from apps.workloads.models import Trace
+from apps.workloads.prompts import PromptTokenizer
+from apps.workloads.scenarios import (
+    GENERATORS_OF,
+    PRIORITY_CHECK,
+    ScenarioContext,
+    kv_capacity_tokens,
+    scenario_trace,
+    scenario_windows,
+)
+from apps.workloads.services import tokenizer_dir, trace_store
+
+# Run.scenario of the capacity probe's runs (apps/runs/calibration.py): not a failure scenario.
+CALIBRATION = "calibration"
+SCENARIO_RATE_NAME = "scenario"
+_RECORD_FIELDS = (
+    "index",
+    "request_class",
+    "priority",
+    "input_tokens",
+    "expected_output_tokens",
+    "planned_ns",
+    "sent",
+    "sent_ns",
+    "first_token_ns",
+    "last_token_ns",
+    "end_ns",
+    "output_tokens",
+    "max_gap_ns",
+    "http_status",
+    "error_kind",
+    "error",
+    "cancelled",
+    "unfinished",
+)
+
+
+def _policy(cell: ServerConfig) -> str:
+    return str((cell.args or {}).get("scheduling_policy") or "fcfs")
+
+
+def scenario_entries(
+    *, spec: dict[str, Any], cells: list[ServerConfig]
+) -> list[tuple[str, dict[str, Any], ServerConfig]]:
+    """(scenario, params, cell) for every scenario run of the spec, in a stable order.
+
+    Each scenario runs against B0 and the cells it lists (default: all).
+    Every cell whose scheduler is ``priority`` also gets the short priority
+    check, unless a priority_flood already runs against it.
+    """
+    baseline = next((c for c in cells if c.role == ServerConfig.Role.BASELINE), None)
+    wanted = spec.get("scenarios") or {}
+    out: list[tuple[str, dict[str, Any], ServerConfig]] = []
+    for name in sorted(wanted):
+        listed = wanted[name].get("cells")
+        for cell in cells:
+            if listed is None or cell.cell_id in listed or cell is baseline:
+                out.append((name, dict(wanted[name].get("params") or {}), cell))
+    flooded = {c.cell_id for name, _, c in out if GENERATORS_OF.get(name, name) == "priority_flood"}
+    for cell in cells:
+        if _policy(cell) == "priority" and cell.cell_id not in flooded:
+            out.append((PRIORITY_CHECK, {}, cell))
+    return out
+
+
+def scenario_runs_build(*, experiment: Experiment, first_position: int) -> list[Run]:
+    """Unsaved Run rows for the experiment's scenarios, placed after the sweep in the plan."""
+    cells = list(experiment.cells.all())
+    runs = []
+    for i, (name, params, cell) in enumerate(scenario_entries(spec=experiment.spec or {}, cells=cells)):
+        windows = scenario_windows(name, params)
+        runs.append(
+            Run(
+                experiment=experiment,
+                cell=cell,
+                mixture=name,
+                rate_name=SCENARIO_RATE_NAME,
+                rate_rps=0.0,  # the offered rate is known once the trace is frozen
+                repeat=1,
+                round_position=i,
+                plan_position=first_position + i,
+                scenario=name,
+                model_revision=experiment.model_revision,
+                tokenizer_revision=experiment.tokenizer_revision,
+                warmup_seconds=windows["warmup_s"],
+                observation_seconds=windows["observation_s"],
+                drain_deadline_seconds=windows["drain_deadline_s"],
+            )
+        )
+    return runs
+
+
+def experiment_kv_capacity(*, experiment: Experiment) -> int | None:
+    """Tokens of KV cache the experiment's controls give the model (None when not fixed)."""
+    path = tokenizer_dir(experiment.model_path) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return kv_capacity_tokens(model_config=config, kv_cache_memory_bytes=experiment.kv_cache_memory_bytes)
+
+
+def scenario_context(*, experiment: Experiment) -> ScenarioContext:
+    return ScenarioContext(
+        classes=[
+            {
+                "name": c.name,
+                "input_tokens": c.input_tokens,
+                "output_tokens": c.output_tokens,
+                "priority": c.priority,
+            }
+            for c in experiment.classes.all()
+        ],
+        max_model_len=experiment.max_model_len,
+        seed=int(experiment.workload.seed),
+        tokenizer_revision=experiment.tokenizer_revision,
+        kv_capacity_tokens=experiment_kv_capacity(experiment=experiment),
+    )
+
+
+def scenario_traces_freeze(*, experiment: Experiment) -> dict[str, Trace]:
+    """Generate and store each scenario's trace once (every cell replays the same bytes)."""
+    spec = experiment.spec or {}
+    names = sorted({r.scenario for r in experiment.runs.exclude(scenario="").exclude(scenario=CALIBRATION)})
+    if not names:
+        return {}
+    params = {name: (spec.get("scenarios") or {}).get(name, {}).get("params") or {} for name in names}
+    ctx = scenario_context(experiment=experiment)
+    tok = PromptTokenizer(tokenizer_dir(experiment.model_path))
+    traces = {
+        name: scenario_trace(name=name, context=ctx, params=params[name], tokenizer=tok) for name in names
+    }
+    with transaction.atomic():
+        return {
+            name: trace_store(trace=t, label=f"{experiment.name} scenario {name}")
+            for name, t in traces.items()
+        }
+
+
+def scenario_runs_attach(*, runs: list[Run], traces: dict[str, Trace]) -> None:
+    """Point each scenario run at its frozen trace (in memory; the caller saves)."""
+    for run in runs:
+        row = traces[run.scenario]
+        run.trace = row
+        run.trace_sha256 = row.sha256
+        run.corpus_sha256 = row.corpus_sha256
+        run.requests_planned = row.requests
+        obs = float((row.meta or {}).get("observation_s") or run.observation_seconds)
+        run.rate_rps = round(row.requests / obs, 6) if obs > 0 else 0.0
+
+
+def scenario_reports(*, experiment_id: int) -> dict[str, Any]:
+    """Every scenario run of the experiment judged (apps/analysis/scenarios.py), plus the probe's derivation.
+
+    Runs that never finished are listed with their status and no verdict.
+    """
+    experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
+    runs = list(
+        experiment.runs.exclude(scenario="")
+        .exclude(scenario=CALIBRATION)
+        .select_related("cell", "trace")
+        .order_by("plan_position", "id")
+    )
+    verdicts = []
+    listed = []
+    for run in runs:
+        entry: dict[str, Any] = {
+            "run": str(run.run_id),
+            "scenario": run.scenario,
+            "cell": run.cell.cell_id,
+            "scheduling_policy": _policy(run.cell),
+            "status": run.status,
+            "reason": run.reason,
+            "trace_sha256": run.trace_sha256,
+        }
+        if run.status in Run.FINISHED and run.trace is not None and run.status != Run.Status.CANCELLED:
+            records = list(RequestRecord.objects.filter(run=run).order_by("index").values(*_RECORD_FIELDS))
+            samples = list(
+                MetricSample.objects.filter(run=run).values(
+                    "t_ns", "phase", "epoch", "name", "labels", "kind", "value"
+                )
+            )
+            verdict = scenario_verdict(
+                meta=run.trace.meta,
+                records=records,
+                server=server_metrics(samples),
+                status=run.status,
+                scheduling_policy=_policy(run.cell),
+            )
+            entry["verdict"] = verdict
+            verdicts.append(verdict)
+        listed.append(entry)
+    workload = experiment.workload
+    return {
+        "summary": scenarios_summary(verdicts),
+        "runs": listed,
+        "rates": {
+            "values": workload.rates,
+            "source": workload.rates_source,
+            "derivation": workload.rates_derivation,
+        },
+    }

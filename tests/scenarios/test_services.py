@@ -1,0 +1,231 @@
+"""Spec keys, scenario runs in the plan, frozen scenario traces, and the probe's freeze (no engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.experiments.models import Experiment
+from apps.experiments.services import experiment_to_spec
+from apps.experiments.spec import SpecError, validate_spec
+from apps.runs.calibration import CalibrationError, experiment_calibrate
+from apps.runs.ingest import records_ingest
+from apps.runs.models import Run
+from apps.runs.scenarios import CALIBRATION, scenario_reports
+from apps.runs.services import experiment_freeze_and_enqueue
+from apps.workloads.services import trace_load
+from tests.experiments.factories import make_experiment, small_spec
+from tests.runs.factories import make_host
+from workers.engine.tinymodel import build_tokenizer
+from workers.replay.records import RequestRecord
+
+MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tokenizer(tmp_path_factory.mktemp("scenario-model"))
+
+
+def spec_with(model_dir: Path | None = None, **extra: Any) -> dict[str, Any]:
+    spec = small_spec(**extra)
+    if model_dir is not None:
+        spec["model"] = {**spec["model"], "path": str(model_dir)}
+    return spec
+
+
+def errors_of(spec: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        validate_spec(spec)
+    return {e.path: e.message for e in info.value.errors}
+
+
+def test_it_validates_scenarios_with_field_paths() -> None:
+    errors = errors_of(
+        spec_with(
+            scenarios={
+                "kv_pressure": {"cells": ["B0", "C9"], "requests": 0},
+                "long_burst": {"burst_sise": 3},
+                "meteor": {},
+            }
+        )
+    )
+    assert errors["scenarios.kv_pressure.cells[1]"] == "names unknown cell 'C9'"
+    assert "requests must be positive" in errors["scenarios.kv_pressure"]
+    assert errors["scenarios.long_burst.burst_sise"] == "unknown field"
+    assert errors["scenarios.meteor"].startswith("unknown scenario")
+
+
+def test_it_validates_calibration_and_fills_provisional_rates() -> None:
+    errors = errors_of(
+        spec_with(calibration={"tolerance": 2, "fractions": {"low": 1.5}, "mixtures": ["nope"], "speed": 1})
+    )
+    assert errors["calibration.tolerance"].startswith("must be at most")
+    assert errors["calibration.fractions.low"].startswith("must be at most 1")
+    assert errors["calibration.mixtures[0]"] == "names unknown mixture 'nope'"
+    assert errors["calibration.speed"] == "unknown field"
+    spec = spec_with(calibration={"start_rps": 2.0})
+    del spec["workload"]["rates"]
+    clean = validate_spec(spec)
+    assert clean["workload"]["rates"] == {"low": 0.6, "near_capacity": 1.8}
+    assert clean["workload"]["rates_source"] == "probe"
+    assert clean["calibration"]["fractions"] == {"low": 0.3, "near_capacity": 0.9}
+    named = errors_of(spec_with(calibration={}))  # the small spec types a rate named "low" only
+    assert "named like calibration.fractions" in named["workload.rates"]
+
+
+def test_it_leaves_a_spec_without_the_new_keys_as_it_was() -> None:
+    clean = validate_spec(small_spec())
+    assert "scenarios" not in clean and "calibration" not in clean
+    assert clean["workload"]["rates_source"] == "manual"
+
+
+@pytest.mark.django_db
+def test_it_plans_scenario_runs_after_the_sweep_against_b0_and_the_listed_cells() -> None:
+    candidates = [
+        {"id": "C1", "args": {"max_num_batched_tokens": 512, "max_num_seqs": 8}},
+        {"id": "C2", "args": {"max_num_seqs": 8, "scheduling_policy": "priority"}},
+    ]
+    experiment = make_experiment(
+        candidates=candidates,
+        scenarios={"cancellation": {"cells": ["C1"]}, "context_boundary": None},
+    )
+    runs = list(experiment.runs.order_by("plan_position"))
+    sweep = [r for r in runs if not r.scenario]
+    scen = [r for r in runs if r.scenario]
+    assert len(sweep) == 3 and all(r.plan_position < s.plan_position for r in sweep for s in scen)
+    got = sorted((r.scenario, r.cell.cell_id) for r in scen)
+    assert got == [
+        ("cancellation", "B0"),
+        ("cancellation", "C1"),
+        ("context_boundary", "B0"),
+        ("context_boundary", "C1"),
+        ("context_boundary", "C2"),
+        ("priority_check", "C2"),
+    ]
+    boundary = next(r for r in scen if r.scenario == "context_boundary")
+    assert (boundary.warmup_seconds, boundary.observation_seconds, boundary.drain_deadline_seconds) == (
+        0.0,
+        4.0,
+        30.0,
+    )
+    exported = experiment_to_spec(experiment=experiment)
+    assert exported["scenarios"]["cancellation"] == {"cells": ["C1"], "params": {}}
+
+
+def _start(experiment: Experiment) -> None:
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
+
+
+@pytest.mark.django_db
+def test_it_freezes_one_trace_per_scenario_shared_by_every_cell(model_dir: Path) -> None:
+    make_host()
+    experiment = make_experiment(
+        model=spec_with(model_dir)["model"],
+        scenarios={"cancellation": {"observation_s": 4}, "kv_pressure": {"kv_capacity_tokens": 1024}},
+    )
+    _start(experiment)
+    assert experiment_freeze_and_enqueue(experiment_id=experiment.pk) == 6
+    for name in ("cancellation", "kv_pressure"):
+        runs = list(experiment.runs.filter(scenario=name))
+        assert len(runs) == 2 and len({r.trace_sha256 for r in runs}) == 1
+        trace = trace_load(sha256=runs[0].trace_sha256)
+        assert trace.meta["scenario"] == name
+        assert runs[0].requests_planned == len(trace.requests)
+        assert runs[0].rate_rps == pytest.approx(len(trace.requests) / trace.meta["observation_s"])
+    sweep = experiment.runs.filter(scenario="")
+    assert all(r.trace_sha256 and r.trace.meta["kind"] == "generated" for r in sweep)
+
+
+def _fake_execute(capacity_rps: float):  # type: ignore[no-untyped-def]
+    """Stands in for the pipeline: every request answered, fast up to ``capacity_rps``, slow above it."""
+    executed: list[int] = []
+
+    def execute(*, run_pk: int) -> str:
+        run = Run.objects.get(pk=run_pk)
+        ttft_ms = 50.0 if run.rate_rps <= capacity_rps else 5000.0
+        trace = trace_load(sha256=run.trace_sha256)
+        records = []
+        for r in trace.requests:
+            planned = round(r.t_offset_s * 1e9)
+            first = planned + int(ttft_ms * MS)
+            records.append(
+                RequestRecord(
+                    run_id=str(run.run_id), index=r.index, request_class=r.klass, warmup=r.warmup,
+                    input_tokens=r.input_tokens, expected_output_tokens=r.output_tokens, planned_ns=planned,
+                    sent_ns=planned, first_token_ns=first, last_token_ns=first + 10 * MS, end_ns=first + 10 * MS,
+                    output_tokens=r.output_tokens, max_gap_ns=5 * MS, http_status=200,
+                )
+            )  # fmt: skip
+        records_ingest(run_pk=run.pk, records=records)
+        Run.objects.filter(pk=run_pk).update(status=Run.Status.DONE)
+        executed.append(run_pk)
+        return "done"
+
+    execute.executed = executed  # type: ignore[attr-defined]
+    return execute
+
+
+def _calibrated_experiment(model_dir: Path) -> Experiment:
+    spec = spec_with(model_dir)
+    spec["workload"] = {**spec["workload"], "rates": {}}
+    del spec["workload"]["rates"]
+    spec["calibration"] = {
+        "start_rps": 1.0,
+        "tolerance": 0.1,
+        "warmup_s": 1,
+        "observation_s": 4,
+        "drain_deadline_s": 5,
+    }
+    from apps.experiments.services import experiment_create
+    from tests.experiments.factories import UserFactory
+
+    return experiment_create(spec=spec, owner=UserFactory(roles=["experimenter"]))
+
+
+@pytest.mark.django_db
+def test_it_probes_b0_freezes_the_rates_and_every_cell_then_replays_the_same_traces(model_dir: Path) -> None:
+    make_host()
+    experiment = _calibrated_experiment(model_dir)
+    assert experiment.workload.rates_source == "probe"
+    execute = _fake_execute(capacity_rps=3.0)
+    _start(experiment)
+    assert experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=execute) == 4
+    workload = experiment.workload.__class__.objects.get(pk=experiment.workload.pk)
+    d = workload.rates_derivation
+    assert d["capacities"] == {"80-20": 3.0}
+    assert workload.rates == {"low": 0.9, "near_capacity": 2.7} == d["rates"]
+    assert workload.rates_source == "probe"
+    steps = d["probes"][0]["steps"]
+    assert [s["rate_rps"] for s in steps] == [1.0, 2.0, 4.0, 3.0, 3.5, 3.25]
+    assert [s["passed"] for s in steps] == [True, True, False, True, False, False]
+    probes = Run.objects.filter(experiment=experiment, scenario=CALIBRATION)
+    assert probes.count() == 6 and {r.cell.cell_id for r in probes} == {"B0"}
+    assert sorted(execute.executed) == sorted(probes.values_list("pk", flat=True))
+    sweep = list(experiment.runs.filter(scenario=""))
+    assert {(r.rate_name, r.rate_rps) for r in sweep} == {("low", 0.9), ("near_capacity", 2.7)}
+    for rate in ("low", "near_capacity"):
+        runs = [r for r in sweep if r.rate_name == rate]
+        assert {r.cell.cell_id for r in runs} == {"B0", "C1"}
+        assert len({r.trace_sha256 for r in runs}) == 1
+        assert trace_load(sha256=runs[0].trace_sha256).meta["rate_rps"] == workload.rates[rate]
+    report = scenario_reports(experiment_id=experiment.pk)
+    assert report["rates"]["source"] == "probe" and report["summary"]["status"] == "none"
+
+
+@pytest.mark.django_db
+def test_it_keeps_the_rates_and_sends_the_experiment_back_when_no_rate_passes(model_dir: Path) -> None:
+    make_host()
+    experiment = _calibrated_experiment(model_dir)
+    spec = experiment.spec
+    spec["calibration"]["max_steps"] = 2
+    Experiment.objects.filter(pk=experiment.pk).update(spec=spec)
+    _start(experiment)
+    assert experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=_fake_execute(0.1)) == 0
+    experiment.refresh_from_db()
+    assert experiment.status == "planned" and "no probed rate passed" in experiment.status_reason
+    assert experiment.workload.__class__.objects.get(pk=experiment.workload.pk).rates_derivation == {}
+    with pytest.raises(CalibrationError, match="no enabled calibration"):
+        experiment_calibrate(experiment_id=make_experiment().pk, execute=_fake_execute(1.0))
