@@ -230,19 +230,8 @@ def latency_by_cell(
         }
     ]
     if off_scale:
-        layout["annotations"].append(
-            {
-                "xref": "paper",
-                "yref": "paper",
-                "x": 0,
-                "y": 1.0,
-                "showarrow": False,
-                "xanchor": "left",
-                "yanchor": "bottom",
-                "font": {"size": 11, "color": "#5b6474"},
-                "text": "contract above the chart: " + ", ".join(off_scale),
-            }
-        )
+        # Said under the axis, where it cannot cover the key above the plot.
+        layout["xaxis"]["title"]["text"] += " · contract above the chart: " + ", ".join(off_scale)
     return {"data": data, "layout": layout}
 
 
