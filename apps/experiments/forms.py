@@ -141,6 +141,13 @@ class ExperimentForm(forms.Form):
     observation_s = forms.FloatField(required=False, initial=120, label="Observation window (s)")
     drain_deadline_s = forms.FloatField(required=False, initial=60, label="Drain deadline (s)")
     max_dispatch_lag_ms = forms.FloatField(required=False, initial=5, label="Dispatch-lag tolerance (ms)")
+    extra = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        label="More spec sections (YAML)",
+        help_text="Top-level spec sections the fields above do not cover (e.g. scenarios, calibration), "
+        "as in docs/SPEC.md.",
+    )
 
     # Field groups, in the order the template shows them.
     SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -197,6 +204,7 @@ class ExperimentForm(forms.Form):
                 "observation_s",
                 "drain_deadline_s",
                 "max_dispatch_lag_ms",
+                "extra",
             ),
         ),
     )
@@ -220,6 +228,21 @@ class ExperimentForm(forms.Form):
             raise ValidationError("not valid YAML; write it like {temperature: 0.0}") from None
         if not isinstance(value, dict):
             raise ValidationError("must be a mapping, like {temperature: 0.0}")
+        return value
+
+    def clean_extra(self) -> dict[str, Any]:
+        text = (self.cleaned_data.get("extra") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ValidationError("not valid YAML") from None
+        if not isinstance(value, dict):
+            raise ValidationError("must be a mapping of spec sections, like {scenarios: [...]}")
+        typed = sorted(set(value) & TYPED_SECTIONS)
+        if typed:
+            raise ValidationError(f"{', '.join(typed)}: set these with the fields above")
         return value
 
     def clean_mixtures(self) -> dict[str, dict[str, Any]]:
@@ -297,6 +320,19 @@ CellFormSet = formset_factory(CellForm, extra=2, max_num=100)
 ClassFormSet = formset_factory(ClassForm, extra=1, max_num=50)
 
 CONTRACT_FIELDS = ("ttft_p99_ms", "e2e_p99_ms", "max_stall_ms", "error_rate")
+# Spec sections the typed fields build; "extra" may add any other top-level section.
+TYPED_SECTIONS = {
+    "name",
+    "description",
+    "owner",
+    "model",
+    "controls",
+    "engine",
+    "baseline",
+    "candidates",
+    "classes",
+    "workload",
+}
 
 
 def _blank(data: dict[str, Any]) -> bool:
@@ -428,6 +464,7 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
             "max_dispatch_lag_ms": d.get("max_dispatch_lag_ms"),
         },
     }
+    spec.update(d.get("extra") or {})
     return SpecBuild(spec, origin, [i for i, c in enumerate(class_list) if c is not None])
 
 
@@ -501,6 +538,9 @@ def spec_field_for(path: str, build: SpecBuild) -> tuple[str, int | None, str | 
     for prefix in sorted(_DIRECT, key=len, reverse=True):
         if path == prefix or path.startswith(prefix + "."):
             return ("form", None, _DIRECT[prefix])
+    head = re.split(r"[.\[]", path, maxsplit=1)[0]
+    if head in build.spec and head not in TYPED_SECTIONS:
+        return ("form", None, "extra")
     return ("form", None, None)
 
 

@@ -146,3 +146,22 @@ def test_it_shows_upload_errors_beside_the_upload_field(client, author, content,
     errors = [str(e) for e in response.context["form"].errors["spec_file"]]
     assert any(fragment in e for e in errors), errors
     assert Experiment.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ("{bogus_section: 1}", "bogus_section: unknown field"),
+        ("[1, 2]", "must be a mapping"),
+        ("{workload: {}}", "set these with the fields above"),
+        ("{a: [", "not valid YAML"),
+    ],
+)
+def test_it_shows_errors_of_the_extra_sections_beside_that_field(client, author, extra, fragment) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    response = client.post("/experiments/new/", form_data(extra=extra, create="1"))
+    assert response.status_code == 400
+    errors = [str(e) for e in response.context["form"].errors["extra"]]
+    assert any(fragment in e for e in errors), errors
+    assert Experiment.objects.count() == 0
