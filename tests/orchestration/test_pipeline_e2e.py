@@ -81,7 +81,10 @@ def test_it_survives_a_worker_killed_mid_run(workers: Workers) -> None:
     experiment = _wait_experiment(experiment, 900, workers)
     assert experiment.status == "analysed"
     retry = Run.objects.get(retry_of=killed)
-    assert retry.status == "done"
+    # The re-run measured to the end; on a loaded machine its own generator may
+    # fall behind, which the validity check then calls out rather than hides.
+    assert retry.status == "done" or (retry.status == "invalid" and "load generator" in retry.reason), retry.reason
+    assert RequestRecord.objects.filter(run=retry).count() == retry.requests_planned
     # Records of the killed run are kept, none twice.
     for run in experiment.runs.all():
         indexes = list(RequestRecord.objects.filter(run=run).values_list("index", flat=True))
