@@ -58,20 +58,11 @@ class RunCancelled(Exception):
 
 def run_controls(experiment: Experiment) -> dict[str, Any]:
     """The frozen controls as launcher keys (identical for every cell of the experiment)."""
-    controls: dict[str, Any] = {
-        "max_model_len": experiment.max_model_len,
-        "dtype": experiment.dtype,
-        "tensor_parallel_size": experiment.tensor_parallel_size,
-        "enable_prefix_caching": experiment.enable_prefix_caching,
-        "seed": experiment.engine_seed,
+    return {
+        **experiment.controls(),
         "revision": experiment.model_revision,
         "tokenizer_revision": experiment.tokenizer_revision,
     }
-    if experiment.gpu_memory_utilization is not None:
-        controls["gpu_memory_utilization"] = experiment.gpu_memory_utilization
-    if experiment.kv_cache_memory_bytes is not None:
-        controls["kv_cache_memory_bytes"] = experiment.kv_cache_memory_bytes
-    return controls
 
 
 def host_config(host: Host) -> HostConfig:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 
@@ -59,6 +61,23 @@ class Experiment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (#{self.pk})"
+
+    def controls(self) -> dict[str, Any]:
+        """The frozen controls in the spec's form (unset optional ones left out)."""
+        controls: dict[str, Any] = {
+            "dtype": self.dtype,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "max_model_len": self.max_model_len,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "speculative_decoding": self.speculative_decoding,
+            "seed": self.engine_seed,
+            "generation": self.generation,
+        }
+        if self.gpu_memory_utilization is not None:
+            controls["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.kv_cache_memory_bytes is not None:
+            controls["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        return controls
 
     def can_transition(self, to: str) -> bool:
         return to in self.TRANSITIONS.get(self.status, set())

@@ -165,19 +165,7 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
     cells = list(experiment.cells.all())
     baseline = next(c for c in cells if c.role == ServerConfig.Role.BASELINE)
     w = experiment.workload
-    controls: dict[str, Any] = {
-        "dtype": experiment.dtype,
-        "tensor_parallel_size": experiment.tensor_parallel_size,
-        "max_model_len": experiment.max_model_len,
-        "enable_prefix_caching": experiment.enable_prefix_caching,
-        "speculative_decoding": experiment.speculative_decoding,
-        "seed": experiment.engine_seed,
-        "generation": experiment.generation,
-    }
-    if experiment.gpu_memory_utilization is not None:
-        controls["gpu_memory_utilization"] = experiment.gpu_memory_utilization
-    if experiment.kv_cache_memory_bytes is not None:
-        controls["kv_cache_memory_bytes"] = experiment.kv_cache_memory_bytes
+    controls = experiment.controls()
     arrival: dict[str, Any] = {"process": w.arrival_process}
     if w.arrival_cv is not None:
         arrival["cv"] = w.arrival_cv
