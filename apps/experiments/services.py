@@ -170,7 +170,9 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
     if w.arrival_cv is not None:
         arrival["cv"] = w.arrival_cv
     extra = {
-        key: experiment.spec[key] for key in ("scenarios", "calibration") if (experiment.spec or {}).get(key)
+        key: experiment.spec[key]
+        for key in ("scenarios", "calibration", "analysis")
+        if (experiment.spec or {}).get(key)
     }
     return {
         "name": experiment.name,

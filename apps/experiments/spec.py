@@ -52,6 +52,7 @@ TOP_KEYS = {
     "workload",
     "scenarios",
     "calibration",
+    "analysis",
 }
 WORKLOAD_KEYS = {
     "mixtures",
@@ -443,10 +444,27 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         spec["calibration"] = calibration
     if "scenarios" in top:
         spec["scenarios"] = _check_scenarios(c, top.get("scenarios"), set(seen))
+    if "analysis" in top:
+        spec["analysis"] = _check_analysis(c, top.get("analysis"), set(rates))
 
     if c.errors:
         raise SpecError(c.errors)
     return spec
+
+
+def _check_analysis(c: _Checker, raw: Any, rate_names: set[str]) -> dict[str, Any]:
+    """Analysis options (docs/ANALYSIS.md), checked by the analysis's own parser."""
+    from apps.analysis.report import ReportOptions
+
+    data = c.mapping(raw, "analysis")
+    for i, name in enumerate(data.get("agreed_rates") or []):
+        if name not in rate_names:
+            c.fail(f"analysis.agreed_rates[{i}]", f"names unknown rate {name!r}")
+    try:
+        return ReportOptions.from_mapping(data).to_json()
+    except (TypeError, ValueError) as exc:
+        c.fail("analysis", str(exc))
+        return {}
 
 
 CALIBRATION_DEFAULTS: dict[str, Any] = {

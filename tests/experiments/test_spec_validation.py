@@ -141,3 +141,14 @@ def test_it_names_an_unknown_owner(tmp_path) -> None:
     with pytest.raises(CommandError, match="owner: no user named 'nobody'"):
         call_command("experiment_import", str(file))
     assert Experiment.objects.count() == 0
+
+
+def test_it_validates_the_analysis_options() -> None:
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["analysis"] = {"agreed_rates": ["low"], "compare": {"resamples": 200, "seed": 3}}
+    assert validate_spec(spec)["analysis"]["agreed_rates"] == ["low"]
+    spec["analysis"] = {"agreed_rates": ["peak"], "bogus": 1}
+    with pytest.raises(SpecError) as info:
+        validate_spec(spec)
+    paths = [e.path for e in info.value.errors]
+    assert "analysis.agreed_rates[0]" in paths and "analysis" in paths
