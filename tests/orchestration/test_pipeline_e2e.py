@@ -30,6 +30,14 @@ def _wait_experiment(experiment: Experiment, timeout_s: float, workers: Workers)
     return experiment
 
 
+def _wait_measuring(experiment: Experiment, workers: Workers) -> Run:
+    try:
+        return wait_for(lambda: experiment.runs.filter(status="measuring").first(), 600)  # type: ignore[return-value]
+    except AssertionError:
+        runs = list(experiment.runs.values_list("status", "reason"))
+        raise AssertionError(f"no run reached measuring: {runs}\n{workers.logs()}") from None
+
+
 def _server_pids(host_name: str) -> list[int]:
     host = Host.objects.get(name=host_name)
     return [pid for pid, _ in host.server_pids]
@@ -68,7 +76,7 @@ def test_it_survives_a_worker_killed_mid_run(workers: Workers) -> None:
     first = workers.start()
     experiment = make_experiment(workload={**make_experiment_workload(), "observation_s": 30})
     experiment_start(experiment=experiment)
-    measuring = wait_for(lambda: experiment.runs.filter(status="measuring").first(), 300)
+    measuring = _wait_measuring(experiment, workers)
     wait_for(lambda: RequestRecord.objects.filter(run=measuring).exists(), 60)
     server_pids = _server_pids(workers.host_name)
     assert server_pids
@@ -96,7 +104,7 @@ def test_it_cancels_mid_run_within_ten_seconds_keeping_partial_records(workers: 
     workers.start()
     experiment = make_experiment(workload={**make_experiment_workload(), "observation_s": 60})
     experiment_start(experiment=experiment)
-    measuring = wait_for(lambda: experiment.runs.filter(status="measuring").first(), 300)
+    measuring = _wait_measuring(experiment, workers)
     wait_for(lambda: RequestRecord.objects.filter(run=measuring).count() >= 2, 60)
     server_pids = _server_pids(workers.host_name)
     experiment_cancel(experiment=experiment)
