@@ -29,6 +29,16 @@ def freeze_experiment(*, experiment_pk: int) -> int:
     return experiment_freeze_and_enqueue(experiment_id=experiment_pk, execute=run_execute)
 
 
+@shared_task(name="tailtune.cell_goodput_capacity", acks_late=True)
+def cell_goodput_capacity(*, experiment_pk: int, cell_id: str, mixture: str) -> float | None:
+    """Goodput capacity of one cell (send it to that host's queue): one probe run per step, inline."""
+    from apps.runs.calibration import cell_goodput_capacity as measure
+    from workers.pipeline import run_execute
+
+    result = measure(experiment_id=experiment_pk, cell_id=cell_id, mixture=mixture, execute=run_execute)
+    return result["capacity_rps"]
+
+
 @shared_task(name="tailtune.execute_run", acks_late=True, reject_on_worker_lost=True)
 def execute_run(*, run_pk: int) -> str:
     from workers.pipeline import run_execute

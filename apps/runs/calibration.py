@@ -423,6 +423,15 @@ def experiment_calibrate(*, experiment_id: int, execute: Executor, actor: Any = 
     return derivation
 
 
+def calibration_runs_retire(*, experiment: Experiment) -> int:
+    """Cancel probe runs left queued (a restart re-queues cancelled runs; a probe step is never resumed)."""
+    return Run.objects.filter(experiment=experiment, scenario=CALIBRATION, status=Run.Status.QUEUED).update(
+        status=Run.Status.CANCELLED,
+        reason="probe step not resumed after a restart",
+        finished_at=timezone.now(),
+    )
+
+
 def calibration_pending(*, experiment: Experiment) -> bool:
     """True when the spec asks for the probe and no probe has frozen the rates yet."""
     if calibration_settings(experiment) is None:

@@ -97,13 +97,19 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
     ``execute`` (the run pipeline of this host's worker), so the rates are
     frozen before the first candidate runs.
     """
-    from apps.runs.calibration import CalibrationError, calibration_pending, experiment_calibrate
+    from apps.runs.calibration import (
+        CalibrationError,
+        calibration_pending,
+        calibration_runs_retire,
+        experiment_calibrate,
+    )
     from apps.runs.scenarios import CALIBRATION, scenario_runs_attach, scenario_traces_freeze
     from apps.workloads.services import workload_traces_freeze
 
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     if experiment.status != Experiment.Status.RUNNING:
         return 0
+    calibration_runs_retire(experiment=experiment)
     if calibration_pending(experiment=experiment):
         try:
             if execute is None:

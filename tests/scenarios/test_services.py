@@ -229,3 +229,22 @@ def test_it_keeps_the_rates_and_sends_the_experiment_back_when_no_rate_passes(mo
     assert experiment.workload.__class__.objects.get(pk=experiment.workload.pk).rates_derivation == {}
     with pytest.raises(CalibrationError, match="no enabled calibration"):
         experiment_calibrate(experiment_id=make_experiment().pk, execute=_fake_execute(1.0))
+
+
+@pytest.mark.django_db
+def test_it_cancels_a_probe_step_left_queued_by_a_restart(model_dir: Path) -> None:
+    make_host()
+    experiment = _calibrated_experiment(model_dir)
+    b0 = experiment.cells.get(cell_id="B0")
+    stale = Run.objects.create(
+        experiment=experiment, cell=b0, mixture="80-20", rate_name="probe0", rate_rps=1.0, repeat=1,
+        round_position=0, plan_position=0, scenario=CALIBRATION, warmup_seconds=1, observation_seconds=4,
+        drain_deadline_seconds=5,
+    )  # fmt: skip
+    _start(experiment)
+    experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=_fake_execute(capacity_rps=3.0))
+    stale.refresh_from_db()
+    assert (
+        stale.status == "cancelled"
+        and not experiment.runs.filter(status="queued", trace__isnull=True).exists()
+    )
