@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup engine browser run worker test lint
+.PHONY: setup engine tools run worker test lint
 
 # The project environment, rebuilt when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -18,9 +18,11 @@ setup: $(VENV)/.installed
 engine: setup
 	bash scripts/engine-setup.sh
 
-# Debian's Chromium for the browser tests (Playwright never downloads its own).
-browser:
-	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+# Debian's packages the tests use: Chromium for the browser tests (Playwright never
+# downloads its own) and docker-compose to validate docker-compose.yml.
+tools:
+	@command -v chromium >/dev/null && command -v docker-compose >/dev/null || \
+	  { apt-get update -q && apt-get install -y -q chromium docker-compose; }
 
 # Command 1: the whole service on embedded defaults (SQLite, file broker, CPU engine).
 run: setup engine
@@ -35,5 +37,5 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 # Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser).
-test: setup engine browser lint
+test: setup engine tools lint
 	$(BIN)/pytest

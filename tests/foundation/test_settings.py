@@ -46,7 +46,22 @@ def test_it_keeps_the_visibility_timeout_above_the_hard_limit() -> None:
 
 
 def test_it_ships_a_compose_file_with_a_gpu_worker() -> None:
+    import shutil
+    import subprocess
+
     import yaml
+
+    compose_cli = shutil.which("docker-compose")
+    if compose_cli is None:
+        pytest.skip("docker-compose is not installed (make test installs it)")
+    check = subprocess.run(
+        [compose_cli, "-f", str(settings.BASE_DIR / "docker-compose.yml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SECRET_KEY": "compose-check"},
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
 
     compose = yaml.safe_load((settings.BASE_DIR / "docker-compose.yml").read_text())
     services = compose["services"]
