@@ -570,8 +570,10 @@ def main() -> None:
         "mock_procs": MOCK_PROCS,
         "input_tokens": INPUT_TOKENS,
     }
-    for client in args.clients.split(","):
-        for rate in [float(r) for r in args.rates.split(",")]:
+    # Rates outside, clients inside: the clients compared at one rate run minutes
+    # apart, under the same background load of the shared machine.
+    for rate in [float(r) for r in args.rates.split(",")]:
+        for client in args.clients.split(","):
             started = time.strftime("%H:%M:%S")
             load = os.getloadavg()[0]
             row = run_one(client, rate, args.duration, args.output_tokens, Path(args.work))

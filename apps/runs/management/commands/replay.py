@@ -48,6 +48,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--sha256", help="expected sha256 of the trace file")
         parser.add_argument("--run-id", help="run id written into the records (default: a new uuid)")
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=1,
+            help="spread the send loop over this many processes (high rates)",
+        )
+        parser.add_argument("--transport", choices=["raw", "aiohttp"], default="raw", help="HTTP client")
 
     def handle(self, *args, **options):  # type: ignore[no-untyped-def]
         try:
@@ -76,6 +83,8 @@ class Command(BaseCommand):
         ):
             if value < 0:
                 raise CommandError(f"{name} must be >= 0")
+        if options["processes"] < 1:
+            raise CommandError("--processes must be >= 1")
         run_id = options["run_id"] or str(uuid.uuid4())
         out_path = Path(options["out"])
         lock = threading.Lock()
@@ -108,6 +117,8 @@ class Command(BaseCommand):
                 endpoint=options["endpoint"],
                 max_concurrency=options["max_concurrency"],
                 read_timeout_s=options["read_timeout"],
+                processes=options["processes"],
+                transport=options["transport"],
             )
         lag = result.dispatch_lag_p99_ms
         self.stdout.write(

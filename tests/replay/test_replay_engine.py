@@ -1,0 +1,92 @@
+"""The replay against the real CPU vLLM (built by `make engine`; skipped when it is not)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workers.engine.launcher import cpu_engine_host
+from workers.engine.server import EngineServer
+from workers.replay.client import run_replay
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_DIR = REPO / ".engine"
+MODEL = ENGINE_DIR / "models" / "tiny-llama"
+READY = (ENGINE_DIR / "venv" / ".tailtune-engine-stamp").is_file() and (MODEL / "model.safetensors").is_file()
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(not READY, reason="CPU engine not built: run `make engine`"),
+]
+
+CONTROLS = {
+    "dtype": "bfloat16",
+    "max_model_len": 4096,
+    "kv_cache_memory_bytes": 6 * 1024 * 1024,
+    "enable_prefix_caching": False,
+    "speculative_decoding": False,
+    "seed": 0,
+    "revision": "tiny-llama-local-v1",
+    "tokenizer_revision": "tiny-llama-local-v1",
+    "served_model_name": "tiny",
+    "generation": {"temperature": 0.0, "ignore_eos": True},
+}
+
+
+def _trace(count: int) -> list[dict[str, object]]:
+    return [
+        {
+            "index": i,
+            "t_offset_s": round(i * 0.2, 6),
+            "class": "short" if i % 2 else "long",
+            "input_tokens": 16 + 8 * i,
+            "output_tokens": 6 + 5 * (i % 3),
+            "priority": 0,
+            "warmup": False,
+            "prompt_token_ids": [10 + (i * 31 + j) % 2000 for j in range(16 + 8 * i)],
+        }
+        for i in range(count)
+    ]
+
+
+def test_it_replays_a_trace_with_exact_token_counts_on_both_transports(tmp_path: Path) -> None:
+    server = EngineServer(
+        model=str(MODEL),
+        cell_args={"max_num_batched_tokens": 2048, "max_num_seqs": 8},
+        controls=CONTROLS,
+        host=cpu_engine_host(ENGINE_DIR),
+        log_path=tmp_path / "server.log",
+        health_deadline_s=240,
+        grace_s=15,
+    )
+    requests = _trace(8)
+    requests[5]["cancel_after_tokens"] = 3
+    with server:
+        server.start()
+        results = {
+            transport: run_replay(
+                requests,
+                base_url=server.base_url,
+                model="tiny",
+                run_id=f"engine-{transport}",
+                warmup_s=0.0,
+                observation_s=1.6,
+                drain_deadline_s=120.0,
+                max_dispatch_lag_ms=1000.0,
+                transport=transport,
+            )
+            for transport in ("raw", "aiohttp")
+        }
+    for transport, result in results.items():
+        for record in result.records:
+            if record.index == 5:
+                assert record.cancelled and record.output_tokens == 3, (transport, record)
+                continue
+            assert record.ok, (transport, record.error)
+            assert record.output_tokens == record.expected_output_tokens, (transport, record.index)
+            assert record.prompt_tokens == record.input_tokens
+            assert record.finish_reason == "length"
+            assert record.first_token_ns is not None and record.last_token_ns is not None
+            assert record.token_gaps.total == record.output_tokens - 1 or record.chunks < record.output_tokens
+        assert result.sent == 8 and result.errors == 0 and result.unfinished == 0
