@@ -1,0 +1,263 @@
+"""Scenarios and the capacity probe on the real CPU vLLM.
+
+Two tests, few server starts (one vLLM at a time fits the two cores; each
+start costs ~40 s):
+
+- the probe goes through the real pipeline: ``experiment_freeze_and_enqueue``
+  runs the calibration inline through ``workers.pipeline.run_execute`` (one
+  server per probe step), freezes the rates and the plan, then a scenario run
+  (the context boundary) executes through the same pipeline and is judged by
+  ``scenario_reports`` from the database;
+- every scenario's signal is checked on two servers (FCFS with a small KV
+  cache, then priority scheduling), replaying each scenario trace back to back
+  with the same replay client and /metrics scraper the pipeline uses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from apps.analysis.scenarios import scenario_verdict
+from apps.analysis.server import server_metrics
+from apps.experiments.models import Experiment
+from apps.runs.hosts import host_register_local
+from apps.runs.models import RequestRecord, Run
+from apps.runs.scenarios import CALIBRATION, scenario_reports
+from apps.runs.services import experiment_freeze_and_enqueue
+from apps.workloads.prompts import PromptTokenizer
+from apps.workloads.scenarios import (
+    PRIORITY_CHECK,
+    ScenarioContext,
+    kv_capacity_tokens,
+    scenario_trace,
+)
+from apps.workloads.services import trace_load
+from tests.experiments.factories import UserFactory, small_spec
+from workers.engine.launcher import cpu_engine_host
+from workers.engine.scrape import Scraper
+from workers.engine.server import EngineServer
+from workers.pipeline import run_execute
+from workers.replay.client import run_replay
+
+ENGINE_DIR = Path(settings.ENGINE_DIR)
+MODEL = ENGINE_DIR / "models" / "tiny-llama"
+READY = (ENGINE_DIR / "venv" / ".tailtune-engine-stamp").is_file() and (MODEL / "model.safetensors").is_file()
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(not READY, reason="CPU engine not built: run `make engine`"),
+]
+
+MAX_MODEL_LEN = 1024
+# 2 MiB of KV cache: 2048 tokens of this model (1 KiB per token).
+KV_BYTES = 2 * 1024 * 1024
+CLASSES = [
+    {"name": "short", "input_tokens": 64, "output_tokens": 8, "priority": 0},
+    {"name": "long", "input_tokens": 600, "output_tokens": 8, "priority": 1},
+]
+# The flood arrives while most of an 18-request backlog still waits for one of
+# the 6 sequence slots: under priority it must overtake, under FCFS it must not.
+PRIORITY_PARAMS = {
+    "backlog": 18,
+    "backlog_output_tokens": 64,
+    "flood": 6,
+    "flood_at_s": 0.3,
+    "flood_rps": 10,
+    "flood_output_tokens": 16,
+    "drain_deadline_s": 90,
+}
+
+
+def _server(tmp_path: Path, name: str, policy: str) -> EngineServer:
+    return EngineServer(
+        model=str(MODEL),
+        cell_args={"max_num_batched_tokens": 1024, "max_num_seqs": 6, "scheduling_policy": policy},
+        controls={
+            "dtype": "bfloat16",
+            "max_model_len": MAX_MODEL_LEN,
+            "kv_cache_memory_bytes": KV_BYTES,
+            "enable_prefix_caching": False,
+            "seed": 0,
+            "revision": "tiny-llama-local-v1",
+            "tokenizer_revision": "tiny-llama-local-v1",
+        },
+        host=cpu_engine_host(ENGINE_DIR),
+        log_path=tmp_path / f"{name}.log",
+        health_deadline_s=240,
+        grace_s=15,
+    )
+
+
+def _judge(
+    server: EngineServer, name: str, params: dict[str, Any], policy: str, tok: PromptTokenizer
+) -> dict[str, Any]:
+    """Generate the scenario trace, replay it as the pipeline does, and judge it."""
+    config = json.loads((MODEL / "config.json").read_text())
+    ctx = ScenarioContext(
+        classes=CLASSES,
+        max_model_len=MAX_MODEL_LEN,
+        seed=11,
+        tokenizer_revision="tiny-llama-local-v1",
+        kv_capacity_tokens=kv_capacity_tokens(model_config=config, kv_cache_memory_bytes=KV_BYTES),
+    )
+    trace = scenario_trace(name=name, context=ctx, params=params, tokenizer=tok)
+    meta = trace.meta
+    scraper = Scraper(server.base_url, interval_s=1.0)
+    try:
+        scraper.scrape("before")
+        scraper.start_during()
+        result = run_replay(
+            [r.to_json() for r in trace.requests],
+            base_url=server.base_url,
+            model=server.served_model_name,
+            run_id=f"{name}-{policy}",
+            warmup_s=meta["warmup_s"],
+            observation_s=meta["observation_s"],
+            drain_deadline_s=meta["drain_deadline_s"],
+            max_dispatch_lag_ms=1000,
+        )
+        scraper.stop_during()
+        scraper.scrape("after")
+    finally:
+        scraper.close()
+    status = "failed" if server.failure() else "done"
+    return scenario_verdict(
+        meta=meta,
+        records=[r.to_json() for r in result.records],
+        server=server_metrics(scraper.samples),
+        status=status,
+        scheduling_policy=policy,
+    )
+
+
+def _explain(v: dict[str, Any]) -> str:
+    return json.dumps({"must_hold": v["must_hold"], "signal": v["signal"], "counts": v["counts"]}, indent=1)
+
+
+def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> None:
+    tok = PromptTokenizer(MODEL)
+    scenarios: list[tuple[str, dict[str, Any]]] = [
+        ("kv_pressure", {"requests": 6}),
+        ("decode_pressure", {"concurrency": 6, "output_tokens": 96, "observation_s": 2, "ramp_s": 0.5}),
+        ("context_boundary", {"gap_s": 1.0}),
+        ("cancellation", {"rps": 4, "observation_s": 3, "output_tokens": 32, "share": 0.5}),
+        (
+            "long_burst",
+            {
+                "steady_rps": 2,
+                "observation_s": 4,
+                "burst_at_s": 1,
+                "burst_size": 12,
+                "long_output_tokens": 256,
+                "drain_deadline_s": 1,
+            },
+        ),  # fmt: skip
+        (PRIORITY_CHECK, PRIORITY_PARAMS),
+    ]
+    verdicts: dict[str, dict[str, Any]] = {}
+    with _server(tmp_path, "fcfs", "fcfs") as server:
+        server.start()
+        server.warm_up(n=2)
+        for name, params in scenarios:
+            verdicts[name] = _judge(server, name, params, "fcfs", tok)
+    with _server(tmp_path, "priority", "priority") as server:
+        server.start()
+        server.warm_up(n=2)
+        priority = _judge(server, PRIORITY_CHECK, PRIORITY_PARAMS, "priority", tok)
+
+    # Every verdict is looked at before failing, so one slow run shows every problem.
+    problems = [
+        f"{name} did not show its signal:\n{_explain(v)}"
+        for name, v in [*verdicts.items(), ("priority_check under priority", priority)]
+        if v["status"] != "done" or not v["shown"]
+    ]
+    assert not problems, "\n".join(problems)
+    kv = verdicts["kv_pressure"]
+    assert kv["held"], _explain(kv)
+    assert kv["signal"]["evidence"]["preemption_delta"] > 0
+    burst = verdicts["long_burst"]["signal"]["evidence"]["burst"]
+    assert burst["unfinished"] + burst["rejected"] > 0
+    boundary = verdicts["context_boundary"]
+    assert boundary["held"], _explain(boundary)
+    past = boundary["signal"]["evidence"]["past_limit"][0]
+    assert past["error_kind"] is not None and past["http_status"] == 400
+    cancel = verdicts["cancellation"]
+    assert cancel["held"] and cancel["signal"]["evidence"]["cancelled"] == 6, _explain(cancel)
+    fcfs = verdicts[PRIORITY_CHECK]["signal"]["evidence"]
+    assert fcfs["overtaking"]["share"] <= 0.1, _explain(verdicts[PRIORITY_CHECK])
+    ev = priority["signal"]["evidence"]
+    assert ev["overtaking"]["share"] >= 0.5
+    assert (
+        ev["high_priority_ttft_p50"]["ms"] < ev["low_priority_ttft_p50"]["ms"]
+        or ev["low_priority_ttft_p50"]["censored"]
+    )
+    assert ev["oldest_lower_priority_wait_ms"] > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline(monkeypatch) -> None:
+    from apps.experiments.services import experiment_create
+
+    enqueued: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        "workers.tasks.execute_run.apply_async",
+        lambda kwargs, queue: enqueued.append({**kwargs, "queue": queue}),
+    )
+    spec = small_spec()
+    spec["workload"] = {
+        **spec["workload"],
+        "mixtures": {"short-only": {"short": 1.0}},
+        "max_dispatch_lag_ms": 250,
+    }
+    del spec["workload"]["rates"]
+    spec["calibration"] = {
+        "start_rps": 2.0,
+        "max_steps": 2,
+        "warmup_s": 1,
+        "observation_s": 4,
+        "drain_deadline_s": 10,
+    }
+    spec["scenarios"] = {"context_boundary": {"cells": [], "gap_s": 1.0, "drain_deadline_s": 10}}
+    experiment = experiment_create(spec=spec, owner=UserFactory(roles=["experimenter"]))
+    host_register_local()
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
+
+    n = experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=run_execute)
+
+    experiment.refresh_from_db()
+    assert n == 5, experiment.status_reason  # 2 cells x 2 frozen rates + the scenario run
+    workload = experiment.workload.__class__.objects.get(pk=experiment.workload.pk)
+    probes = list(Run.objects.filter(experiment=experiment, scenario=CALIBRATION).order_by("plan_position"))
+    assert [p.status for p in probes] == ["done", "done"], [(p.status, p.reason) for p in probes]
+    assert all(RequestRecord.objects.filter(run=p).count() == p.requests_planned for p in probes)
+    d = workload.rates_derivation
+    capacity = d["capacities"]["short-only"]
+    assert capacity in (2.0, 4.0), d
+    assert workload.rates_source == "probe"
+    assert workload.rates == {"low": round(0.3 * capacity, 4), "near_capacity": round(0.9 * capacity, 4)}
+    assert [s["run"] for s in d["probes"][0]["steps"]] == [str(p.run_id) for p in probes]
+    # The following sweep: every cell replays the same frozen trace at exactly the frozen rates.
+    sweep = list(experiment.runs.filter(scenario="").select_related("cell"))
+    assert len(sweep) == 4
+    for rate_name, rps in workload.rates.items():
+        runs = [r for r in sweep if r.rate_name == rate_name]
+        assert {r.cell.cell_id for r in runs} == {"B0", "C1"}
+        assert {r.rate_rps for r in runs} == {rps}
+        assert len({r.trace_sha256 for r in runs}) == 1
+        assert trace_load(sha256=runs[0].trace_sha256).meta["rate_rps"] == rps
+    assert len(enqueued) == 5
+
+    boundary = Run.objects.get(experiment=experiment, scenario="context_boundary")
+    assert boundary.cell.cell_id == "B0"
+    assert run_execute(run_pk=boundary.pk) == "done", Run.objects.get(pk=boundary.pk).reason
+    errored = RequestRecord.objects.get(run=boundary, index=1)
+    assert errored.error_kind is not None and errored.http_status == 400
+    report = scenario_reports(experiment_id=experiment.pk)
+    verdict = next(r["verdict"] for r in report["runs"] if r["scenario"] == "context_boundary")
+    assert verdict["shown"] and verdict["held"], _explain(verdict)
+    assert report["rates"]["source"] == "probe" and report["rates"]["derivation"]["rates"] == workload.rates
