@@ -553,6 +553,11 @@ def _check_scenarios(c: _Checker, raw: Any, cell_ids: set[str]) -> dict[str, Any
             c.fail(path, f"unknown scenario (known: {', '.join(sorted(DEFAULTS))})")
             continue
         options = c.mapping(options_raw, path, required=False)
+        # The normalised form nests the parameters under "params"; both spellings are accepted,
+        # so a validated (or exported) spec validates again to itself.
+        nested = options.pop("params", None)
+        if nested is not None:
+            options.update(c.mapping(nested, f"{path}.params"))
         cells = options.pop("cells", None)
         if cells is not None:
             if not isinstance(cells, list) or not all(isinstance(x, str) for x in cells):

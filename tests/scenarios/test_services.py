@@ -248,3 +248,14 @@ def test_it_cancels_a_probe_step_left_queued_by_a_restart(model_dir: Path) -> No
         stale.status == "cancelled"
         and not experiment.runs.filter(status="queued", trace__isnull=True).exists()
     )
+
+
+def test_it_validates_a_normalised_spec_to_itself() -> None:
+    spec = spec_with(
+        scenarios={"kv_pressure": {"cells": ["C1"], "requests": 4}, "cancellation": None},
+        calibration={"start_rps": 2.0, "mixtures": ["80-20"]},
+    )
+    del spec["workload"]["rates"]
+    once = validate_spec(spec)
+    assert once["scenarios"]["kv_pressure"] == {"cells": ["C1"], "params": {"requests": 4}}
+    assert validate_spec(once) == once
