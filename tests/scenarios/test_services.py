@@ -259,3 +259,24 @@ def test_it_validates_a_normalised_spec_to_itself() -> None:
     once = validate_spec(spec)
     assert once["scenarios"]["kv_pressure"] == {"cells": ["C1"], "params": {"requests": 4}}
     assert validate_spec(once) == once
+
+
+@pytest.mark.django_db
+def test_it_calibrates_from_the_command_and_refuses_an_experiment_without_calibration(
+    model_dir: Path, monkeypatch
+) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    monkeypatch.setattr("workers.pipeline.run_execute", _fake_execute(capacity_rps=3.0))
+    experiment = _calibrated_experiment(model_dir)
+    out = StringIO()
+    call_command("experiment_calibrate", str(experiment.pk), stdout=out)
+    assert "'low': 0.9" in out.getvalue() and "source: probe" in out.getvalue()
+    assert experiment.runs.get(scenario="", rate_name="near_capacity", cell__cell_id="C1").rate_rps == 2.7
+    with pytest.raises(CommandError, match="sweep runs have started"):
+        experiment.runs.filter(scenario="").update(status="done")
+        call_command("experiment_calibrate", str(experiment.pk))
+    with pytest.raises(CommandError, match="no enabled calibration"):
+        call_command("experiment_calibrate", str(make_experiment().pk))
