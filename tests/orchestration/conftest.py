@@ -55,6 +55,10 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> subprocess.Popen[bytes]:
+        """Start a worker and return once it has registered (after its recovery step)."""
+        from django.utils import timezone
+
+        started_at = timezone.now()
         log = open(self.tmp / f"worker-{len(self.procs)}.log", "wb")  # closed with the process
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "run_worker"],
@@ -65,8 +69,11 @@ class Workers:
             start_new_session=True,
         )
         self.procs.append(proc)
-        wait_for(lambda: Host.objects.filter(name=self.host_name, last_heartbeat__isnull=False).exists(), 60)
-        time.sleep(3)  # registered happens before the consumer is up; give it a moment
+        # A fresh heartbeat: the worker is past its start-up recovery (workers.heartbeat).
+        wait_for(
+            lambda: Host.objects.filter(name=self.host_name, last_heartbeat__gt=started_at).exists(), 120
+        )
+        time.sleep(3)  # the heartbeat thread starts just before the consumer; give it a moment
         return proc
 
     def logs(self) -> str:
