@@ -19,9 +19,31 @@ def _f(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _achieved(row: dict[str, Any]) -> float | None:
+    # Both the share of planned requests that arrived and the rate they arrived at:
+    # a client that sends everything but stretches the run over twice the time is at 50%.
+    count = row.get("achieved_ratio")
+    rate = row["achieved_rps"] / row["rate"] if row.get("achieved_rps") else None
+    return min(x for x in (count, rate) if x is not None) if count is not None or rate is not None else None
+
+
+def _meets(row: dict[str, Any]) -> bool:
+    achieved = _achieved(row)
+    lag = row.get("lag_p99_ms")
+    err = row.get("ttft_p99_err_ms")
+    return bool(
+        achieved is not None
+        and achieved >= 0.995
+        and lag is not None
+        and lag <= 5.0
+        and err is not None
+        and abs(err) <= 5.0
+    )
+
+
 def render(data: dict[str, Any]) -> str:
     """One table over every repeat (rows carry "repeat"), then each client's best rates."""
-    rows = data["rows"]
+    rows = [{**r, "meets": _meets(r)} for r in data["rows"]]
     repeats = sorted({r.get("repeat", 1) for r in rows})
     clients = list(dict.fromkeys(r["client"] for r in rows))
     rates = sorted({r["rate"] for r in rows})
@@ -49,7 +71,7 @@ def render(data: dict[str, Any]) -> str:
                         f"| {rate:g} | {client} | {rep} | {note} | | | | | no | {_f(r.get('loadavg_1m'))} |"
                     )
                     continue
-                ratio = r.get("achieved_ratio")
+                ratio = _achieved(r)
                 out.append(
                     f"| {rate:g} | {client} | {rep} | {_f(ratio * 100 if ratio is not None else None)}% "
                     f"| {_f(r.get('lag_p50_ms'))} / {_f(r.get('lag_p99_ms'))} "
