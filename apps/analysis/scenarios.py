@@ -328,28 +328,41 @@ def priority_order(
 ) -> dict[str, Any]:
     """How many flood requests got their first token before an older backlog request still waiting.
 
-    A backlog request that never got a first token (and was not refused or
-    failed) was still waiting: every flood request served meanwhile overtook it.
+    A flood request is *contested* when some older backlog request was still
+    waiting (no first token yet) when it arrived: only those can show an
+    order. It *overtook* when its first token came at least ``margin_ms``
+    before such a request's (a backlog request that never got a first token,
+    and was not refused or failed, was still waiting at the deadline).
+    ``share`` is overtook / contested.
     """
     margin = margin_ms * NS_PER_MS
     waiting = [r for r in backlog if outcome(r) not in ("unsent", "rejected", "error")]
-    overtook = 0
+    overtook = contested = 0
     for f in flood:
         first = f.get("first_token_ns")
         if first is None:
             continue
-        for b in waiting:
-            if float(b["planned_ns"]) >= float(f["planned_ns"]):
-                continue
-            b_first = b.get("first_token_ns")
-            if b_first is None or float(first) < float(b_first) - margin:
-                overtook += 1
-                break
+        arrived = float(f["planned_ns"])
+        older = [
+            b
+            for b in waiting
+            if float(b["planned_ns"]) < arrived
+            and (b.get("first_token_ns") is None or float(b["first_token_ns"]) > arrived)
+        ]
+        if not older:
+            continue
+        contested += 1
+        if any(
+            b.get("first_token_ns") is None or float(first) < float(b["first_token_ns"]) - margin
+            for b in older
+        ):
+            overtook += 1
     served = sum(1 for f in flood if f.get("first_token_ns") is not None)
     return {
         "flood_served": served,
+        "contested": contested,
         "overtook": overtook,
-        "share": round(overtook / served, 6) if served else None,
+        "share": round(overtook / contested, 6) if contested else None,
     }
 
 
@@ -396,7 +409,12 @@ def _priority_flood(
             "shown": shown,
             "evidence": evidence,
         }
-        if not shown:
+        if not shown and not order["contested"]:
+            signal["diagnosis"] = (
+                "inconclusive: the backlog was no longer waiting when the flood arrived, so there was "
+                "no order to change (raise backlog or backlog_output_tokens)"
+            )
+        elif not shown:
             signal["diagnosis"] = (
                 "priority has no effect on the order: the priority field is being dropped somewhere "
                 "(trace, replay client, server flag --scheduling-policy priority, or the scheduler)"
@@ -407,6 +425,8 @@ def _priority_flood(
             "shown": order["share"] is not None and order["share"] <= FCFS_OVERTAKE_SHARE,
             "evidence": evidence,
         }
+        if order["share"] is None:
+            signal["diagnosis"] = "inconclusive: no flood request arrived while the backlog was still waiting"
     return claims, signal
 
 

@@ -96,7 +96,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "priority_flood": {
         "backlog": 12,
-        "backlog_output_tokens": 64,
+        # Long enough that most of the backlog still waits when the flood arrives.
+        "backlog_output_tokens": 256,
         "flood": 12,
         "flood_at_s": 1.0,
         "flood_rps": 4.0,

@@ -165,3 +165,18 @@ def test_it_summarises_verdicts() -> None:
     good = {"held": True, "shown": True}
     assert scenarios_summary([good, good])["status"] == "pass"
     assert scenarios_summary([good, {"held": True, "shown": False}])["status"] == "listed"
+
+
+def test_it_calls_the_priority_probe_inconclusive_when_the_backlog_drained_before_the_flood() -> None:
+    # Every backlog request had its first token before the first flood arrival: no order to change.
+    backlog = [rec(i, 0, first_ms=50 + i, end_ms=200) for i in range(3)]
+    flood = [rec(3 + j, 1000 + j * 100, first_ms=1050 + j * 100, end_ms=1100 + j * 100) for j in range(2)]
+    m = meta("priority_flood", {"backlog": [0, 1, 2], "flood": [3, 4]})
+    v = scenario_verdict(meta=m, records=backlog + flood, scheduling_policy="priority")
+    assert v["signal"]["evidence"]["overtaking"] == {
+        "flood_served": 2,
+        "contested": 0,
+        "overtook": 0,
+        "share": None,
+    }
+    assert not v["shown"] and v["signal"]["diagnosis"].startswith("inconclusive")

@@ -64,7 +64,7 @@ CLASSES = [
 # the 6 sequence slots: under priority it must overtake, under FCFS it must not.
 PRIORITY_PARAMS = {
     "backlog": 18,
-    "backlog_output_tokens": 64,
+    "backlog_output_tokens": 192,
     "flood": 6,
     "flood_at_s": 0.3,
     "flood_rps": 10,
