@@ -329,7 +329,7 @@ def priority_order(
     """How many flood requests got their first token before an older backlog request still waiting.
 
     A flood request is *contested* when some older backlog request was still
-    waiting (no first token yet) when it arrived: only those can show an
+    waiting (no first token yet) when it was sent: only those can show an
     order. It *overtook* when its first token came at least ``margin_ms``
     before such a request's (a backlog request that never got a first token,
     and was not refused or failed, was still waiting at the deadline).
@@ -342,7 +342,9 @@ def priority_order(
         first = f.get("first_token_ns")
         if first is None:
             continue
-        arrived = float(f["planned_ns"])
+        # The server can only reorder what it has received: a late send (a
+        # starved load generator) is judged from when it went out.
+        arrived = float(f["sent_ns"] if f.get("sent_ns") is not None else f["planned_ns"])
         older = [
             b
             for b in waiting

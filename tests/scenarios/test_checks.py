@@ -180,3 +180,17 @@ def test_it_calls_the_priority_probe_inconclusive_when_the_backlog_drained_befor
         "share": None,
     }
     assert not v["shown"] and v["signal"]["diagnosis"].startswith("inconclusive")
+
+
+def test_it_judges_a_late_flood_request_from_when_it_was_sent() -> None:
+    # Planned while the backlog waited, but the load generator sent it after the backlog started.
+    backlog = [rec(0, 0, first_ms=900, end_ms=1500)]
+    late = [rec(1, 100, first_ms=1000, end_ms=1100, sent_ns=950 * MS)]
+    assert priority_order(backlog, late)["contested"] == 0
+    on_time = [rec(1, 100, first_ms=200, end_ms=300, sent_ns=100 * MS)]
+    assert priority_order(backlog, on_time) == {
+        "flood_served": 1,
+        "contested": 1,
+        "overtook": 1,
+        "share": 1.0,
+    }

@@ -143,7 +143,7 @@ def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> Non
     tok = PromptTokenizer(MODEL)
     scenarios: list[tuple[str, dict[str, Any]]] = [
         ("kv_pressure", {"requests": 6}),
-        ("decode_pressure", {"concurrency": 6, "output_tokens": 96, "observation_s": 2, "ramp_s": 0.5}),
+        ("decode_pressure", {"concurrency": 6, "output_tokens": 256, "observation_s": 2, "ramp_s": 0.5}),
         ("context_boundary", {"gap_s": 1.0}),
         ("cancellation", {"rps": 4, "observation_s": 3, "output_tokens": 32, "share": 0.5}),
         (
@@ -153,7 +153,7 @@ def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> Non
                 "observation_s": 4,
                 "burst_at_s": 1,
                 "burst_size": 12,
-                "long_output_tokens": 256,
+                "long_output_tokens": 400,
                 "drain_deadline_s": 1,
             },
         ),  # fmt: skip
