@@ -213,11 +213,22 @@ def acceptance_check(
     }
 
 
-def scenario_check(run_results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Failure-scenario runs, listed apart from the sweep with what held and what did not."""
+# Probe runs (apps/runs/calibration.py) set the rates; they are not failure scenarios.
+CALIBRATION_SCENARIO = "calibration"
+
+
+def scenario_check(
+    run_results: Sequence[Mapping[str, Any]], verdicts: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Failure-scenario runs, listed apart from the sweep with what held and what did not.
+
+    ``verdicts`` (run key -> apps.analysis.scenarios.scenario_verdict) says what each
+    scenario must show and hold; without one a run is judged by its classes' contracts.
+    """
+    verdicts = verdicts or {}
     listed = []
     for r in sorted(
-        (r for r in run_results if r.get("scenario")),
+        (r for r in run_results if r.get("scenario") and r["scenario"] != CALIBRATION_SCENARIO),
         key=lambda r: (r["scenario"], r["cell"], r["mixture"], r["rate"], int(r["repeat"]), r["key"]),
     ):
         classes = {}
@@ -236,8 +247,13 @@ def scenario_check(run_results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "e2e_p99": m["e2e_ms"]["p99"],
                 "oldest_queue_age_ms": m["oldest_queue_age_ms"],
             }
+        verdict = verdicts.get(str(r["key"]))
+        held = r["status"] == "done" and all(v["contract_met"] for v in classes.values())
+        if verdict is not None:
+            held = bool(verdict["held"] and verdict["shown"])
         listed.append(
             {
+                "verdict": verdict,
                 "scenario": r["scenario"],
                 "cell": r["cell"],
                 "mixture": r["mixture"],
@@ -245,7 +261,7 @@ def scenario_check(run_results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "repeat": r["repeat"],
                 "run": r["key"],
                 "status": r["status"],
-                "held": r["status"] == "done" and all(v["contract_met"] for v in classes.values()),
+                "held": held,
                 "preemptions": (r.get("server") or {}).get("counters", {}).get("preemptions"),
                 "classes": classes,
             }

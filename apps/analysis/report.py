@@ -135,6 +135,7 @@ def build_report(
     chunk_hists: Mapping[tuple[str, str], GapHistogram] | None = None,
     rollback: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | ReportOptions | None = None,
+    scenario_verdicts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Per-run metrics, pooled aggregates, paired comparisons, checks, findings and the decision.
 
@@ -333,7 +334,7 @@ def build_report(
     checks = {
         "validity": validity,
         "acceptance": acceptance,
-        "failure_scenarios": decide.scenario_check(run_results),
+        "failure_scenarios": decide.scenario_check(run_results, scenario_verdicts),
         "recovery": decide.recovery_check(rollback),
     }
     found = decide.findings(

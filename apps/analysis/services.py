@@ -251,7 +251,19 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         chunk_hists=_cohort_histograms(done, "chunk_gaps"),
         rollback=_rollback(experiment),
         options=options,
+        scenario_verdicts=_scenario_verdicts(experiment_id),
     )
+
+
+def _scenario_verdicts(experiment_id: int) -> dict[str, Any]:
+    """What each failure-scenario run had to show and hold (apps/runs/scenarios.py), by run key."""
+    from apps.runs.scenarios import scenario_reports
+
+    return {
+        e["run"]: e["verdict"]
+        for e in scenario_reports(experiment_id=experiment_id)["runs"]
+        if e.get("verdict")
+    }
 
 
 @transaction.atomic

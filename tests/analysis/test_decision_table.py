@@ -209,3 +209,45 @@ def test_it_warns_when_no_run_recorded_the_hardware_but_invalidates_a_cell_that_
             run["hardware_id"] = ""
 
     assert build(Plan(), healthy, run_overrides=only_c1)["checks"]["validity"]["invalid_cells"] == ["C1"]
+
+
+def _scenario_run(key: str, scenario: str, contract_met: bool) -> dict[str, Any]:
+    counts = dict.fromkeys(
+        ("offered", "completed", "rejected", "errors", "timeouts", "cancelled", "unfinished"), 0
+    )
+    return {
+        "key": key,
+        "scenario": scenario,
+        "cell": "B0",
+        "mixture": "mix",
+        "rate": "r1",
+        "repeat": 0,
+        "status": "done",
+        "classes": {
+            "long": {
+                "counts": counts,
+                "contract": {"met": contract_met},
+                "ttft_ms": {"p99": 1.0},
+                "e2e_ms": {"p99": 2.0},
+                "oldest_queue_age_ms": 3.0,
+            }
+        },
+    }
+
+
+def test_it_judges_scenarios_by_their_verdicts_and_leaves_probe_runs_out() -> None:
+    from apps.analysis.decide import scenario_check
+
+    runs = [
+        _scenario_run("probe", "calibration", True),
+        # A burst is meant to break the long class's contract; what must hold is the scenario's own claim.
+        _scenario_run("burst", "long_burst", False),
+        _scenario_run("kv", "kv_pressure", True),
+    ]
+    verdicts = {"burst": {"held": True, "shown": True}, "kv": {"held": True, "shown": False}}
+    check = scenario_check(runs, verdicts)
+    assert [r["run"] for r in check["runs"]] == ["kv", "burst"]
+    by_run = {r["run"]: r for r in check["runs"]}
+    assert by_run["burst"]["held"] and not by_run["kv"]["held"]
+    assert check["status"] == "listed"
+    assert scenario_check(runs[:1])["status"] == "none"
