@@ -80,6 +80,9 @@ def _copy_ignore_conflicts(
     quoted = ", ".join(f'"{c}"' for c in columns)
     with transaction.atomic(), connection.cursor() as cursor:
         # A column-only copy of the table: no identity, no constraints, dropped at commit.
+        # Inside an outer transaction (a test, a caller's atomic block) the table from
+        # an earlier batch is still there: ON COMMIT DROP only fires at the outer commit.
+        cursor.execute("DROP TABLE IF EXISTS pg_temp.tt_ingest")
         create = f"CREATE TEMP TABLE tt_ingest ON COMMIT DROP AS SELECT {quoted} FROM {table} WITH NO DATA"  # noqa: S608 - names are ours
         cursor.execute(create)
         raw = cursor.cursor  # the psycopg 3 cursor under Django's wrapper

@@ -32,7 +32,10 @@ def artifacts_dir() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an asyncio loop running in the
+# main thread while it is open, and code that runs its own loop (the replay client) cannot
+# start one then. Closing it after each browser module leaves later tests a clean thread.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")

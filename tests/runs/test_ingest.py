@@ -62,3 +62,13 @@ def test_it_stores_metric_samples_with_their_epoch() -> None:
         (0, 3.0),
         (1, 1.0),
     ]
+
+
+@pytest.mark.django_db
+def test_it_ingests_several_batches_inside_one_outer_transaction() -> None:
+    # pytest's django_db wraps this test in a transaction: the temp table of the
+    # first batch is still alive when the second one comes.
+    run = make_experiment().runs.first()
+    records_ingest(run_pk=run.pk, records=[observed(str(run.run_id), i) for i in range(5)])
+    records_ingest(run_pk=run.pk, records=[observed(str(run.run_id), i) for i in range(5, 9)])
+    assert RequestRecord.objects.filter(run=run).count() == 9
