@@ -213,8 +213,11 @@ def acceptance_check(
     }
 
 
-# Probe runs (apps/runs/calibration.py) set the rates; they are not failure scenarios.
+# Runs apart from the sweep that are not failure scenarios: the capacity probe's steps
+# (apps/runs/calibration.py) and the uniform-spacing companions of the sweep's traces.
 CALIBRATION_SCENARIO = "calibration"
+UNIFORM_SCENARIO = "uniform"
+NOT_FAILURE_SCENARIOS = frozenset({CALIBRATION_SCENARIO, UNIFORM_SCENARIO})
 
 
 def scenario_check(
@@ -228,7 +231,7 @@ def scenario_check(
     verdicts = verdicts or {}
     listed = []
     for r in sorted(
-        (r for r in run_results if r.get("scenario") and r["scenario"] != CALIBRATION_SCENARIO),
+        (r for r in run_results if r.get("scenario") and r["scenario"] not in NOT_FAILURE_SCENARIOS),
         key=lambda r: (r["scenario"], r["cell"], r["mixture"], r["rate"], int(r["repeat"]), r["key"]),
     ):
         classes = {}

@@ -154,10 +154,45 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
     from apps.runs.scenarios import scenario_runs_build
 
     runs += Run.objects.bulk_create(scenario_runs_build(experiment=experiment, first_position=len(runs)))
+    if ((experiment.spec or {}).get("workload") or {}).get("uniform_companion"):
+        runs += Run.objects.bulk_create(
+            _uniform_companions(experiment, cells=list(cells.values()), first=len(runs))
+        )
     experiment.status = Experiment.Status.PLANNED
     experiment.save(update_fields=["status", "updated_at"])
     audit_record(action="experiment.planned", actor=actor, experiment=experiment, detail={"runs": len(runs)})
     return runs
+
+
+def _uniform_companions(experiment: Experiment, *, cells: list[ServerConfig], first: int) -> list[Run]:
+    """One run per (cell, mixture, rate) replaying repeat 1's requests on constant spacing.
+
+    Same requests and mean rate as the bursty trace, so the two differ only in
+    burstiness: the p50 barely moves, the p99 is the story.
+    """
+    from apps.runs.scenarios import UNIFORM
+
+    w = experiment.workload
+    combos = [(c, m, r) for m in sorted(w.mixtures) for r in sorted(w.rates) for c in cells]
+    return [
+        Run(
+            experiment=experiment,
+            cell=cell,
+            mixture=mixture,
+            rate_name=rate,
+            rate_rps=w.rates[rate],
+            repeat=1,
+            round_position=i,
+            plan_position=first + i,
+            scenario=UNIFORM,
+            model_revision=experiment.model_revision,
+            tokenizer_revision=experiment.tokenizer_revision,
+            warmup_seconds=w.warmup_s,
+            observation_seconds=w.observation_s,
+            drain_deadline_seconds=w.drain_deadline_s,
+        )
+        for i, (cell, mixture, rate) in enumerate(combos)
+    ]
 
 
 def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
@@ -216,6 +251,9 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
             "observation_s": w.observation_s,
             "drain_deadline_s": w.drain_deadline_s,
             "max_dispatch_lag_ms": w.max_dispatch_lag_ms,
+            "uniform_companion": bool(
+                ((experiment.spec or {}).get("workload") or {}).get("uniform_companion")
+            ),
         },
         **extra,
     }

@@ -65,6 +65,7 @@ WORKLOAD_KEYS = {
     "observation_s",
     "drain_deadline_s",
     "max_dispatch_lag_ms",
+    "uniform_companion",
 }
 CONTRACT_KEYS = ("ttft_p99_ms", "e2e_p99_ms", "max_stall_ms", "error_rate")
 WEIGHT_TOLERANCE = 1e-6
@@ -435,6 +436,8 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         "observation_s": c.number(workload, "observation_s", "workload", positive=True),
         "drain_deadline_s": c.number(workload, "drain_deadline_s", "workload", positive=True),
         "max_dispatch_lag_ms": c.number(workload, "max_dispatch_lag_ms", "workload", positive=True),
+        # Also replay each (cell, mixture, rate) once on constant spacing: uniform vs bursty.
+        "uniform_companion": c.boolean(workload, "uniform_companion", "workload", default=False),
     }
 
     if calibration is not None:

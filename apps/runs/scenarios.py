@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import transaction
 
+from apps.analysis.decide import CALIBRATION_SCENARIO, NOT_FAILURE_SCENARIOS, UNIFORM_SCENARIO
 from apps.analysis.scenarios import scenario_verdict, scenarios_summary
 from apps.analysis.server import server_metrics
 from apps.experiments.models import Experiment, ServerConfig
@@ -30,8 +31,10 @@ from apps.workloads.scenarios import (
 )
 from apps.workloads.services import tokenizer_dir, trace_store
 
-# Run.scenario of the capacity probe's runs (apps/runs/calibration.py): not a failure scenario.
-CALIBRATION = "calibration"
+# Run.scenario of the capacity probe's runs (apps/runs/calibration.py) and of the
+# uniform companions: not failure scenarios.
+CALIBRATION = CALIBRATION_SCENARIO
+UNIFORM = UNIFORM_SCENARIO
 SCENARIO_RATE_NAME = "scenario"
 _RECORD_FIELDS = (
     "index",
@@ -141,7 +144,9 @@ def scenario_context(*, experiment: Experiment) -> ScenarioContext:
 def scenario_traces_freeze(*, experiment: Experiment) -> dict[str, Trace]:
     """Generate and store each scenario's trace once (every cell replays the same bytes)."""
     spec = experiment.spec or {}
-    names = sorted({r.scenario for r in experiment.runs.exclude(scenario="").exclude(scenario=CALIBRATION)})
+    names = sorted(
+        {r.scenario for r in experiment.runs.exclude(scenario="").exclude(scenario__in=NOT_FAILURE_SCENARIOS)}
+    )
     if not names:
         return {}
     params = {name: (spec.get("scenarios") or {}).get(name, {}).get("params") or {} for name in names}
@@ -177,7 +182,7 @@ def scenario_reports(*, experiment_id: int) -> dict[str, Any]:
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     runs = list(
         experiment.runs.exclude(scenario="")
-        .exclude(scenario=CALIBRATION)
+        .exclude(scenario__in=NOT_FAILURE_SCENARIOS)
         .select_related("cell", "trace")
         .order_by("plan_position", "id")
     )

@@ -103,7 +103,7 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         calibration_runs_retire,
         experiment_calibrate,
     )
-    from apps.runs.scenarios import CALIBRATION, scenario_runs_attach, scenario_traces_freeze
+    from apps.runs.scenarios import CALIBRATION, UNIFORM, scenario_runs_attach, scenario_traces_freeze
     from apps.workloads.services import workload_traces_freeze
 
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
@@ -132,6 +132,9 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
     try:
         traces = workload_traces_freeze(experiment=experiment)
         scenario_traces = scenario_traces_freeze(experiment=experiment)
+        uniform_traces = {}
+        if experiment.runs.filter(scenario=UNIFORM).exists():
+            uniform_traces = workload_traces_freeze(experiment=experiment, uniform=True, repeats=[1])
     except Exception as exc:  # the user sees why, and can start again after fixing it
         log.exception("freezing experiment %s failed", experiment_id)
         Experiment.objects.filter(pk=experiment_id).update(
@@ -147,14 +150,18 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
             .order_by("plan_position")
         )
         for run in runs:
-            if run.scenario:
+            if run.scenario and run.scenario != UNIFORM:
                 continue
-            trace = traces[(run.mixture, run.rate_name, run.repeat)]
+            trace = (uniform_traces if run.scenario == UNIFORM else traces)[
+                (run.mixture, run.rate_name, run.repeat)
+            ]
             run.trace = trace
             run.trace_sha256 = trace.sha256
             run.corpus_sha256 = trace.corpus_sha256
             run.requests_planned = trace.requests
-        scenario_runs_attach(runs=[r for r in runs if r.scenario], traces=scenario_traces)
+        scenario_runs_attach(
+            runs=[r for r in runs if r.scenario and r.scenario != UNIFORM], traces=scenario_traces
+        )
         Run.objects.bulk_update(
             runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned", "rate_rps"]
         )

@@ -8,6 +8,7 @@ names a hash can only ever replay exactly that traffic.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,11 +190,14 @@ def tokenizer_dir(model_path: str) -> Path:
     return path if path.is_absolute() else Path(settings.BASE_DIR) / path
 
 
-def workload_traces_freeze(*, experiment: Any, uniform: bool = False) -> dict[tuple[str, str, int], Trace]:
+def workload_traces_freeze(
+    *, experiment: Any, uniform: bool = False, repeats: Sequence[int] | None = None
+) -> dict[tuple[str, str, int], Trace]:
     """Generate and store every trace of the experiment's plan: one per (mixture, rate, repeat).
 
     Repeats are 1-based as in the run plan. ``uniform`` gives the constant
-    -spacing companions instead. All traces are generated before anything
+    -spacing companions instead; ``repeats`` limits which repeats are made.
+    All traces are generated before anything
     is written, then stored in one transaction: a failure stores none. An
     experiment replaying an imported trace maps every key to that trace.
     """
@@ -203,6 +207,7 @@ def workload_traces_freeze(*, experiment: Any, uniform: bool = False) -> dict[tu
         for mixture in workload.mixtures
         for rate_name in workload.rates
         for repeat in range(1, workload.repeats + 1)
+        if repeats is None or repeat in repeats
     ]
     if workload.arrival_process == "trace":
         row = Trace.objects.filter(sha256=workload.imported_trace_sha256).first()

@@ -282,3 +282,35 @@ def test_it_calibrates_from_the_command_and_refuses_an_experiment_without_calibr
         call_command("experiment_calibrate", str(experiment.pk))
     with pytest.raises(CommandError, match="no enabled calibration"):
         call_command("experiment_calibrate", str(make_experiment().pk))
+
+
+@pytest.mark.django_db
+def test_it_plans_and_freezes_uniform_companions_apart_from_the_sweep(model_dir: Path) -> None:
+    make_host()
+    spec = spec_with(model_dir)
+    experiment = make_experiment(
+        model=spec["model"], workload={**spec["workload"], "uniform_companion": True}
+    )
+    uniform = list(experiment.runs.filter(scenario="uniform"))
+    assert sorted(r.cell.cell_id for r in uniform) == ["B0", "C1"]
+    assert experiment_to_spec(experiment=experiment)["workload"]["uniform_companion"] is True
+    _start(experiment)
+    assert experiment_freeze_and_enqueue(experiment_id=experiment.pk) == 4
+    bursty = experiment.runs.get(scenario="", cell__cell_id="B0", repeat=1)
+    companions = [Run.objects.get(pk=r.pk) for r in uniform]
+    assert len({r.trace_sha256 for r in companions}) == 1  # every cell replays the same bytes
+    companion = companions[0]
+    assert companion.trace_sha256 != bursty.trace_sha256
+    same, spaced = trace_load(sha256=bursty.trace_sha256), trace_load(sha256=companion.trace_sha256)
+    # The same requests at the same mean rate, on constant spacing.
+    assert [(r.klass, r.input_tokens) for r in same.requests] == [
+        (r.klass, r.input_tokens) for r in spaced.requests
+    ]
+    gaps = {
+        round(b.t_offset_s - a.t_offset_s, 5)
+        for a, b in zip(spaced.requests, spaced.requests[1:], strict=False)
+    }
+    assert len(gaps) == 1
+    assert companion.requests_planned == len(spaced.requests)
+    # They are not failure scenarios: nothing to judge there.
+    assert scenario_reports(experiment_id=experiment.pk)["runs"] == []
