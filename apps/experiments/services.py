@@ -27,6 +27,33 @@ def _resolve_owner(spec: dict[str, Any], owner: Any) -> Any:
         raise SpecError([FieldError("owner", f"no user named {username!r}")]) from None
 
 
+def _check_imported_trace(spec: dict[str, Any]) -> None:
+    """An imported trace must be stored, and its classes must be the spec's classes."""
+    from apps.workloads.models import Trace
+
+    sha = spec["workload"]["arrival"].get("trace_sha256")
+    if not sha:
+        return
+    row = Trace.objects.filter(sha256=sha).first()
+    if row is None:
+        raise SpecError(
+            [FieldError("workload.arrival.trace_sha256", f"no stored trace {sha} (run trace_import)")]
+        )
+    from apps.workloads.services import trace_load
+
+    used = {r.klass for r in trace_load(sha256=sha).requests}
+    known = {c["name"] for c in spec["classes"]}
+    if used - known:
+        raise SpecError(
+            [
+                FieldError(
+                    "classes",
+                    f"the imported trace uses classes {sorted(used - known)} the spec does not define",
+                )
+            ]
+        )
+
+
 @transaction.atomic
 def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
     """Create an experiment, its cells, classes, workload and run plan from a spec.
@@ -36,6 +63,7 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
     """
     spec = validate_spec(spec)
     owner = _resolve_owner(spec, owner)
+    _check_imported_trace(spec)
     spec["owner"] = owner.get_username()
     controls = spec["controls"]
     experiment = Experiment.objects.create(
@@ -102,6 +130,7 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
         rates_source=w["rates_source"],
         arrival_process=w["arrival"]["process"],
         arrival_cv=w["arrival"].get("cv"),
+        imported_trace_sha256=w["arrival"].get("trace_sha256", ""),
         repeats=w["repeats"],
         seed=w["seed"],
         warmup_s=w["warmup_s"],
@@ -204,6 +233,8 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
     arrival: dict[str, Any] = {"process": w.arrival_process}
     if w.arrival_cv is not None:
         arrival["cv"] = w.arrival_cv
+    if w.imported_trace_sha256:
+        arrival["trace_sha256"] = w.imported_trace_sha256
     extra = {
         key: experiment.spec[key]
         for key in ("scenarios", "calibration", "analysis")

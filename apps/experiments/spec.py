@@ -10,6 +10,7 @@ The format is documented in docs/SPEC.md.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ CELL_ARGS: dict[str, type] = {
 }
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ARRIVAL_PROCESSES = ("constant", "poisson", "gamma")
+# Replay a stored imported trace (manage.py trace_import) instead of generating arrivals.
+TRACE_PROCESS = "trace"
 CONTROL_KEYS = {
     "dtype",
     "tensor_parallel_size",
@@ -400,10 +403,18 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         c.fail("workload.rates", "must name at least one rate")
     rates = {name: c.number(rates_raw, name, "workload.rates", positive=True) for name in rates_raw}
     arrival = c.mapping(workload.get("arrival"), "workload.arrival", required=False) or {"process": "poisson"}
-    c.unknown(arrival, {"process", "cv"}, "workload.arrival")
+    c.unknown(arrival, {"process", "cv", "trace_sha256"}, "workload.arrival")
     process = arrival.get("process", "poisson")
-    if process not in ARRIVAL_PROCESSES:
-        c.fail("workload.arrival.process", f"must be one of {', '.join(ARRIVAL_PROCESSES)}, got {process!r}")
+    if process not in (*ARRIVAL_PROCESSES, TRACE_PROCESS):
+        known = ", ".join((*ARRIVAL_PROCESSES, TRACE_PROCESS))
+        c.fail("workload.arrival.process", f"must be one of {known}, got {process!r}")
+    trace_sha = None
+    if process == TRACE_PROCESS:
+        trace_sha = str(arrival.get("trace_sha256") or "")
+        if not re.fullmatch(r"[0-9a-f]{64}", trace_sha):
+            c.fail("workload.arrival.trace_sha256", "must be the 64-hex sha256 that trace_import printed")
+    elif "trace_sha256" in arrival:
+        c.fail("workload.arrival.trace_sha256", f"only applies to process: trace, not {process!r}")
     cv = None
     if process == "gamma":
         cv = c.number(arrival, "cv", "workload.arrival", positive=True)
@@ -429,7 +440,11 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         "mixtures": mixtures,
         "rates": rates,
         "rates_source": rates_source,
-        "arrival": {"process": process, **({"cv": cv} if cv is not None else {})},
+        "arrival": {
+            "process": process,
+            **({"cv": cv} if cv is not None else {}),
+            **({"trace_sha256": trace_sha} if trace_sha else {}),
+        },
         "repeats": c.number(workload, "repeats", "workload", positive=True, integer=True),
         "seed": c.number(workload, "seed", "workload", integer=True),
         "warmup_s": c.number(workload, "warmup_s", "workload", minimum=0.0),
