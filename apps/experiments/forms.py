@@ -25,6 +25,7 @@ from apps.experiments.spec import (
     parse_spec,
     validate_spec,
 )
+from apps.workloads.importers import FORMATS as TRACE_FORMATS
 
 MAX_SPEC_BYTES = 1_000_000
 POLICY_CHOICES = [("", "(vLLM default)")] + [(p, p) for p in SCHEDULING_POLICIES]
@@ -141,6 +142,25 @@ class ExperimentForm(forms.Form):
     observation_s = forms.FloatField(required=False, initial=120, label="Observation window (s)")
     drain_deadline_s = forms.FloatField(required=False, initial=60, label="Drain deadline (s)")
     max_dispatch_lag_ms = forms.FloatField(required=False, initial=5, label="Dispatch-lag tolerance (ms)")
+    # A real trace to replay instead of generated arrivals (stored when the experiment is created).
+    trace_file = forms.FileField(
+        required=False,
+        label="Or replay a real trace",
+        help_text="An Azure, BurstGPT, Mooncake or vLLM timed-trace file; every run replays it "
+        "(the arrival fields above are then ignored). Data you upload is stored by its hash.",
+    )
+    trace_format = forms.ChoiceField(
+        choices=[(f, f) for f in TRACE_FORMATS], required=False, label="Trace format"
+    )
+    trace_classes = forms.CharField(
+        required=False,
+        initial="short:1024,long",
+        label="Classes by input length",
+        help_text="name:max_input_tokens, ..., the last without a limit; names must be the classes below.",
+    )
+    trace_busiest_s = forms.FloatField(
+        required=False, min_value=1, label="Keep the busiest (s)", help_text="Empty: the whole file."
+    )
     extra = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),
@@ -207,6 +227,7 @@ class ExperimentForm(forms.Form):
                 "extra",
             ),
         ),
+        ("Real trace (optional)", ("trace_file", "trace_format", "trace_classes", "trace_busiest_s")),
     )
 
     def sections(self) -> list[tuple[str, list[forms.BoundField]]]:

@@ -144,6 +144,40 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
 
 
 @transaction.atomic
+def experiment_create_with_trace(
+    *,
+    spec: dict[str, Any],
+    owner: Any,
+    trace_data: bytes,
+    trace_format: str,
+    thresholds: list[tuple[str, int | None]],
+    busiest_s: float | None = None,
+) -> Experiment:
+    """Store an uploaded real trace and create the experiment replaying it, in one transaction.
+
+    A bad file (its error names the line) or a spec the trace does not fit
+    rolls back both: nothing is half-saved.
+    """
+    from apps.workloads.services import tokenizer_dir, trace_import
+
+    spec = validate_spec(spec)
+    trace = trace_import(
+        data=trace_data,
+        fmt=trace_format,
+        tokenizer_dir=tokenizer_dir(spec["model"]["path"]),
+        tokenizer_revision=spec["model"]["tokenizer_revision"],
+        thresholds=thresholds,
+        max_model_len=spec["controls"]["max_model_len"],
+        busiest_s=busiest_s,
+        warmup_s=spec["workload"]["warmup_s"],
+        seed=spec["workload"]["seed"],
+        label=f"{spec['name']} upload",
+    )
+    spec["workload"]["arrival"] = {"process": "trace", "trace_sha256": trace.sha256}
+    return experiment_create(spec=spec, owner=owner)
+
+
+@transaction.atomic
 def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
     """Expand cells x mixtures x rates x repeats into queued runs (replacing an unstarted plan)."""
     if experiment.runs.exclude(status=Run.Status.QUEUED).exists():

@@ -29,8 +29,9 @@ from apps.experiments.forms import (
     validate_built,
 )
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create, experiment_to_spec
+from apps.experiments.services import experiment_create, experiment_create_with_trace, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
+from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
 
 
 def require_reader(request: HttpRequest) -> None:
@@ -101,12 +102,38 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     if spec is not None:
         estimate = selectors.plan_estimate(spec)
         if "create" in request.POST:
-            experiment = experiment_create(spec=spec, owner=request.user)
-            messages.success(
-                request, f"Created {experiment.name}: {estimate.runs} runs planned. Start it when ready."
-            )
-            return redirect("experiments:detail", pk=experiment.pk)
+            try:
+                experiment = _create(form, spec, request.user)
+            except SpecError as exc:
+                field = "trace_file" if form.cleaned_data.get("trace_file") else "spec_file"
+                for e in exc.errors:
+                    form.add_error(field, f"{e.path}: {e.message}")
+            except ValueError as exc:  # a bad trace file: the importer names the line
+                form.add_error("trace_file", str(exc))
+            else:
+                messages.success(
+                    request, f"Created {experiment.name}: {estimate.runs} runs planned. Start it when ready."
+                )
+                return redirect("experiments:detail", pk=experiment.pk)
+            return _render_new(request, form, cells, classes, estimate, status=400)
     return _render_new(request, form, cells, classes, estimate, status=200 if spec is not None else 400)
+
+
+def _create(form: ExperimentForm, spec: dict[str, Any], owner: Any) -> Experiment:
+    """Create from the validated spec; with a trace upload, store it and replay it (one transaction)."""
+    upload = form.cleaned_data.get("trace_file")
+    if not upload:
+        return experiment_create(spec=spec, owner=owner)
+    if upload.size > DEFAULT_MAX_BYTES:
+        raise ValueError(f"the trace file is {upload.size} bytes; the limit is {DEFAULT_MAX_BYTES}")
+    return experiment_create_with_trace(
+        spec=spec,
+        owner=owner,
+        trace_data=upload.read(),
+        trace_format=form.cleaned_data.get("trace_format") or "azure",
+        thresholds=parse_class_thresholds(form.cleaned_data.get("trace_classes") or "short:1024,long"),
+        busiest_s=form.cleaned_data.get("trace_busiest_s"),
+    )
 
 
 def _render_new(

@@ -454,3 +454,22 @@ def assign_classes(input_tokens: np.ndarray, thresholds: Sequence[tuple[str, int
     index = np.searchsorted(np.asarray(bounds, dtype=np.int64), np.asarray(input_tokens), side="left")
     names = [name for name, _ in thresholds]
     return [names[i] for i in index]
+
+
+def parse_class_thresholds(text: str) -> list[tuple[str, int | None]]:
+    """``short:1024,long`` -> [("short", 1024), ("long", None)]: the last class takes the rest."""
+    out: list[tuple[str, int | None]] = []
+    for i, part in enumerate(p.strip() for p in text.split(",")):
+        name, _, limit = part.partition(":")
+        if not name:
+            raise ValueError(f"classes item {i + 1}: a class name is required")
+        if limit:
+            try:
+                out.append((name, int(limit)))
+            except ValueError:
+                raise ValueError(f"classes item {i + 1}: {limit!r} is not a token count") from None
+        else:
+            out.append((name, None))
+    if not out or out[-1][1] is not None:
+        raise ValueError("classes: the last class must have no limit (it takes every longer input)")
+    return out

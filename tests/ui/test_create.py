@@ -98,3 +98,44 @@ def test_it_accepts_a_bare_upload_without_the_typed_fields(client, author, seed_
     response = client.post("/experiments/new/", {"spec_file": upload, "create": "1"})
     assert response.status_code == 302
     assert Experiment.objects.get().runs.count() == 126
+
+
+AZURE_ROWS = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    + "".join(f"2023-11-16 18:15:{10 + i:02d}.0000000,{300 + 200 * (i % 4)},{8 + i % 3}\n" for i in range(20))
+).encode()
+
+
+@pytest.mark.django_db
+def test_it_creates_an_experiment_replaying_an_uploaded_real_trace(client, author, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from apps.workloads.models import Trace
+    from workers.engine.tinymodel import build_tokenizer
+
+    model = build_tokenizer(tmp_path / "model")
+    client.force_login(author)
+    upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
+    data = form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure")
+    data["trace_classes"] = "short:600,long"
+    response = client.post("/experiments/new/", data)
+    assert response.status_code == 302, response.content[:2000]
+    experiment = Experiment.objects.get()
+    trace = Trace.objects.get(sha256=experiment.workload.imported_trace_sha256)
+    assert experiment.workload.arrival_process == "trace" and trace.requests == 20
+
+
+@pytest.mark.django_db
+def test_it_names_the_line_of_a_bad_trace_upload_and_saves_nothing(client, author, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from apps.workloads.models import Trace
+    from workers.engine.tinymodel import build_tokenizer
+
+    model = build_tokenizer(tmp_path / "model")
+    client.force_login(author)
+    bad = AZURE_ROWS.replace(b",308,", b",-5,", 1) + b"2023-11-16 18:16:00.0000000,abc,3\n"
+    upload = SimpleUploadedFile("azure.csv", bad, content_type="text/csv")
+    response = client.post(
+        "/experiments/new/",
+        form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure"),
+    )
+    assert response.status_code == 400
+    assert b"line 22" in response.content
+    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0

@@ -11,27 +11,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.workloads.importers import FORMATS
+from apps.workloads.importers import FORMATS, parse_class_thresholds
 from apps.workloads.services import tokenizer_dir, trace_import
-
-
-def _thresholds(text: str) -> list[tuple[str, int | None]]:
-    """``short:1024,long`` -> [("short", 1024), ("long", None)]: the last class takes the rest."""
-    out: list[tuple[str, int | None]] = []
-    for i, part in enumerate(p.strip() for p in text.split(",")):
-        name, _, limit = part.partition(":")
-        if not name:
-            raise CommandError(f"--classes item {i + 1}: a class name is required")
-        if limit:
-            try:
-                out.append((name, int(limit)))
-            except ValueError:
-                raise CommandError(f"--classes item {i + 1}: {limit!r} is not a token count") from None
-        else:
-            out.append((name, None))
-    if not out or out[-1][1] is not None:
-        raise CommandError("--classes: the last class must have no limit (it takes every longer input)")
-    return out
 
 
 class Command(BaseCommand):
@@ -65,12 +46,16 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"{path}: {exc.strerror}") from None
         try:
+            thresholds = parse_class_thresholds(options["classes"])
+        except ValueError as exc:
+            raise CommandError(f"--{exc}") from None
+        try:
             row = trace_import(
                 data=data,
                 fmt=options["format"],
                 tokenizer_dir=tokenizer_dir(options["model_dir"]),
                 tokenizer_revision=options["tokenizer_revision"],
-                thresholds=_thresholds(options["classes"]),
+                thresholds=thresholds,
                 max_model_len=options["max_model_len"],
                 busiest_s=options["busiest"],
                 window_start_s=options["window_start"],
