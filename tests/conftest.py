@@ -4,6 +4,9 @@ from pathlib import Path
 
 import pytest
 
+# Users in each role and small experiments (fixtures shared by tests/ui and tests/approvals).
+pytest_plugins = ["tests.role_fixtures"]
+
 REPO = Path(__file__).resolve().parent.parent
 SEED_SPEC = REPO / "examples" / "seed-sweep.yaml"
 

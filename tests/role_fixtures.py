@@ -1,3 +1,5 @@
+"""Users in each role and small experiments, shared by the view and approval tests."""
+
 from __future__ import annotations
 
 import pytest
