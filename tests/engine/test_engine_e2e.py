@@ -16,36 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
 from workers.engine import procs
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.scrape import Scraper, counter_delta, gauge_series
 from workers.engine.server import EngineFailed, EngineServer
 
-REPO = Path(__file__).resolve().parents[2]
-ENGINE_DIR = REPO / ".engine"
-MODEL = ENGINE_DIR / "models" / "tiny-llama"
-READY = (ENGINE_DIR / "venv" / ".tailtune-engine-stamp").is_file() and (MODEL / "model.safetensors").is_file()
-
-pytestmark = [
-    pytest.mark.engine,
-    pytest.mark.skipif(not READY, reason="CPU engine not built: run `make engine`"),
-]
-
-# A 6 MiB KV cache holds 6144 tokens of this model (1 KiB per token): six
-# concurrent 1,500-token prompts growing by 800 tokens each cannot all fit, and
-# the requests already running get preempted as they grow.
-CONTROLS = {
-    "dtype": "bfloat16",
-    "max_model_len": 4096,
-    "kv_cache_memory_bytes": 6 * 1024 * 1024,
-    "enable_prefix_caching": False,
-    "speculative_decoding": False,
-    "seed": 0,
-    "revision": "tiny-llama-local-v1",
-    "tokenizer_revision": "tiny-llama-local-v1",
-    "served_model_name": "tiny",
-    "generation": {"temperature": 0.0, "ignore_eos": True},
-}
+pytestmark = ENGINE_MARKS
 
 
 def stream_completion(base_url: str, prompt: list[int], max_tokens: int) -> dict:

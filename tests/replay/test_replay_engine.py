@@ -4,34 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
+from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.server import EngineServer
 from workers.replay.client import run_replay
 
-REPO = Path(__file__).resolve().parents[2]
-ENGINE_DIR = REPO / ".engine"
-MODEL = ENGINE_DIR / "models" / "tiny-llama"
-READY = (ENGINE_DIR / "venv" / ".tailtune-engine-stamp").is_file() and (MODEL / "model.safetensors").is_file()
-
-pytestmark = [
-    pytest.mark.engine,
-    pytest.mark.skipif(not READY, reason="CPU engine not built: run `make engine`"),
-]
-
-CONTROLS = {
-    "dtype": "bfloat16",
-    "max_model_len": 4096,
-    "kv_cache_memory_bytes": 6 * 1024 * 1024,
-    "enable_prefix_caching": False,
-    "speculative_decoding": False,
-    "seed": 0,
-    "revision": "tiny-llama-local-v1",
-    "tokenizer_revision": "tiny-llama-local-v1",
-    "served_model_name": "tiny",
-    "generation": {"temperature": 0.0, "ignore_eos": True},
-}
+pytestmark = ENGINE_MARKS
 
 
 def _trace(count: int) -> list[dict[str, object]]:
