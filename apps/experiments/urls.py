@@ -10,6 +10,7 @@ urlpatterns = [
     path("experiments/new/", views.experiment_new, name="new"),
     path("experiments/<int:pk>/", views.experiment_detail, name="detail"),
     path("experiments/<int:pk>/live/", views.experiment_live, name="live"),
+    path("experiments/<int:pk>/progress.json", views.experiment_progress_json, name="progress"),
     path("experiments/<int:pk>/start/", views.experiment_start, name="start"),
     path("experiments/<int:pk>/cancel/", views.experiment_cancel, name="cancel"),
     path("experiments/<int:pk>/results/", views.experiment_results, name="results"),

@@ -12,9 +12,10 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.analysis import charts
@@ -31,6 +32,7 @@ from apps.experiments.forms import (
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create, experiment_create_with_trace, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
+from apps.runs.models import Run
 from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
 
 
@@ -210,6 +212,41 @@ def experiment_live(request: HttpRequest, pk: int) -> HttpResponse:
     """The live partial: progress, the current runs and the run table (polled while running)."""
     experiment = _experiment(request, pk)
     return render(request, "experiments/_live.html", _live_context(request, experiment))
+
+
+def experiment_progress_json(request: HttpRequest, pk: int) -> JsonResponse:
+    """Progress as JSON for scripts and dashboards: read from the database, never from a worker."""
+    experiment = _experiment(request, pk)
+    progress = selectors.experiment_progress(experiment=experiment)
+    runs = experiment.runs.select_related("cell", "host").order_by("plan_position", "id")
+    return JsonResponse(
+        {
+            "experiment": experiment.pk,
+            "status": experiment.status,
+            "status_reason": experiment.status_reason,
+            "runs_total": progress.total,
+            "runs_finished": progress.finished,
+            "runs_by_status": progress.by_status,
+            "eta_s": progress.eta_s,
+            "eta_basis": progress.eta_basis,
+            "active_runs": [
+                {
+                    "run_id": str(r.run_id),
+                    "cell": r.cell.cell_id,
+                    "mixture": r.mixture,
+                    "rate": r.rate_name,
+                    "repeat": r.repeat,
+                    "scenario": r.scenario,
+                    "host": r.host.name if r.host else None,
+                    "phase": r.status,
+                    "requests_sent": r.requests_sent,
+                    "requests_planned": r.requests_planned,
+                    "elapsed_s": (timezone.now() - r.started_at).total_seconds() if r.started_at else None,
+                }
+                for r in runs.filter(status__in=sorted(Run.ACTIVE))
+            ],
+        }
+    )
 
 
 def _orchestration() -> Any:

@@ -146,3 +146,19 @@ def test_it_exports_the_spec_as_yaml(client, viewer, experiment) -> None:  # typ
     spec = yaml.safe_load(response.content)
     assert spec["name"] == "ui-small"
     assert spec["baseline"]["id"] == "B0"
+
+
+@pytest.mark.django_db
+def test_it_serves_progress_as_json_from_the_database(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    run = experiment.runs.first()
+    Run.objects.filter(pk=run.pk).update(status="measuring", requests_sent=3, requests_planned=10)
+    Run.objects.exclude(pk=run.pk).filter(experiment=experiment).update(status="done")
+    client.force_login(viewer)
+    data = client.get(f"/experiments/{experiment.pk}/progress.json").json()
+    assert data["runs_total"] == experiment.runs.count()
+    assert data["runs_finished"] == experiment.runs.count() - 1
+    assert [(r["phase"], r["requests_sent"], r["requests_planned"]) for r in data["active_runs"]] == [
+        ("measuring", 3, 10)
+    ]
+    client.logout()
+    assert client.get(f"/experiments/{experiment.pk}/progress.json").status_code == 302
