@@ -307,8 +307,10 @@ def test_it_spreads_the_send_loop_over_processes_with_one_origin(mock_config: Mo
     mock_config.by_index[3] = Behaviour(status=500)
     batches: list[list[RequestRecord]] = []
     with MockServer(mock_config) as server:
+        # 50 ms apart: two processes' sends 10 ms apart could swap on a loaded 2-core
+        # machine; with separate origins they would be off by a process start-up (>100 ms).
         result = _replay(
-            make_requests(12, spacing_s=0.01, output_tokens=6),
+            make_requests(12, spacing_s=0.05, output_tokens=6),
             server.base_url,
             processes=2,
             on_batch=batches.append,
