@@ -19,6 +19,7 @@ from django.forms import formset_factory
 
 from apps.experiments.spec import (
     ARRIVAL_PROCESSES,
+    CONTRACT_KEYS,
     SCHEDULING_POLICIES,
     FieldError,
     SpecError,
@@ -340,7 +341,6 @@ class ClassForm(forms.Form):
 CellFormSet = formset_factory(CellForm, extra=2, max_num=100)
 ClassFormSet = formset_factory(ClassForm, extra=1, max_num=50)
 
-CONTRACT_FIELDS = ("ttft_p99_ms", "e2e_p99_ms", "max_stall_ms", "error_rate")
 # Spec sections the typed fields build; "extra" may add any other top-level section.
 TYPED_SECTIONS = {
     "name",
@@ -446,7 +446,7 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
             "output_tokens": cls.get("output_tokens"),
             "priority": cls.get("priority") or 0,
             "shared_prefix_tokens": cls.get("shared_prefix_tokens") or 0,
-            "contract": {k: cls.get(k) for k in CONTRACT_FIELDS if cls.get(k) is not None},
+            "contract": {k: cls.get(k) for k in CONTRACT_KEYS if cls.get(k) is not None},
         }
         class_list.append(entry)
 
