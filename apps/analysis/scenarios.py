@@ -60,6 +60,36 @@ def outcome(rec: Mapping[str, Any]) -> str:
     return "error"
 
 
+def decode_step_ms(records: Iterable[Mapping[str, Any]], *, min_output_tokens: int = 8) -> float | None:
+    """The decode pace of a run: median over completed streams of (last - first token) / (tokens - 1), in ms.
+
+    What one stream waits per output token once it is decoding (the
+    scheduler's step time as a client sees it). Coalesced chunks do not bias
+    it: only the first and the last token times count. None when no completed
+    stream had ``min_output_tokens`` tokens.
+    """
+    per = [
+        (float(r["last_token_ns"]) - float(r["first_token_ns"])) / (int(r["output_tokens"]) - 1) / NS_PER_MS
+        for r in records
+        if outcome(r) == "completed"
+        and r.get("first_token_ns") is not None
+        and r.get("last_token_ns") is not None
+        and int(r.get("output_tokens") or 0) >= max(2, min_output_tokens)
+    ]
+    return round(float(np.median(per)), 6) if per else None
+
+
+def _unsized(meta: Mapping[str, Any], key: str) -> str | None:
+    """The diagnosis when a size that decides the signal fell back to a fixed count."""
+    derived = ((meta.get("sizing") or {}).get("derived") or {}).get(key)
+    if derived and str(derived.get("rule", "")).startswith("fixed fallback"):
+        return (
+            f"{key} was a fixed fallback ({derived['value']}), not sized from B0's measured decode pace: "
+            "enable calibration (or set it in the spec) so the stress outlasts the window on this engine"
+        )
+    return None
+
+
 def _claim(claim: str, held: bool, **evidence: Any) -> dict[str, Any]:
     return {"claim": claim, "held": bool(held), "evidence": evidence}
 
@@ -173,6 +203,10 @@ def _long_burst(
             "steady_oldest_wait_ms": _oldest_wait_ms(steady, deadline),
         },
     }
+    if not signal["shown"]:
+        signal["diagnosis"] = _unsized(meta, "burst_size") or (
+            "the server cleared the burst before the drain deadline: raise burst_size or overload"
+        )
     return claims, signal
 
 
@@ -416,6 +450,9 @@ def _priority_flood(
                 "inconclusive: the backlog was no longer waiting when the flood arrived, so there was "
                 "no order to change (raise backlog or backlog_output_tokens)"
             )
+            unsized = _unsized(meta, "backlog_output_tokens")
+            if unsized:
+                signal["diagnosis"] += "; " + unsized
         elif not shown:
             signal["diagnosis"] = (
                 "priority has no effect on the order: the priority field is being dropped somewhere "

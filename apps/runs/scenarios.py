@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from apps.analysis.decide import CALIBRATION_SCENARIO, NOT_FAILURE_SCENARIOS, UNIFORM_SCENARIO
-from apps.analysis.scenarios import scenario_verdict, scenarios_summary
+from apps.analysis.scenarios import decode_step_ms, scenario_verdict, scenarios_summary
 from apps.analysis.server import server_metrics
 from apps.experiments.models import Experiment, ServerConfig
 from apps.runs.models import MetricSample, RequestRecord, Run
@@ -123,7 +123,33 @@ def experiment_kv_capacity(*, experiment: Experiment) -> int | None:
     return kv_capacity_tokens(model_config=config, kv_cache_memory_bytes=experiment.kv_cache_memory_bytes)
 
 
+def experiment_pace(*, experiment: Experiment) -> tuple[float | None, str | None]:
+    """B0's decode pace (ms per output token of one stream) from the capacity probe, and where from.
+
+    The probe's lowest-rate finished step on B0 that has a pace: the least
+    batching, so the closest to the step time of one stream alone (the bound
+    apps/workloads/scenarios.py sizes the scenarios with). (None, None) when
+    no probe ran.
+    """
+    probes = (
+        experiment.runs.filter(
+            scenario=CALIBRATION, status=Run.Status.DONE, cell__role=ServerConfig.Role.BASELINE
+        )
+        .order_by("rate_rps", "plan_position")
+        .only("pk", "run_id", "rate_rps", "mixture")
+    )
+    for run in probes:
+        records = RequestRecord.objects.filter(run=run).values(*_RECORD_FIELDS)
+        pace = decode_step_ms(records)
+        if pace is not None:
+            return pace, f"capacity probe run {run.run_id} (B0, {run.mixture}, {run.rate_rps:g} req/s)"
+    return None, None
+
+
 def scenario_context(*, experiment: Experiment) -> ScenarioContext:
+    baseline = experiment.cells.filter(role=ServerConfig.Role.BASELINE).first()
+    seqs = (baseline.args or {}).get("max_num_seqs") if baseline else None
+    pace, source = experiment_pace(experiment=experiment)
     return ScenarioContext(
         classes=[
             {
@@ -138,6 +164,9 @@ def scenario_context(*, experiment: Experiment) -> ScenarioContext:
         seed=int(experiment.workload.seed),
         tokenizer_revision=experiment.tokenizer_revision,
         kv_capacity_tokens=experiment_kv_capacity(experiment=experiment),
+        decode_step_ms=pace,
+        pace_source=source,
+        max_num_seqs=int(seqs) if seqs else None,
     )
 
 

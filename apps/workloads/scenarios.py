@@ -60,11 +60,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "steady_rps": 2.0,
         "observation_s": 20.0,
         "burst_at_s": 5.0,
-        "burst_size": 8,
+        "burst_size": None,
         "burst_spread_s": 0.2,
         "long_input_tokens": None,
         "long_output_tokens": None,
         "drain_deadline_s": 10.0,
+        "overload": 3.0,
     },
     "decode_pressure": {
         "concurrency": 8,
@@ -73,6 +74,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "ramp_s": 1.0,
         "observation_s": 5.0,
         "drain_deadline_s": 60.0,
+        "overload": 3.0,
     },
     "context_boundary": {
         "output_tokens": 8,
@@ -95,18 +97,24 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "drain_deadline_s": 120.0,
     },
     "priority_flood": {
-        "backlog": 12,
+        "backlog": None,
         # Long enough that most of the backlog still waits when the flood arrives.
-        "backlog_output_tokens": 256,
+        "backlog_output_tokens": None,
         "flood": 12,
         "flood_at_s": 1.0,
         "flood_rps": 4.0,
         "flood_output_tokens": 16,
         "low_priority": 10,
         "drain_deadline_s": 60.0,
+        "overload": 3.0,
     },
 }
-DEFAULTS[PRIORITY_CHECK] = {**DEFAULTS["priority_flood"], "backlog": 8, "flood": 6}
+DEFAULTS[PRIORITY_CHECK] = {**DEFAULTS["priority_flood"], "flood": 6}
+# What a derived size falls back to when B0's decode pace is not known (no probe ran).
+FALLBACK = {"burst_size": 8, "backlog": 12, "backlog_output_tokens": 256}
+FALLBACK_OF = {PRIORITY_CHECK: {**FALLBACK, "backlog": 8}}
+# Derived request counts never exceed this (a trace of thousands of long prompts is a mistake).
+MAX_DERIVED_REQUESTS = 1024
 GENERATORS_OF = {PRIORITY_CHECK: "priority_flood"}
 
 # Which parameters must be whole numbers (the rest are seconds, rates or shares).
@@ -139,6 +147,12 @@ class ScenarioContext:
     kv_capacity_tokens: int | None = None
     # False: every priority 0 (a server that refuses the field under FCFS).
     send_priority: bool = True
+    # B0's measured decode pace (ms per output token of one stream) and where it
+    # was measured; None: not measured, derived sizes fall back to fixed counts.
+    decode_step_ms: float | None = None
+    pace_source: str | None = None
+    # B0's --max-num-seqs (None: not set in its args).
+    max_num_seqs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -168,11 +182,13 @@ def scenario_params(name: str, params: Mapping[str, Any] | None = None) -> dict[
             raise GenerateError(f"scenario {name}: {key} must be a number, got {value!r}")
         if key in _INTEGER and not float(value).is_integer():
             raise GenerateError(f"scenario {name}: {key} must be a whole number, got {value!r}")
-        if value < 0 or (value == 0 and key not in {"burst_at_s", "flood_at_s", "low_priority"}):
+        if value < 0 or (value == 0 and key not in {"burst_at_s", "flood_at_s", "low_priority", "spread_s"}):
             raise GenerateError(f"scenario {name}: {key} must be positive, got {value!r}")
         out[key] = int(value) if key in _INTEGER else float(value)
     if name in ("cancellation",) and out["share"] > 1:
         raise GenerateError(f"scenario {name}: share must be at most 1, got {out['share']!r}")
+    if "overload" in out and out["overload"] <= 1:
+        raise GenerateError(f"scenario {name}: overload must exceed 1, got {out['overload']!r}")
     return out
 
 
@@ -215,6 +231,129 @@ def _fit(name: str, ctx: ScenarioContext, input_tokens: int, output_tokens: int)
         )
 
 
+def _running_bound(ctx: ScenarioContext, context_tokens: int) -> int | None:
+    """Most sequences of ``context_tokens`` each that can run at once (None: nothing bounds it here)."""
+    bounds = [int(ctx.max_num_seqs)] if ctx.max_num_seqs else []
+    if ctx.kv_capacity_tokens:
+        bounds.append(max(1, int(ctx.kv_capacity_tokens) // max(1, context_tokens)))
+    return min(bounds) if bounds else None
+
+
+def _derived(value: int, rule: str, **inputs: Any) -> dict[str, Any]:
+    return {"value": value, "rule": rule, "inputs": inputs}
+
+
+def scenario_sizing(
+    name: str, ctx: ScenarioContext, p: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fill the sizes left to derivation (None) from B0's measured pace; returns (params, how).
+
+    A scenario only tests what it claims if its stress outlasts its window on
+    the engine at hand: a burst a fast server clears before the drain deadline
+    shows nothing. So the sizes that decide that are derived from B0's decode
+    pace ``decode_step_ms`` (measured by the capacity probe), with a safety
+    factor ``overload``:
+
+    - long_burst ``burst_size``: at most R long sequences run at once (R from
+      max_num_seqs and the KV cache over the long prompt), each needs
+      ``long_output_tokens`` decode steps, so N requests need at least
+      ceil(N / R) x out x step; N is the smallest multiple of R for which that
+      is ``overload`` x the time from the burst to the drain deadline.
+    - priority_flood ``backlog_output_tokens``: the first wave of the backlog
+      must still be decoding ``overload`` x the flood's last arrival, so the
+      rest of the backlog still waits when the flood comes; ``backlog``:
+      3 x the sequences that can run at once (two waves wait).
+    - decode_pressure ``output_tokens``: every stream lasts ``overload`` x the
+      ramp, so they overlap.
+
+    Without a measured pace the fixed fallbacks (``FALLBACK``) are used and
+    ``how["measured"]`` is False: the verdict then says the scenario was not
+    sized for this engine. Sizes given in the spec are kept as they are.
+    """
+    kind = GENERATORS_OF.get(name, name)
+    out = dict(p)
+    how: dict[str, Any] = {
+        "decode_step_ms": ctx.decode_step_ms,
+        "pace_source": ctx.pace_source,
+        "measured": bool(ctx.decode_step_ms),
+        "derived": {},
+    }
+    step_s = float(ctx.decode_step_ms) / 1000.0 if ctx.decode_step_ms else None
+    fallback = FALLBACK_OF.get(name, FALLBACK)
+    overload = float(p.get("overload") or 1.0)
+    short, long = _short_long(ctx.classes)
+
+    def fixed(key: str) -> None:
+        out[key] = fallback[key]
+        how["derived"][key] = _derived(out[key], "fixed fallback: B0's decode pace was not measured")
+
+    if kind == "long_burst" and out["burst_size"] is None:
+        out_long = out["long_output_tokens"] or int(long["output_tokens"])
+        in_long = out["long_input_tokens"] or min(int(long["input_tokens"]), ctx.max_model_len - out_long)
+        running = _running_bound(ctx, in_long)
+        window = float(out["observation_s"]) - float(out["burst_at_s"]) + float(out["drain_deadline_s"])
+        if step_s and running:
+            rounds = math.ceil(overload * window / (out_long * step_s))
+            n = min(MAX_DERIVED_REQUESTS, max(running + 1, running * rounds))
+            out["burst_size"] = n
+            how["derived"]["burst_size"] = _derived(
+                n,
+                "running x ceil(overload x (observation_s - burst_at_s + drain_deadline_s) / "
+                "(long_output_tokens x decode_step_ms))",
+                running=running,
+                window_s=round(window, 6),
+                long_output_tokens=out_long,
+                capped=n == MAX_DERIVED_REQUESTS,
+            )
+        else:
+            fixed("burst_size")
+    elif kind == "priority_flood":
+        inp = int(short["input_tokens"])
+        if out["backlog_output_tokens"] is None:
+            room = ctx.max_model_len - inp
+            flood_end = float(out["flood_at_s"]) + int(out["flood"]) / float(out["flood_rps"])
+            if step_s:
+                want = math.ceil(overload * flood_end / step_s)
+                out["backlog_output_tokens"] = max(1, min(room, want))
+                how["derived"]["backlog_output_tokens"] = _derived(
+                    out["backlog_output_tokens"],
+                    "ceil(overload x (flood_at_s + flood / flood_rps) / decode_step_ms), at most "
+                    "max_model_len - input",
+                    flood_end_s=round(flood_end, 6),
+                    capped=want > room,
+                )
+            else:
+                fixed("backlog_output_tokens")
+        if out["backlog"] is None:
+            # Admission needs only the prompt in the KV cache, so the prompt bounds how many start.
+            running = _running_bound(ctx, inp)
+            if running and ctx.max_num_seqs:
+                n = min(MAX_DERIVED_REQUESTS, 3 * running)
+                out["backlog"] = n
+                how["derived"]["backlog"] = _derived(
+                    n, "3 x the sequences that can run at once", running=running
+                )
+            else:
+                fixed("backlog")
+    elif kind == "decode_pressure" and out["output_tokens"] is None:
+        inp = out["input_tokens"] or int(short["input_tokens"])
+        room = ctx.max_model_len - inp
+        base = max(int(short["output_tokens"]) * 4, min(512, room))
+        if step_s:
+            want = math.ceil(overload * float(out["ramp_s"]) / step_s)
+            out["output_tokens"] = max(1, min(room, max(base, want)))
+            how["derived"]["output_tokens"] = _derived(
+                out["output_tokens"],
+                "max(4 x short output or min(512, room), ceil(overload x ramp_s / decode_step_ms)), "
+                "at most max_model_len - input",
+                capped=want > room,
+            )
+        else:
+            out["output_tokens"] = base
+            how["derived"]["output_tokens"] = _derived(base, "4 x short output, at least min(512, room)")
+    return out, how
+
+
 def _steady(rps: float, start: float, end: float) -> list[float]:
     # Constant spacing: the scenario's stress is the burst, not arrival noise.
     n = max(1, math.ceil((end - start) * rps - 1e-9))
@@ -248,7 +387,7 @@ def _decode_pressure(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[list[_
     short, _ = _short_long(ctx.classes)
     n = int(p["concurrency"])
     inp = p["input_tokens"] or int(short["input_tokens"])
-    out = p["output_tokens"] or max(int(short["output_tokens"]) * 4, min(512, ctx.max_model_len - inp))
+    out = int(p["output_tokens"])
     _fit("decode_pressure", ctx, inp, out)
     ramp = float(p["ramp_s"])
     if not ramp < float(p["observation_s"]):
@@ -398,14 +537,16 @@ def scenario_trace(
 ) -> Trace:
     """The canonical trace of one scenario for one experiment.
 
-    Steps: 1. overlay the parameters on the defaults; 2. lay out the
-    requests (times, classes, lengths, roles) with the scenario's builder;
-    3. sort by time (stable, so ties keep the layout's order) and number
-    them; 4. one exact-length prompt per request from the experiment seed;
-    5. the meta names every role's indices and the parameters used.
+    Steps: 1. overlay the parameters on the defaults; 2. derive the sizes
+    left open from B0's measured pace (:func:`scenario_sizing`); 3. lay out
+    the requests (times, classes, lengths, roles) with the scenario's
+    builder; 4. sort by time (stable, so ties keep the layout's order) and
+    number them; 5. one exact-length prompt per request from the experiment
+    seed; 6. the meta names every role's indices, the parameters used and how
+    the derived ones were sized.
     """
     kind = GENERATORS_OF.get(name, name)
-    p = scenario_params(name, params)
+    p, sizing = scenario_sizing(name, context, scenario_params(name, params))
     planned, observation_s = _BUILDERS[kind](context, p)
     planned.sort(key=lambda r: r.t)
     seed = stable_seed("scenario", int(context.seed), name, int(context.send_priority))
@@ -441,6 +582,7 @@ def scenario_trace(
         "scenario": name,
         "scenario_kind": kind,
         "params": p,
+        "sizing": sizing,
         "roles": roles,
         "send_priority": bool(context.send_priority),
         "max_model_len": int(context.max_model_len),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.analysis.scenarios import priority_order, scenario_verdict, scenarios_summary
+from apps.analysis.scenarios import decode_step_ms, priority_order, scenario_verdict, scenarios_summary
 
 MS = 1_000_000
 
@@ -194,3 +194,27 @@ def test_it_judges_a_late_flood_request_from_when_it_was_sent() -> None:
         "overtook": 1,
         "share": 1.0,
     }
+
+
+def test_it_measures_the_decode_pace_from_completed_streams_only() -> None:
+    streams = [
+        rec(0, 0, first_ms=100, end_ms=100 + 9 * 4, output_tokens=10),  # 4 ms a token
+        rec(1, 0, first_ms=100, end_ms=100 + 9 * 6, output_tokens=10),  # 6 ms
+        rec(2, 0, first_ms=100, end_ms=100 + 9 * 5, output_tokens=10),  # 5 ms
+        rec(3, 0, first_ms=100, end_ms=100 + 9 * 99, output_tokens=10, unfinished=True),
+        rec(4, 0, first_ms=100, end_ms=101, output_tokens=2),  # too short to tell
+    ]
+    assert decode_step_ms(streams) == 5.0
+    assert decode_step_ms(streams[3:]) is None
+
+
+def test_it_says_when_an_unshown_burst_was_not_sized_for_the_engine() -> None:
+    sizing = {
+        "derived": {"burst_size": {"value": 8, "rule": "fixed fallback: B0's decode pace was not measured"}}
+    }
+    m = meta("long_burst", {"steady": [0], "burst": [1]}, sizing=sizing)
+    records = [rec(0, 0, first_ms=5, end_ms=50), rec(1, 300, first_ms=400, end_ms=800)]
+    v = scenario_verdict(meta=m, records=records)
+    assert not v["shown"] and "not sized from B0's measured decode pace" in v["signal"]["diagnosis"]
+    sized = scenario_verdict(meta=meta("long_burst", {"steady": [0], "burst": [1]}), records=records)
+    assert "cleared the burst" in sized["signal"]["diagnosis"]

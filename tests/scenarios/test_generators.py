@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from apps.workloads.generate import GenerateError
 from apps.workloads.scenarios import (
+    FALLBACK,
+    MAX_DERIVED_REQUESTS,
     PRIORITY_CHECK,
     SCENARIOS,
     ScenarioContext,
@@ -116,6 +120,7 @@ def test_it_keeps_many_long_outputs_in_flight_under_decode_pressure(context, tok
         ("long_burst", {"burst_size": 2.5}, "whole number"),
         ("long_burst", {"steady_rps": -1}, "positive"),
         ("cancellation", {"share": 1.5}, "at most 1"),
+        ("long_burst", {"overload": 1}, "overload must exceed 1"),
     ],
 )
 def test_it_names_the_bad_parameter(name, params, message) -> None:
@@ -147,3 +152,69 @@ def test_it_derives_the_kv_capacity_from_the_model_config() -> None:
     # 2 (K and V) x 2 layers x 4 heads x 32 x 2 bytes = 1024 bytes per token.
     assert kv_capacity_tokens(model_config=config, kv_cache_memory_bytes=6 * 1024 * 1024) == 6144
     assert kv_capacity_tokens(model_config=config, kv_cache_memory_bytes=None) is None
+
+
+def _paced(context: ScenarioContext, step_ms: float, **extra: object) -> ScenarioContext:
+    return ScenarioContext(
+        **{**context.__dict__, "decode_step_ms": step_ms, "pace_source": "probe run x", **extra}
+    )
+
+
+@pytest.mark.parametrize("step_ms", [0.5, 2.0, 20.0])
+def test_it_sizes_the_long_burst_to_outlast_its_window_at_the_measured_pace(
+    step_ms, context, tokenizer
+) -> None:
+    ctx = _paced(context, step_ms, max_num_seqs=6)
+    params = {"observation_s": 4, "burst_at_s": 1, "drain_deadline_s": 1, "long_output_tokens": 400}
+    t = scenario_trace(name="long_burst", context=ctx, tokenizer=tokenizer, params=params)
+    n = len(t.meta["roles"]["burst"])
+    # 2048 KV tokens hold at most 2 prompts of 1024 (6 sequence slots do not bind).
+    running = 2
+    assert n % running == 0 and n > running
+    least_s = math.ceil(n / running) * 400 * step_ms / 1000
+    assert least_s >= 3.0 * (4 - 1 + 1) or n == MAX_DERIVED_REQUESTS
+    sized = t.meta["sizing"]
+    assert sized["measured"] and sized["decode_step_ms"] == step_ms
+    assert sized["derived"]["burst_size"]["value"] == n == t.meta["params"]["burst_size"]
+    assert sized["derived"]["burst_size"]["inputs"]["running"] == running
+
+
+def test_it_keeps_a_size_given_in_the_spec_and_falls_back_without_a_pace(context, tokenizer) -> None:
+    given = scenario_trace(
+        name="long_burst", context=_paced(context, 1.0), tokenizer=tokenizer, params={"burst_size": 5}
+    )
+    assert len(given.meta["roles"]["burst"]) == 5 and "burst_size" not in given.meta["sizing"]["derived"]
+    unpaced = scenario_trace(name="long_burst", context=context, tokenizer=tokenizer)
+    assert len(unpaced.meta["roles"]["burst"]) == FALLBACK["burst_size"]
+    assert not unpaced.meta["sizing"]["measured"]
+    assert unpaced.meta["sizing"]["derived"]["burst_size"]["rule"].startswith("fixed fallback")
+
+
+def test_it_sizes_the_priority_backlog_to_still_wait_when_the_flood_arrives(context, tokenizer) -> None:
+    ctx = _paced(context, 2.0, max_num_seqs=6)
+    params = {"flood": 6, "flood_at_s": 0.2, "flood_rps": 20}
+    t = scenario_trace(name="priority_flood", context=ctx, tokenizer=tokenizer, params=params)
+    backlog = [t.requests[i] for i in t.meta["roles"]["backlog"]]
+    # Prompts of 64 tokens: the 6 slots bind, so three waves of 6.
+    assert len(backlog) == 18
+    out = backlog[0].output_tokens
+    flood_end = 0.2 + 6 / 20
+    assert out * 2.0 / 1000 >= 3.0 * flood_end and out == math.ceil(3.0 * flood_end / 0.002)
+    # At a pace the context cannot hold, the size stops at the room left and says so.
+    slow = scenario_trace(name="priority_flood", context=_paced(context, 0.01), tokenizer=tokenizer)
+    derived = slow.meta["sizing"]["derived"]["backlog_output_tokens"]
+    assert derived["value"] == 2048 - 64 and derived["inputs"]["capped"]
+    # The priority check keeps its own fallback backlog when nothing bounds the running sequences.
+    check = scenario_trace(name=PRIORITY_CHECK, context=context, tokenizer=tokenizer)
+    assert len(check.meta["roles"]["backlog"]) == 8 and len(check.meta["roles"]["flood"]) == 6
+
+
+def test_it_makes_decode_pressure_streams_outlast_their_ramp(context, tokenizer) -> None:
+    t = scenario_trace(
+        name="decode_pressure",
+        context=_paced(context, 0.5),
+        tokenizer=tokenizer,
+        params={"concurrency": 4, "ramp_s": 1.0},
+    )
+    assert {r.output_tokens for r in t.requests} == {2048 - 64}
+    assert t.meta["sizing"]["derived"]["output_tokens"]["inputs"]["capped"]

@@ -151,11 +151,13 @@ def _fake_execute(capacity_rps: float):  # type: ignore[no-untyped-def]
         for r in trace.requests:
             planned = round(r.t_offset_s * 1e9)
             first = planned + int(ttft_ms * MS)
+            # A decode pace of rate x 10 ms per token: the lowest rate streams fastest.
+            last = first + int(run.rate_rps * 10 * MS) * (r.output_tokens - 1)
             records.append(
                 RequestRecord(
                     run_id=str(run.run_id), index=r.index, request_class=r.klass, warmup=r.warmup,
                     input_tokens=r.input_tokens, expected_output_tokens=r.output_tokens, planned_ns=planned,
-                    sent_ns=planned, first_token_ns=first, last_token_ns=first + 10 * MS, end_ns=first + 10 * MS,
+                    sent_ns=planned, first_token_ns=first, last_token_ns=last, end_ns=last,
                     output_tokens=r.output_tokens, max_gap_ns=5 * MS, http_status=200,
                 )
             )  # fmt: skip
@@ -168,8 +170,8 @@ def _fake_execute(capacity_rps: float):  # type: ignore[no-untyped-def]
     return execute
 
 
-def _calibrated_experiment(model_dir: Path) -> Experiment:
-    spec = spec_with(model_dir)
+def _calibrated_experiment(model_dir: Path, **extra: Any) -> Experiment:
+    spec = spec_with(model_dir, **extra)
     spec["workload"] = {**spec["workload"], "rates": {}}
     del spec["workload"]["rates"]
     spec["calibration"] = {
@@ -215,6 +217,25 @@ def test_it_probes_b0_freezes_the_rates_and_every_cell_then_replays_the_same_tra
         assert trace_load(sha256=runs[0].trace_sha256).meta["rate_rps"] == workload.rates[rate]
     report = scenario_reports(experiment_id=experiment.pk)
     assert report["rates"]["source"] == "probe" and report["summary"]["status"] == "none"
+
+
+@pytest.mark.django_db
+def test_it_sizes_the_scenarios_from_b0s_pace_measured_by_the_probe(model_dir: Path) -> None:
+    make_host()
+    burst = {"long_output_tokens": 100, "observation_s": 4, "burst_at_s": 1, "drain_deadline_s": 1}
+    experiment = _calibrated_experiment(model_dir, scenarios={"long_burst": burst})
+    _start(experiment)
+    assert experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=_fake_execute(3.0)) == 6
+    slowest_first = Run.objects.filter(experiment=experiment, scenario=CALIBRATION).order_by("rate_rps")
+    lowest = slowest_first.first()
+    assert lowest.rate_rps == 1.0
+    trace = trace_load(sha256=experiment.runs.get(scenario="long_burst", cell__cell_id="B0").trace_sha256)
+    sizing = trace.meta["sizing"]
+    assert sizing["measured"] and sizing["decode_step_ms"] == pytest.approx(10.0)
+    assert str(lowest.run_id) in sizing["pace_source"]
+    # 8 sequence slots (B0's max_num_seqs), 100 tokens at 10 ms: 1 s a wave; 3 x 4 s needs 12 waves.
+    assert sizing["derived"]["burst_size"]["inputs"]["running"] == 8
+    assert len(trace.meta["roles"]["burst"]) == 96
 
 
 @pytest.mark.django_db
