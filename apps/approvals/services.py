@@ -14,6 +14,7 @@ from apps.approvals import manifest as mf
 from apps.approvals.audit import audit_record
 from apps.approvals.models import Approval, RollbackManifest
 from apps.experiments.models import Experiment, ServerConfig
+from apps.runs.calibration import offered_load
 from apps.runs.models import Run
 
 
@@ -111,10 +112,25 @@ def _baseline_record(
     }
 
 
+def _offered_load(experiment: Experiment) -> dict[str, Any]:
+    """How the sweep's rates were set (typed or probed), with the probe's runs by id, not in full."""
+    load = offered_load(experiment=experiment)
+    probes = load.pop("probes", None)
+    if probes is not None:
+        load["probe_runs"] = {
+            p["mixture"]: [
+                {"run": st["run"], "rate_rps": st["rate_rps"], "passed": st["passed"]} for st in p["steps"]
+            ]
+            for p in probes
+        }
+    return load
+
+
 def _evidence(experiment: Experiment, decision: Decision) -> dict[str, Any]:
     runs = experiment.runs.exclude(trace_sha256="")
     return {
         "experiment": {"id": experiment.pk, "name": experiment.name},
+        "offered_load": _offered_load(experiment),
         "trace_sha256": sorted(set(runs.values_list("trace_sha256", flat=True))),
         "corpus_sha256": sorted(set(runs.exclude(corpus_sha256="").values_list("corpus_sha256", flat=True))),
         "decision": {

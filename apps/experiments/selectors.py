@@ -409,6 +409,15 @@ def partial_results(*, experiment: Experiment) -> list[dict[str, Any]]:
     return out
 
 
+def goodput_cost(*, experiment: Experiment) -> dict[str, Any]:
+    """What one goodput-capacity search costs: at most max_steps runs of the probe's windows, each on a fresh server."""
+    from apps.experiments.spec import CALIBRATION_DEFAULTS
+
+    cal = {**CALIBRATION_DEFAULTS, **((experiment.spec or {}).get("calibration") or {})}
+    per_run = float(cal["warmup_s"]) + float(cal["observation_s"]) + float(cal["drain_deadline_s"])
+    return {"max_runs": int(cal["max_steps"]), "run_s": per_run, "max_s": int(cal["max_steps"]) * per_run}
+
+
 def decision_summary(*, experiment: Experiment) -> Decision | None:
     """The decision without its (large) report, for pages that only name it."""
     return Decision.objects.filter(experiment=experiment).defer("report", "evidence").first()

@@ -32,6 +32,7 @@ from apps.experiments.forms import (
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create, experiment_create_with_trace, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
+from apps.runs.calibration import GoodputRequestError, goodput_capacity_request, offered_load
 from apps.runs.models import Run
 from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
 
@@ -203,9 +204,30 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "has_manifest": hasattr(experiment, "manifest"),
             "startable": experiment.status in (Experiment.Status.PLANNED, Experiment.Status.CANCELLED),
             "cancellable": experiment.status == Experiment.Status.RUNNING,
+            "load": offered_load(experiment=experiment),
+            "mixtures": sorted(experiment.workload.mixtures),
+            "goodput_cost": selectors.goodput_cost(experiment=experiment),
         }
     )
     return render(request, "experiments/detail.html", context)
+
+
+@require_POST
+def experiment_goodput(request: HttpRequest, pk: int) -> HttpResponse:
+    """Queue one cell's goodput-capacity search (costs engine time; the author only)."""
+    experiment = _experiment(request, pk)
+    if not selectors.can_operate(request.user, experiment):
+        raise PermissionDenied("only the experiment's author can spend engine time on it")
+    cell, mixture = request.POST.get("cell", ""), request.POST.get("mixture", "")
+    try:
+        host = goodput_capacity_request(
+            experiment=experiment, cell_id=cell, mixture=mixture, actor=request.user
+        )
+    except GoodputRequestError as exc:
+        messages.error(request, f"Goodput capacity not queued: {exc}")
+    else:
+        messages.success(request, f"Goodput capacity of {cell} on {mixture} queued on {host}.")
+    return redirect(reverse("experiments:detail", args=[experiment.pk]) + "#offered-load")
 
 
 def experiment_live(request: HttpRequest, pk: int) -> HttpResponse:

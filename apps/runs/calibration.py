@@ -439,13 +439,26 @@ def calibration_pending(*, experiment: Experiment) -> bool:
     return not (experiment.workload.rates_derivation or {}).get("rates")
 
 
+def _goodput_store(*, workload_pk: int, cell_id: str, mixture: str, entry: Mapping[str, Any]) -> None:
+    with transaction.atomic():
+        workload = Workload.objects.select_for_update().get(pk=workload_pk)
+        derivation = dict(workload.rates_derivation or {})
+        per_cell = dict(derivation.get("goodput_capacity") or {})
+        per_cell[cell_id] = {**dict(per_cell.get(cell_id) or {}), mixture: dict(entry)}
+        derivation["goodput_capacity"] = per_cell
+        workload.rates_derivation = derivation
+        workload.save(update_fields=["rates_derivation"])
+
+
 def cell_goodput_capacity(
     *, experiment_id: int, cell_id: str, mixture: str, execute: Executor
 ) -> dict[str, Any]:
     """Goodput capacity of any cell for one mixture: the same stepped search, against that cell.
 
     Costs one run per step on the host; stored beside the derivation under
-    ``goodput_capacity`` (cell -> mixture -> search) and never used to set rates.
+    ``goodput_capacity`` (cell -> mixture -> search, with ``status`` done or
+    failed) and never used to set rates. A crash is stored as ``failed`` with
+    its reason before it propagates, so the UI never shows a search queued forever.
     """
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     settings = calibration_settings(experiment)
@@ -455,21 +468,149 @@ def cell_goodput_capacity(
         settings = dict(CALIBRATION_DEFAULTS)
     cell = experiment.cells.get(cell_id=cell_id)
     first = Run.objects.filter(experiment=experiment, scenario=CALIBRATION).count()
-    search = capacity_search(
-        experiment=experiment,
-        cell=cell,
-        mixture=mixture,
-        settings=settings,
-        execute=execute,
-        first_step=first,
-    )
+    try:
+        search = capacity_search(
+            experiment=experiment,
+            cell=cell,
+            mixture=mixture,
+            settings=settings,
+            execute=execute,
+            first_step=first,
+        )
+    except Exception as exc:
+        _goodput_store(
+            workload_pk=experiment.workload.pk,
+            cell_id=cell_id,
+            mixture=mixture,
+            entry={"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500]},
+        )
+        raise
     search["kind"] = "goodput capacity: highest rate at which every class keeps its contract on this cell"
-    with transaction.atomic():
-        workload = Workload.objects.select_for_update().get(pk=experiment.workload.pk)
-        derivation = dict(workload.rates_derivation or {})
-        per_cell = dict(derivation.get("goodput_capacity") or {})
-        per_cell.setdefault(cell_id, {})[mixture] = search
-        derivation["goodput_capacity"] = per_cell
-        workload.rates_derivation = derivation
-        workload.save(update_fields=["rates_derivation"])
+    search["status"] = "done"
+    search["measured_at"] = timezone.now().isoformat()
+    _goodput_store(workload_pk=experiment.workload.pk, cell_id=cell_id, mixture=mixture, entry=search)
     return search
+
+
+class GoodputRequestError(ValueError):
+    """A goodput-capacity measurement cannot be queued (the message says why)."""
+
+
+def goodput_capacity_request(*, experiment: Experiment, cell_id: str, mixture: str, actor: Any = None) -> str:
+    """Queue a cell's goodput-capacity search on a live host; returns the host's name.
+
+    Refused (GoodputRequestError) for an unknown cell or mixture, while the
+    same search is queued, or with no live host. The search is marked
+    ``queued`` in the derivation at once, so the UI shows it is on its way.
+    """
+    from apps.runs.services import hosts_alive
+    from workers.tasks import cell_goodput_capacity as task
+
+    if not experiment.cells.filter(cell_id=cell_id).exists():
+        raise GoodputRequestError(f"cell: no cell {cell_id!r} in this experiment")
+    if mixture not in (experiment.workload.mixtures or {}):
+        raise GoodputRequestError(f"mixture: no mixture {mixture!r} in this experiment")
+    current = ((experiment.workload.rates_derivation or {}).get("goodput_capacity") or {}).get(cell_id, {})
+    if (current.get(mixture) or {}).get("status") == "queued":
+        raise GoodputRequestError(f"the goodput capacity of {cell_id} on {mixture} is being measured already")
+    hosts = hosts_alive(max_model_len=experiment.max_model_len)
+    if not hosts:
+        raise GoodputRequestError(
+            "no host is alive to run the search (start one with `make run` or `make worker`)"
+        )
+    host = hosts[0]
+    with transaction.atomic():
+        _goodput_store(
+            workload_pk=experiment.workload.pk,
+            cell_id=cell_id,
+            mixture=mixture,
+            entry={
+                "status": "queued",
+                "host": host.name,
+                "requested_at": timezone.now().isoformat(),
+                "requested_by": getattr(actor, "username", None),
+            },
+        )
+        audit_record(
+            action="experiment.goodput_capacity_requested",
+            actor=actor,
+            experiment=experiment,
+            detail={"cell": cell_id, "mixture": mixture, "host": host.name},
+        )
+        transaction.on_commit(
+            lambda: task.apply_async(
+                kwargs={"experiment_pk": experiment.pk, "cell_id": cell_id, "mixture": mixture},
+                queue=host.queue,
+            )
+        )
+    return host.name
+
+
+def offered_load(*, experiment: Experiment) -> dict[str, Any]:
+    """Where the sweep's rates came from, in the words the UI, the report and the manifest use.
+
+    ``source``: ``manual`` (typed in the spec) or ``probe`` (frozen from B0's
+    measured capacity); ``frozen``: whether they are final (a probe that has
+    not run yet leaves provisional values); then the probe's capacities,
+    binding mixture, fractions and runs, and any goodput capacity per cell
+    (labelled as measured per cell, never used as a rate).
+    """
+    workload = experiment.workload
+    d = workload.rates_derivation or {}
+    rates = dict(workload.rates or {})
+    out: dict[str, Any] = {"source": workload.rates_source, "values": rates}
+    if workload.rates_source == "probe" and d.get("rates"):
+        cap = d["capacities"][d["binding_mixture"]]
+        fractions = ", ".join(f"{name} {float(f):g}" for name, f in sorted(d["fractions"].items()))
+        steps = sum(len(p["steps"]) for p in d.get("probes", []))
+        out.update(
+            frozen=True,
+            said=f"frozen from B0's measured capacity: {fractions} of {cap:g} req/s "
+            f"(mixture {d['binding_mixture']}, the first to saturate; {steps} probe runs)",
+            capacities=d["capacities"],
+            bracketed=d.get("bracketed", {}),
+            binding_mixture=d["binding_mixture"],
+            fractions=d["fractions"],
+            frozen_at=d.get("frozen_at"),
+            probes=[
+                {
+                    "mixture": p["mixture"],
+                    "capacity_rps": p["capacity_rps"],
+                    "steps": [
+                        {
+                            k: st.get(k)
+                            for k in ("step", "run", "rate_rps", "status", "passed", "failed_because")
+                        }
+                        for st in p["steps"]
+                    ],
+                }
+                for p in d.get("probes", [])
+            ],
+        )
+    elif workload.rates_source == "probe":
+        out.update(
+            frozen=False,
+            said="provisional: the capacity probe on B0 freezes the rates when the experiment starts, "
+            "before any candidate runs",
+        )
+    else:
+        out.update(
+            frozen=True,
+            said="typed by hand in the spec (workload.rates), frozen when the experiment was created",
+        )
+    goodput = d.get("goodput_capacity") or {}
+    if goodput:
+        out["goodput_capacity"] = {
+            cell: {
+                mixture: {
+                    "status": s.get("status", "done"),
+                    "capacity_rps": s.get("capacity_rps"),
+                    "bracketed": s.get("bracketed"),
+                    "steps": len(s.get("steps") or []),
+                    "reason": s.get("reason"),
+                }
+                for mixture, s in sorted(per.items())
+            }
+            for cell, per in sorted(goodput.items())
+        }
+    return out

@@ -29,6 +29,9 @@ def test_it_downloads_the_same_manifest_as_yaml_and_json(
     assert doc["sha256"] == stored.sha256 == as_json["X-Manifest-Sha256"]
     assert mf.verify(doc)
     assert doc["evidence"]["experiment"]["id"] == analysed_experiment.pk
+    load = doc["evidence"]["offered_load"]
+    assert load["source"] == "manual" and load["frozen"] and "typed by hand" in load["said"]
+    assert load["values"] == analysed_experiment.workload.rates
 
 
 @pytest.mark.django_db

@@ -1,0 +1,109 @@
+"""The experiment page says where the sweep's rates came from, and queues goodput-capacity searches."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from apps.experiments.models import Workload
+from apps.runs.calibration import cell_goodput_capacity, offered_load
+from apps.runs.models import Host
+
+
+def _probed(experiment) -> None:  # type: ignore[no-untyped-def]
+    steps = [
+        {"step": 0, "run": "00000000-0000-0000-0000-000000000001", "rate_rps": 1.0, "status": "done",
+         "passed": True, "failed_because": []},
+        {"step": 1, "run": "00000000-0000-0000-0000-000000000002", "rate_rps": 2.0, "status": "done",
+         "passed": False, "failed_because": ["long: contract broken (ttft_p99)"]},
+    ]  # fmt: skip
+    Workload.objects.filter(pk=experiment.workload.pk).update(
+        rates={"low": 0.45, "near_capacity": 1.35},
+        rates_source="probe",
+        rates_derivation={
+            "capacities": {"80-20": 1.5},
+            "bracketed": {"80-20": True},
+            "binding_mixture": "80-20",
+            "fractions": {"low": 0.3, "near_capacity": 0.9},
+            "rates": {"low": 0.45, "near_capacity": 1.35},
+            "probes": [{"mixture": "80-20", "capacity_rps": 1.5, "steps": steps}],
+            "frozen_at": timezone.now().isoformat(),
+        },
+    )
+    experiment.workload.refresh_from_db()
+
+
+@pytest.mark.django_db
+def test_it_says_typed_rates_are_typed_by_hand(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(viewer)
+    html = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert "typed by hand" in html and 'id="rates-table"' in html
+    assert 'id="goodput-form"' not in html  # a viewer spends no engine time
+
+
+@pytest.mark.django_db
+def test_it_shows_the_probe_that_froze_the_rates(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    _probed(experiment)
+    client.force_login(viewer)
+    html = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert "from B0's capacity probe" in html and "Frozen from B0&#x27;s measured capacity" in html
+    assert "low 0.3, near_capacity 0.9 of 1.5 req/s (mixture 80-20" in html
+    assert "long: contract broken (ttft_p99)" in html
+    load = offered_load(experiment=experiment)
+    assert load["frozen"] and [s["passed"] for s in load["probes"][0]["steps"]] == [True, False]
+
+
+@pytest.mark.django_db
+def test_it_marks_probe_rates_provisional_until_the_probe_ran(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    Workload.objects.filter(pk=experiment.workload.pk).update(rates_source="probe")
+    client.force_login(viewer)
+    html = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert "Provisional: the capacity probe on B0 freezes the rates" in html and "provisional</small>" in html
+
+
+@pytest.mark.django_db
+def test_it_queues_a_goodput_search_on_a_live_host_once(
+    client, author, viewer, experiment, monkeypatch, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    sent = []
+    monkeypatch.setattr(
+        "workers.tasks.cell_goodput_capacity.apply_async", lambda kwargs, queue: sent.append((kwargs, queue))
+    )
+    url = f"/experiments/{experiment.pk}/goodput/"
+    client.force_login(viewer)
+    assert client.post(url, {"cell": "C1", "mixture": "80-20"}).status_code == 403
+    client.force_login(author)
+    page = client.post(url, {"cell": "C1", "mixture": "80-20"}, follow=True).content.decode()
+    assert "no host is alive" in page and not sent
+    Host.objects.create(name="cpu-a", queue="host.cpu-a", last_heartbeat=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        page = client.post(url, {"cell": "C1", "mixture": "80-20"}, follow=True).content.decode()
+    assert "queued on cpu-a" in page and 'class="badge status-queued"' in page
+    assert sent == [({"experiment_pk": experiment.pk, "cell_id": "C1", "mixture": "80-20"}, "host.cpu-a")]
+    again = client.post(url, {"cell": "C1", "mixture": "80-20"}, follow=True).content.decode()
+    assert "being measured already" in again and len(sent) == 1
+    wrong = client.post(url, {"cell": "C9", "mixture": "80-20"}, follow=True).content.decode()
+    assert "cell: no cell &#x27;C9&#x27;" in wrong
+
+
+@pytest.mark.django_db
+def test_it_keeps_a_crashed_goodput_search_as_failed_with_its_reason(experiment) -> None:  # type: ignore[no-untyped-def]
+    def crash(*, run_pk: int) -> str:
+        raise RuntimeError("engine exploded")
+
+    with pytest.raises(RuntimeError):
+        cell_goodput_capacity(experiment_id=experiment.pk, cell_id="C1", mixture="80-20", execute=crash)
+    experiment.workload.refresh_from_db()
+    entry = offered_load(experiment=experiment)["goodput_capacity"]["C1"]["80-20"]
+    assert entry["status"] == "failed" and "engine exploded" in entry["reason"]
+
+
+@pytest.mark.django_db
+def test_it_puts_the_probe_runs_in_the_manifest_by_id(experiment) -> None:  # type: ignore[no-untyped-def]
+    from apps.approvals.services import _offered_load
+
+    _probed(experiment)
+    load = _offered_load(experiment)
+    assert load["source"] == "probe" and load["capacities"] == {"80-20": 1.5}
+    assert "probes" not in load
+    assert [s["rate_rps"] for s in load["probe_runs"]["80-20"]] == [1.0, 2.0]
