@@ -64,18 +64,22 @@ def decode_step_ms(records: Iterable[Mapping[str, Any]], *, min_output_tokens: i
     """The decode pace of a run: median over completed streams of (last - first token) / (tokens - 1), in ms.
 
     What one stream waits per output token once it is decoding (the
-    scheduler's step time as a client sees it). Coalesced chunks do not bias
-    it: only the first and the last token times count. None when no completed
-    stream had ``min_output_tokens`` tokens.
+    scheduler's step time as a client sees it). Only streams delivered token
+    by token count (at least half as many chunks as tokens, when the record
+    has ``chunks``): a stream whose tokens arrived in a few lumps (an API
+    server or a client that fell behind) says nothing about the step time.
+    None when no completed stream qualifies.
     """
-    per = [
-        (float(r["last_token_ns"]) - float(r["first_token_ns"])) / (int(r["output_tokens"]) - 1) / NS_PER_MS
-        for r in records
-        if outcome(r) == "completed"
-        and r.get("first_token_ns") is not None
-        and r.get("last_token_ns") is not None
-        and int(r.get("output_tokens") or 0) >= max(2, min_output_tokens)
-    ]
+    per = []
+    for r in records:
+        tokens = int(r.get("output_tokens") or 0)
+        first, last = r.get("first_token_ns"), r.get("last_token_ns")
+        if outcome(r) != "completed" or first is None or last is None or tokens < max(2, min_output_tokens):
+            continue
+        chunks = r.get("chunks")
+        if (chunks is not None and int(chunks) < tokens // 2) or float(last) <= float(first):
+            continue
+        per.append((float(last) - float(first)) / (tokens - 1) / NS_PER_MS)
     return round(float(np.median(per)), 6) if per else None
 
 

@@ -141,6 +141,9 @@ class Workload(models.Model):
     experiment = models.OneToOneField(Experiment, on_delete=models.CASCADE, related_name="workload")
     mixtures = models.JSONField(default=dict)  # name -> {class: weight by request count}
     rates = models.JSONField(default=dict)  # name -> req/s
+    # mixture -> {rate name: req/s}: a mixture's own rates (typed, or frozen from its
+    # probed capacity); a mixture not listed uses ``rates``.
+    mixture_rates = models.JSONField(default=dict, blank=True)
     rates_source = models.CharField(max_length=16, default="manual")  # manual | probe
     rates_derivation = models.JSONField(default=dict, blank=True)
     arrival_process = models.CharField(max_length=16, choices=Arrival.choices, default=Arrival.POISSON)
@@ -155,3 +158,8 @@ class Workload(models.Model):
 
     def __str__(self) -> str:
         return f"workload of {self.experiment_id}"
+
+    def rate_for(self, mixture: str, rate_name: str) -> float:
+        """The req/s of one (mixture, rate): the mixture's own when it has one, else the shared one."""
+        own = (self.mixture_rates or {}).get(mixture) or {}
+        return float(own[rate_name] if rate_name in own else self.rates[rate_name])

@@ -60,6 +60,7 @@ TOP_KEYS = {
 WORKLOAD_KEYS = {
     "mixtures",
     "rates",
+    "mixture_rates",
     "rates_source",
     "arrival",
     "repeats",
@@ -402,6 +403,7 @@ def validate_spec(raw: Any) -> dict[str, Any]:
     if "rates" in workload and not rates_raw and isinstance(workload.get("rates"), Mapping):
         c.fail("workload.rates", "must name at least one rate")
     rates = {name: c.number(rates_raw, name, "workload.rates", positive=True) for name in rates_raw}
+    mixture_rates = _check_mixture_rates(c, workload.get("mixture_rates"), mixtures, rates, probing)
     arrival = c.mapping(workload.get("arrival"), "workload.arrival", required=False) or {"process": "poisson"}
     c.unknown(arrival, {"process", "cv", "trace_sha256"}, "workload.arrival")
     process = arrival.get("process", "poisson")
@@ -439,6 +441,7 @@ def validate_spec(raw: Any) -> dict[str, Any]:
     spec["workload"] = {
         "mixtures": mixtures,
         "rates": rates,
+        **({"mixture_rates": mixture_rates} if mixture_rates else {}),
         "rates_source": rates_source,
         "arrival": {
             "process": process,
@@ -496,7 +499,40 @@ CALIBRATION_DEFAULTS: dict[str, Any] = {
     "min_accepted_share": 0.99,
     "fractions": {"low": 0.3, "near_capacity": 0.9},
     "mixtures": None,
+    # mixture: each mixture's rates are fractions of its own capacity;
+    # experiment: one set of rates, fractions of the smallest capacity.
+    "rates_per": "mixture",
 }
+RATES_PER = ("mixture", "experiment")
+
+
+def _check_mixture_rates(
+    c: _Checker, raw: Any, mixtures: Mapping[str, Any], rates: Mapping[str, Any], probing: bool
+) -> dict[str, dict[str, float]]:
+    """Per-mixture rates: mixture -> {rate name: req/s}; each name must be a mixture and a rate."""
+    if raw is None:
+        return {}
+    data = c.mapping(raw, "workload.mixture_rates")
+    out: dict[str, dict[str, float]] = {}
+    for mix_name, per_raw in data.items():
+        path = f"workload.mixture_rates.{mix_name}"
+        if mix_name not in mixtures:
+            c.fail(path, f"names unknown mixture {mix_name!r} (known: {', '.join(sorted(mixtures))})")
+            continue
+        per = c.mapping(per_raw, path)
+        clean: dict[str, float] = {}
+        for rate_name in per:
+            if rate_name not in rates and not probing:
+                c.fail(
+                    f"{path}.{rate_name}",
+                    f"names unknown rate {rate_name!r} (known: {', '.join(sorted(rates))})",
+                )
+                continue
+            value = c.number(per, rate_name, path, positive=True)
+            if value is not None:
+                clean[rate_name] = value
+        out[mix_name] = clean
+    return out
 
 
 def _check_calibration(c: _Checker, raw: Any) -> dict[str, Any]:
@@ -556,6 +592,10 @@ def _check_calibration(c: _Checker, raw: Any) -> dict[str, Any]:
         c.fail(f"{path}.mixtures", "must be a non-empty list of mixture names")
         mixtures = None
     out["mixtures"] = list(mixtures) if mixtures is not None else None
+    rates_per = data.get("rates_per", d["rates_per"])
+    if rates_per not in RATES_PER:
+        c.fail(f"{path}.rates_per", f"must be one of {', '.join(RATES_PER)}, got {rates_per!r}")
+    out["rates_per"] = rates_per
     return out
 
 

@@ -16,13 +16,17 @@ Steps of :func:`experiment_calibrate`:
    keeps its contract with accepted / offered >= ``min_accepted_share``
    (default 99 %), judged by apps/analysis/metrics.py on the run's records.
 3. The capacity of a mixture is the highest passing rate below the lowest
-   failing one. The sweep's rates are the configured fractions (default
-   ``low`` 0.3, ``near_capacity`` 0.9) of the smallest capacity over the
-   probed mixtures: one set of rates serves every mixture, so the mixture
-   that saturates first binds.
-4. Workload.rates, rates_source="probe" and rates_derivation (every probe
-   run, its result, the capacities and the chosen values) are written in one
-   transaction together with every planned sweep run's rate_rps.
+   failing one. Each mixture's rates are the configured fractions (default
+   ``low`` 0.3, ``near_capacity`` 0.9) of its own capacity
+   (``Workload.mixture_rates``), so "near capacity" is near *that*
+   mixture's capacity. ``calibration.rates_per: experiment`` instead takes
+   one set of rates, fractions of the smallest capacity (the mixture that
+   saturates first binds). ``Workload.rates`` always holds the binding
+   mixture's, used by any mixture the probe skipped.
+4. Workload.rates, mixture_rates, rates_source="probe" and rates_derivation
+   (every probe run, its result, the capacities and the chosen values) are
+   written in one transaction together with every planned sweep run's
+   rate_rps.
 
 The search itself (:func:`next_rate`, :func:`capacity_of`,
 :func:`probe_passed`) is pure, and tested without an engine.
@@ -44,42 +48,18 @@ from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, ServerConfig, Workload
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
-from apps.runs.scenarios import CALIBRATION
+from apps.runs.scenarios import CALIBRATION, UNIFORM
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.services import tokenizer_dir, trace_store
-from workers.replay.records import RequestRecord
+from workers.replay.records import SCALAR_RECORD_FIELDS, RequestRecord
 
 log = logging.getLogger(__name__)
 
 Executor = Callable[..., str]
 # Record fields a RequestRecord is rebuilt from (the histograms are not needed to judge a contract
 # on TTFT, end-to-end latency, max stall and errors).
-_FIELDS = (
-    "index",
-    "request_class",
-    "warmup",
-    "priority",
-    "input_tokens",
-    "expected_output_tokens",
-    "planned_ns",
-    "sent",
-    "sent_ns",
-    "admission_delay_ns",
-    "first_token_ns",
-    "last_token_ns",
-    "end_ns",
-    "output_tokens",
-    "prompt_tokens",
-    "chunks",
-    "max_gap_ns",
-    "http_status",
-    "error_kind",
-    "error",
-    "finish_reason",
-    "cancelled",
-    "unfinished",
-)
+_FIELDS = SCALAR_RECORD_FIELDS
 
 
 class CalibrationError(RuntimeError):
@@ -396,6 +376,15 @@ def experiment_calibrate(*, experiment_id: int, execute: Executor, actor: Any = 
         )
     binding = min(searches, key=lambda s: (s["capacity_rps"], s["mixture"]))
     rates = frozen_rates(capacity_rps=float(binding["capacity_rps"]), fractions=settings["fractions"])
+    rates_per = settings.get("rates_per") or "mixture"
+    mixture_rates = (
+        {
+            s["mixture"]: frozen_rates(capacity_rps=float(s["capacity_rps"]), fractions=settings["fractions"])
+            for s in searches
+        }
+        if rates_per == "mixture"
+        else {}
+    )
     derivation = {
         "method": "stepped probe on B0: doubling, then bisection",
         "baseline": baseline.cell_id,
@@ -404,21 +393,25 @@ def experiment_calibrate(*, experiment_id: int, execute: Executor, actor: Any = 
         "bracketed": {s["mixture"]: s["bracketed"] for s in searches},
         "binding_mixture": binding["mixture"],
         "fractions": settings["fractions"],
+        "rates_per": rates_per,
         "rates": rates,
+        "mixture_rates": mixture_rates,
         "probes": searches,
         "frozen_at": timezone.now().isoformat(),
     }
     with transaction.atomic():
         Workload.objects.filter(pk=workload.pk).update(
-            rates=rates, rates_source="probe", rates_derivation=derivation
+            rates=rates, mixture_rates=mixture_rates, rates_source="probe", rates_derivation=derivation
         )
-        for name, value in rates.items():
-            experiment.runs.filter(scenario="", rate_name=name).update(rate_rps=value)
+        workload.rates, workload.mixture_rates = rates, mixture_rates
+        swept = experiment.runs.filter(scenario__in=["", UNIFORM])
+        for mixture, name in set(swept.values_list("mixture", "rate_name")):
+            swept.filter(mixture=mixture, rate_name=name).update(rate_rps=workload.rate_for(mixture, name))
         audit_record(
             action="experiment.calibrated",
             actor=actor,
             experiment=experiment,
-            detail={"rates": rates, "capacities": derivation["capacities"]},
+            detail={"rates": rates, "mixture_rates": mixture_rates, "capacities": derivation["capacities"]},
         )
     return derivation
 
@@ -558,15 +551,32 @@ def offered_load(*, experiment: Experiment) -> dict[str, Any]:
     workload = experiment.workload
     d = workload.rates_derivation or {}
     rates = dict(workload.rates or {})
-    out: dict[str, Any] = {"source": workload.rates_source, "values": rates}
+    out: dict[str, Any] = {
+        "source": workload.rates_source,
+        "values": rates,
+        "per_mixture": {
+            m: {name: workload.rate_for(m, name) for name in sorted(rates)} for m in sorted(workload.mixtures)
+        },
+        "mixture_specific": bool(workload.mixture_rates),
+    }
     if workload.rates_source == "probe" and d.get("rates"):
         cap = d["capacities"][d["binding_mixture"]]
         fractions = ", ".join(f"{name} {float(f):g}" for name, f in sorted(d["fractions"].items()))
         steps = sum(len(p["steps"]) for p in d.get("probes", []))
+        if d.get("mixture_rates"):
+            caps = ", ".join(f"{m} {float(c):g}" for m, c in sorted(d["capacities"].items()))
+            said = (
+                f"frozen per mixture from B0's measured capacity: {fractions} of each mixture's own "
+                f"capacity ({caps} req/s; {steps} probe runs)"
+            )
+        else:
+            said = (
+                f"frozen from B0's measured capacity: {fractions} of {cap:g} req/s "
+                f"(mixture {d['binding_mixture']}, the first to saturate; {steps} probe runs)"
+            )
         out.update(
             frozen=True,
-            said=f"frozen from B0's measured capacity: {fractions} of {cap:g} req/s "
-            f"(mixture {d['binding_mixture']}, the first to saturate; {steps} probe runs)",
+            said=said,
             capacities=d["capacities"],
             bracketed=d.get("bracketed", {}),
             binding_mixture=d["binding_mixture"],

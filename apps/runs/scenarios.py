@@ -30,32 +30,14 @@ from apps.workloads.scenarios import (
     scenario_windows,
 )
 from apps.workloads.services import tokenizer_dir, trace_store
+from workers.replay.records import SCALAR_RECORD_FIELDS
 
 # Run.scenario of the capacity probe's runs (apps/runs/calibration.py) and of the
 # uniform companions: not failure scenarios.
 CALIBRATION = CALIBRATION_SCENARIO
 UNIFORM = UNIFORM_SCENARIO
 SCENARIO_RATE_NAME = "scenario"
-_RECORD_FIELDS = (
-    "index",
-    "request_class",
-    "priority",
-    "input_tokens",
-    "expected_output_tokens",
-    "planned_ns",
-    "sent",
-    "sent_ns",
-    "first_token_ns",
-    "last_token_ns",
-    "end_ns",
-    "output_tokens",
-    "max_gap_ns",
-    "http_status",
-    "error_kind",
-    "error",
-    "cancelled",
-    "unfinished",
-)
+_RECORD_FIELDS = SCALAR_RECORD_FIELDS
 
 
 def _policy(cell: ServerConfig) -> str:

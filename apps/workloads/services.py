@@ -239,7 +239,7 @@ def workload_traces_freeze(
             mixture_name=mixture,
             mixture=workload.mixtures[mixture],
             rate_name=rate_name,
-            rate_rps=float(workload.rates[rate_name]),
+            rate_rps=workload.rate_for(mixture, rate_name),
             arrival_process=workload.arrival_process,
             arrival_cv=workload.arrival_cv,
             seed=workload.seed,

@@ -203,6 +203,8 @@ def test_it_measures_the_decode_pace_from_completed_streams_only() -> None:
         rec(2, 0, first_ms=100, end_ms=100 + 9 * 5, output_tokens=10),  # 5 ms
         rec(3, 0, first_ms=100, end_ms=100 + 9 * 99, output_tokens=10, unfinished=True),
         rec(4, 0, first_ms=100, end_ms=101, output_tokens=2),  # too short to tell
+        rec(5, 0, first_ms=100, end_ms=100.5, output_tokens=10, chunks=2),  # delivered in two lumps
+        rec(6, 0, first_ms=100, end_ms=100, output_tokens=10),  # all at once
     ]
     assert decode_step_ms(streams) == 5.0
     assert decode_step_ms(streams[3:]) is None

@@ -187,13 +187,13 @@ def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> Non
     verdicts: dict[str, dict[str, Any]] = {}
     with _server(tmp_path, "fcfs", "fcfs") as server:
         server.start()
-        server.warm_up(n=2)
+        server.warm_up(n=4)
         pace = _pace(server, tok)
         for name, params in [*SCENARIOS, (PRIORITY_CHECK, PRIORITY_PARAMS)]:
             verdicts[name] = _judge(server, name, params, "fcfs", tok, pace)
     with _server(tmp_path, "priority", "priority") as server:
         server.start()
-        server.warm_up(n=2)
+        server.warm_up(n=4)
         priority = _judge(server, PRIORITY_CHECK, PRIORITY_PARAMS, "priority", tok, _pace(server, tok))
 
     # Every verdict is looked at before failing, so one slow run shows every problem.

@@ -139,13 +139,17 @@ def test_it_freezes_one_trace_per_scenario_shared_by_every_cell(model_dir: Path)
     assert all(r.trace_sha256 and r.trace.meta["kind"] == "generated" for r in sweep)
 
 
-def _fake_execute(capacity_rps: float):  # type: ignore[no-untyped-def]
-    """Stands in for the pipeline: every request answered, fast up to ``capacity_rps``, slow above it."""
+def _fake_execute(capacity_rps: float | dict[str, float]):  # type: ignore[no-untyped-def]
+    """Stands in for the pipeline: every request answered, fast up to ``capacity_rps``, slow above it.
+
+    ``capacity_rps`` may be a mapping mixture -> capacity.
+    """
     executed: list[int] = []
 
     def execute(*, run_pk: int) -> str:
         run = Run.objects.get(pk=run_pk)
-        ttft_ms = 50.0 if run.rate_rps <= capacity_rps else 5000.0
+        cap = capacity_rps[run.mixture] if isinstance(capacity_rps, dict) else capacity_rps
+        ttft_ms = 50.0 if run.rate_rps <= cap else 5000.0
         trace = trace_load(sha256=run.trace_sha256)
         records = []
         for r in trace.requests:
@@ -158,7 +162,7 @@ def _fake_execute(capacity_rps: float):  # type: ignore[no-untyped-def]
                     run_id=str(run.run_id), index=r.index, request_class=r.klass, warmup=r.warmup,
                     input_tokens=r.input_tokens, expected_output_tokens=r.output_tokens, planned_ns=planned,
                     sent_ns=planned, first_token_ns=first, last_token_ns=last, end_ns=last,
-                    output_tokens=r.output_tokens, max_gap_ns=5 * MS, http_status=200,
+                    output_tokens=r.output_tokens, chunks=r.output_tokens, max_gap_ns=5 * MS, http_status=200,
                 )
             )  # fmt: skip
         records_ingest(run_pk=run.pk, records=records)
@@ -170,11 +174,14 @@ def _fake_execute(capacity_rps: float):  # type: ignore[no-untyped-def]
     return execute
 
 
-def _calibrated_experiment(model_dir: Path, **extra: Any) -> Experiment:
+def _calibrated_experiment(
+    model_dir: Path, *, calibration: dict[str, Any] | None = None, **extra: Any
+) -> Experiment:
     spec = spec_with(model_dir, **extra)
     spec["workload"] = {**spec["workload"], "rates": {}}
     del spec["workload"]["rates"]
     spec["calibration"] = {
+        **(calibration or {}),
         "start_rps": 1.0,
         "tolerance": 0.1,
         "warmup_s": 1,

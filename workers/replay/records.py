@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Relative width of one histogram bucket: a quantile read back from the
@@ -152,3 +152,10 @@ def merge_histograms(hists: Iterable[GapHistogram]) -> GapHistogram:
     for h in hists:
         out.merge(h)
     return out
+
+
+# Every per-request value of a record except its run and its gap histograms: what
+# a RequestRecord is rebuilt from, and what the scenario and probe checks read.
+SCALAR_RECORD_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(RequestRecord) if f.name not in ("run_id", "chunk_gaps", "token_gaps")
+)
