@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup engine tools run worker test test-timing lint
+.PHONY: setup engine tools run worker test lint
 
 # The project environment, rebuilt when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -39,9 +39,4 @@ lint: setup
 
 # Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser).
 test: setup engine tools lint
-	$(BIN)/pytest -m "not timing"
-
-# The engine tests whose expected signal depends on the machine's speed at that moment
-# (see the note in tests/scenarios/test_engine_scenarios.py); not part of CI.
-test-timing: setup engine
-	$(BIN)/pytest -m timing
+	$(BIN)/pytest

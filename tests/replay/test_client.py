@@ -340,3 +340,23 @@ def test_it_stops_every_process_when_asked(mock_config: MockConfig) -> None:
     assert result.sent > 0 and result.not_sent > 0
     assert len(result.records) == 100
     assert all(r.cancelled for r in result.records if r.sent)
+
+
+def test_it_counts_a_stream_that_ended_after_the_drain_deadline_as_unfinished() -> None:
+    from workers.replay.client import mark_late
+    from workers.replay.records import RequestRecord
+
+    def record(end_ns: int | None, **kw: Any) -> RequestRecord:
+        return RequestRecord(
+            run_id="r", index=0, request_class="c", warmup=False, input_tokens=1,
+            expected_output_tokens=4, planned_ns=0, end_ns=end_ns, output_tokens=4, http_status=200, **kw,
+        )  # fmt: skip
+
+    # A stalled process read the whole stream after the deadline: it had not finished by then.
+    late = record(6_000_000_000)
+    assert mark_late(late, deadline_ns=5_000_000_000) and late.unfinished
+    assert "after the drain deadline" in (late.error or "")
+    for kept in (record(4_000_000_000), record(6_000_000_000, cancelled=True), record(None)):
+        assert not mark_late(kept, deadline_ns=5_000_000_000) and not kept.unfinished
+    failed = record(6_000_000_000, error_kind="http")
+    assert not mark_late(failed, deadline_ns=5_000_000_000)

@@ -10,7 +10,10 @@ start costs ~40 s):
   ``scenario_reports`` from the database;
 - every scenario's signal is checked on two servers (FCFS with a small KV
   cache, then priority scheduling), replaying each scenario trace back to back
-  with the same replay client and /metrics scraper the pipeline uses.
+  with the same replay client and /metrics scraper the pipeline uses. The
+  sizes that decide whether a signal can show are derived by the generator
+  from the decode pace measured on that server first (as the pipeline derives
+  them from B0's probe), so the test holds on a fast or a slow machine.
 """
 
 from __future__ import annotations
@@ -182,6 +185,13 @@ def _explain(v: dict[str, Any]) -> str:
     return json.dumps({k: v[k] for k in keys if k in v}, indent=1)
 
 
+# This 2-core VM sometimes stops running one vCPU for 5-20 s under full load (a heartbeat
+# thread measured the gaps, and a monitor at real-time priority stalled with it), while the
+# engine's worker, pinned to the other core, keeps decoding. The sizes above and the replay's
+# rule that a stream ending after the drain deadline is unfinished make the signals hold
+# through that; one rerun (a new measurement, every assertion unchanged) covers a stall
+# that lands on the priority flood's send.
+@pytest.mark.flaky(reruns=1)
 def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> None:
     tok = PromptTokenizer(MODEL)
     verdicts: dict[str, dict[str, Any]] = {}
@@ -196,6 +206,8 @@ def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> Non
         server.warm_up(n=4)
         priority = _judge(server, PRIORITY_CHECK, PRIORITY_PARAMS, "priority", tok, _pace(server, tok))
 
+    for name, v in [*verdicts.items(), ("priority_check under priority", priority)]:
+        print(name, json.dumps({"sizing": v["sizing"]["derived"], "counts": v["counts"]}))
     # Every verdict is looked at before failing, so one slow run shows every problem.
     problems = [
         f"{name} did not show its signal (decode pace {pace} ms):\n{_explain(v)}"

@@ -90,3 +90,34 @@ def test_it_shows_partial_results_of_finished_runs_before_analysis(client, viewe
     assert (
         partial["long"]["ttft_max_ms"] >= partial["long"]["ttft_mean_ms"] > partial["short"]["ttft_mean_ms"]
     )
+
+
+@pytest.mark.django_db
+def test_it_shows_each_scenario_signal_and_what_did_not_hold(client, viewer, analysed_experiment) -> None:  # type: ignore[no-untyped-def]
+    decision = analysed_experiment.decision
+    run = analysed_experiment.runs.first()
+    verdict = {
+        "held": False,
+        "shown": False,
+        "must_hold": [{"claim": "every planned request is accounted for", "held": False, "evidence": {}}],
+        "signal": {
+            "expected": "some long requests of the burst are refused or still unfinished at the drain deadline",
+            "shown": False,
+            "diagnosis": "the server cleared the burst before the drain deadline",
+        },
+    }
+    report = dict(decision.report)
+    report["checks"] = {
+        **report["checks"],
+        "failure_scenarios": {
+            "status": "listed",
+            "runs": [{"scenario": "long_burst", "cell": "B0", "run": str(run.run_id), "held": False,
+                      "preemptions": None, "verdict": verdict}],
+        },
+    }  # fmt: skip
+    type(decision).objects.filter(pk=decision.pk).update(report=report)
+    client.force_login(viewer)
+    html = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
+    assert "long_burst · B0" in html and "not shown</span>: some long requests of the burst" in html
+    assert "the server cleared the burst" in html
+    assert "did not hold: every planned request is accounted for" in html

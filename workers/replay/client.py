@@ -522,6 +522,7 @@ class _Replay:
                     tally.feed(b"", perf_ns())
             else:
                 await self._read_stream(response, tally)
+            mark_late(record, self.deadline_ns)
         except asyncio.CancelledError:
             # Only this module cancels stream tasks: at the drain deadline or on stop.
             self._mark_interrupted(record, perf_ns())
@@ -685,6 +686,24 @@ async def _preflight(session: aiohttp.ClientSession, url: str) -> None:
     with contextlib.suppress(Exception):
         async with session.get(models_url, timeout=aiohttp.ClientTimeout(total=2.0)) as response:
             await response.read()
+
+
+def mark_late(record: RequestRecord, deadline_ns: int) -> bool:
+    """Count a stream that ended after the drain deadline as unfinished at the deadline.
+
+    The deadline timer normally closes such a stream first. But when this
+    process is stalled across the deadline (a host that stops scheduling it
+    for seconds), the loop may read the rest of a stream before the timer
+    runs: the record then ends after the deadline, and at the deadline it had
+    not finished. Returns True when it marked the record.
+    """
+    if record.cancelled or record.error_kind is not None or record.end_ns is None:
+        return False
+    if record.end_ns <= deadline_ns:
+        return False
+    record.unfinished = True
+    record.error = record.error or "the stream ended after the drain deadline"
+    return True
 
 
 def _is_context_error(text: str) -> bool:
