@@ -35,6 +35,7 @@ worker: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/python manage.py makemigrations --check --dry-run
 
 # Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser).

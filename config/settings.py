@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -103,7 +104,7 @@ def _sqlite(name: str | Path) -> dict:
     }
 
 
-def _database() -> dict:
+def _database() -> dict[str, Any]:
     url = envstr("DATABASE_URL")
     if not url:
         return _sqlite(DATA_DIR / "tailtune.sqlite3")
@@ -112,7 +113,7 @@ def _database() -> dict:
         return _sqlite(url.removeprefix("sqlite:///"))
     if not url.startswith(("postgres://", "postgresql://")):
         raise ImproperEnv(f"DATABASE_URL={url!r}: only postgres:// (or sqlite:///) URLs are supported")
-    db = dj_database_url.parse(url, conn_max_age=envint("DB_CONN_MAX_AGE", 60))
+    db: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=envint("DB_CONN_MAX_AGE", 60)))
     db["CONN_HEALTH_CHECKS"] = True
     return db
 
@@ -150,7 +151,7 @@ if _broker:
         raise ImproperEnv(f"CELERY_BROKER_URL={_broker!r}: expected a redis:// URL")
     CELERY_BROKER_URL = _broker
     CELERY_RESULT_BACKEND = envstr("CELERY_RESULT_BACKEND", _broker if _broker.startswith("redis") else "")
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": _VISIBILITY_TIMEOUT}
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {"visibility_timeout": _VISIBILITY_TIMEOUT}
 else:
     _queue_dir = DATA_DIR / "broker"
     _results_dir = DATA_DIR / "results"

@@ -9,5 +9,5 @@ from apps.analysis.models import Decision
 class DecisionAdmin(admin.ModelAdmin):
     list_display = ("experiment", "outcome", "chosen_cell", "updated_at")
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request, obj=None):
         return False  # recomputed from the records, never edited by hand

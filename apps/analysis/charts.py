@@ -267,12 +267,12 @@ def goodput_heatmaps(
         k = (r["cell"], r["mixture"], r["rate"])
         ok = r["status"] == "done" and all(m["contract"]["met"] for m in r["classes"].values())
         verdict[k] = verdict.get(k, True) and ok
-    x = [combo_label(m, r) for m, r in combos]
+    x = [combo_label(m, rate) for m, rate in combos]
     z_good, z_acc, t_good, t_acc, custom = [], [], [], [], []
     for cell in cells:
         row_g, row_a, txt_g, txt_a, row_c = [], [], [], [], []
-        for m, r in combos:
-            k = (cell, m, r)
+        for m, rate in combos:
+            k = (cell, m, rate)
             mark = {True: "✓", False: "✗"}.get(verdict[k], "—") if k in verdict else "—"
             g = good.get(k)
             share = (100.0 * accepted[k] / offered[k]) if offered.get(k) else None

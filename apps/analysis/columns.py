@@ -11,7 +11,7 @@ passes those instead, see :func:`apps.analysis.metrics.cohort_histograms`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +102,7 @@ class RecordTable:
         run: Sequence[int] | np.ndarray,
         class_names: Sequence[str],
         request_class: Sequence[int] | np.ndarray,
-        columns: dict[str, Sequence[Any]],
+        columns: Mapping[str, Sequence[Any] | np.ndarray],
         error_kind: Sequence[str | None] | np.ndarray,
         token_gaps: FlatHistograms | None = None,
         chunk_gaps: FlatHistograms | None = None,

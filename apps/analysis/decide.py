@@ -112,8 +112,8 @@ def validity_check(
     # A field no run recorded cannot tell cells apart: a warning, not an invalid cell.
     unrecorded = [f for f in identity if chosen and not any(r.get(f) for r in chosen.values())]
 
-    for (cell, *combo_l), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):
-        combo = (combo_l[0], combo_l[1], combo_l[2])
+    for (cell, mix, rate, repeat), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):
+        combo = (mix, rate, repeat)
         base = chosen.get((baseline, *combo))
         for field in ("trace_sha256", "corpus_sha256"):
             if not run.get(field):
@@ -519,7 +519,7 @@ def findings(
                         )
                     )
         largest.sort(key=lambda x: (-x[0], order.get(x[1], 1 << 30), x[2], x[3], x[4], x[5]))
-        out_ev = [{"comparisons": len(comparisons), "material_better": 0}]
+        out_ev: list[dict[str, Any]] = [{"comparisons": len(comparisons), "material_better": 0}]
         for ratio, cell, mix, rate, cls, m, v in largest[:5]:
             out_ev.append(
                 {

@@ -456,7 +456,7 @@ def _priority_flood(
             )
             unsized = _unsized(meta, "backlog_output_tokens")
             if unsized:
-                signal["diagnosis"] += "; " + unsized
+                signal["diagnosis"] = f"{signal['diagnosis']}; {unsized}"
         elif not shown:
             signal["diagnosis"] = (
                 "priority has no effect on the order: the priority field is being dropped somewhere "

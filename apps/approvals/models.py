@@ -39,14 +39,14 @@ class RollbackManifest(models.Model):
     def __str__(self) -> str:
         return f"manifest {self.sha256[:12]}"
 
-    def save(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def save(self, *args, **kwargs):
         if self.pk is not None:
             raise ValidationError(
                 "an approved rollback manifest is immutable; start a new experiment instead"
             )
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def delete(self, *args, **kwargs):
         raise ValidationError("an approved rollback manifest is immutable")
 
 

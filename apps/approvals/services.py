@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -49,7 +50,7 @@ def _cell_record(experiment: Experiment, cell: ServerConfig) -> dict[str, Any]:
         .order_by("plan_position")
         .values("effective_args", "image_digest", "hardware_id", "vllm_version")
     )
-    first = runs[0] if runs else {}
+    first: Mapping[str, Any] = dict(runs[0]) if runs else {}
     return {
         "cell_id": cell.cell_id,
         "effective_args": mf.effective_args(cell.args, [r["effective_args"] for r in runs]),

@@ -35,12 +35,14 @@ class ApproveForm(forms.Form):
         required=False, max_length=200, help_text="Where traffic goes (service, route or pool name)."
     )
 
-    def __init__(self, *args, choices: list[tuple[str, str]], **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, choices: list[tuple[str, str]], **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["chosen_cell"].choices = choices
+        field = self.fields["chosen_cell"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = choices
 
 
-def _args_text(args: dict) -> str:  # type: ignore[type-arg]
+def _args_text(args: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(args.items())) or "vLLM defaults"
 
 
@@ -111,7 +113,7 @@ def manifest_download(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
     return response
 
 
-def _audit_page(request: HttpRequest, events, experiment: Experiment | None) -> HttpResponse:  # type: ignore[no-untyped-def]
+def _audit_page(request: HttpRequest, events, experiment: Experiment | None) -> HttpResponse:
     action = request.GET.get("action", "").strip()
     actor = request.GET.get("actor", "").strip()
     exp = request.GET.get("experiment", "").strip()

@@ -435,7 +435,7 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
         candidates.append({"id": cell_id, "args": _args(cell)})
         origin.append(("cell", row))
 
-    class_list = []
+    class_list: list[dict[str, Any] | None] = []
     for cls in classes.cleaned_data if classes.is_valid() else []:
         if not cls or _blank(cls):
             class_list.append(None)  # keep row numbers aligned with classes[i]

@@ -168,6 +168,7 @@ def experiment_progress(*, experiment: Experiment) -> Progress:
         for start, end in experiment.runs.filter(status=Run.Status.DONE, started_at__isnull=False)
         .exclude(finished_at__isnull=True)
         .values_list("started_at", "finished_at")
+        if start is not None and end is not None
     ]
     hosts = (
         experiment.runs.filter(status__in=sorted(Run.ACTIVE), host__isnull=False)
@@ -299,6 +300,8 @@ def gauge_series(*, run: Run, limit: int = 20_000) -> dict[str, list[tuple[float
     )
     acc: dict[str, dict[int, float]] = {}
     for name, t_ns, value in rows:
+        if value is None:
+            continue
         series = acc.setdefault(wanted[name], {})
         series[t_ns] = series.get(t_ns, 0.0) + float(value)
     return {key: [(t / 1e9, v) for t, v in sorted(points.items())] for key, points in acc.items()}

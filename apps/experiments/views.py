@@ -455,7 +455,7 @@ def _plotly_path() -> Path:
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
-def plotly_bundle(request: HttpRequest) -> HttpResponse:
+def plotly_bundle(request: HttpRequest) -> FileResponse:
     """plotly.js from the installed plotly package: one version, no CDN, no copy in the repo."""
     response = FileResponse(_plotly_path().open("rb"), content_type="text/javascript")
     response["Cache-Control"] = "private, max-age=86400"

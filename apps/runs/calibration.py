@@ -294,7 +294,7 @@ def capacity_search(
     """The stepped search of one (cell, mixture): every step, and the capacity it found."""
     tok = tokenizer or PromptTokenizer(tokenizer_dir(experiment.model_path))
     history: list[tuple[float, bool]] = []
-    steps = []
+    steps: list[dict[str, Any]] = []
     while True:
         rate = next_rate(
             history=history,
@@ -353,7 +353,7 @@ def experiment_calibrate(*, experiment_id: int, execute: Executor, actor: Any = 
     baseline = experiment.cells.get(role=ServerConfig.Role.BASELINE)
     mixtures = settings.get("mixtures") or sorted(workload.mixtures)
     tok = PromptTokenizer(tokenizer_dir(experiment.model_path))
-    searches = []
+    searches: list[dict[str, Any]] = []
     for mixture in mixtures:
         done_steps = sum(len(s["steps"]) for s in searches)
         searches.append(

@@ -237,9 +237,10 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
                 "achieved_rate_rps", "image_digest", "vllm_version", "hardware_id", "retry_of"}
     }  # fmt: skip
     retry = Run.objects.create(**fields, retry_of=run)
-    hosts = hosts_alive(max_model_len=run.experiment.max_model_len) or [run.host]
-    with transaction.atomic():
-        _enqueue(retry, hosts[0])
+    hosts = hosts_alive(max_model_len=run.experiment.max_model_len) or ([run.host] if run.host else [])
+    if hosts:  # with none alive it stays queued: the next start of the experiment enqueues it
+        with transaction.atomic():
+            _enqueue(retry, hosts[0])
     audit_record(
         action="run.requeued", experiment=run.experiment, target=str(run.run_id), detail={"reason": reason}
     )

@@ -10,5 +10,5 @@ class TraceAdmin(admin.ModelAdmin):
     list_display = ("sha256", "kind", "label", "requests", "duration_s", "created_at")
     exclude = ("content_gz",)
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request, obj=None):
         return False  # a frozen trace never changes: its hash names it

@@ -62,7 +62,7 @@ def _class_table(classes: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, An
         name = cls.get("name")
         if not isinstance(name, str) or not name:
             raise GenerateError(f"classes[{i}].name is required")
-        entry = {"name": name}
+        entry: dict[str, Any] = {"name": name}
         for key in CLASS_KEYS[1:]:
             value = cls.get(key, 0)
             if isinstance(value, bool) or not isinstance(value, int):

@@ -122,11 +122,22 @@ def check_size(size: int, *, max_bytes: int = DEFAULT_MAX_BYTES, name: str = "fi
 
 
 def read_trace_file(
-    path: str | Path, *, fmt: str, max_bytes: int = DEFAULT_MAX_BYTES, **options: float
+    path: str | Path,
+    *,
+    fmt: str,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    sec_multiplier: float = 1.0,
+    block_tokens: int = VLLM_TIMED_BLOCK_TOKENS,
 ) -> ImportedTrace:
     """Check the size cap on disk, then read and parse the file."""
     check_size(os.stat(path).st_size, max_bytes=max_bytes, name=str(path))
-    return parse_trace_bytes(Path(path).read_bytes(), fmt=fmt, max_bytes=max_bytes, **options)
+    return parse_trace_bytes(
+        Path(path).read_bytes(),
+        fmt=fmt,
+        max_bytes=max_bytes,
+        sec_multiplier=sec_multiplier,
+        block_tokens=block_tokens,
+    )
 
 
 def parse_trace_bytes(
@@ -448,8 +459,9 @@ def assign_classes(input_tokens: np.ndarray, thresholds: Sequence[tuple[str, int
         raise TraceImportError(
             None, "the last class threshold must be unbounded (None) so every row has a class"
         )
-    bounds = [b for _, b in thresholds[:-1]]
-    if any(b is None for b in bounds) or bounds != sorted(bounds):
+    given = [b for _, b in thresholds[:-1]]
+    bounds = [b for b in given if b is not None]
+    if len(bounds) != len(given) or bounds != sorted(bounds):
         raise TraceImportError(None, "class thresholds must increase, with only the last unbounded")
     index = np.searchsorted(np.asarray(bounds, dtype=np.int64), np.asarray(input_tokens), side="left")
     names = [name for name, _ in thresholds]

@@ -314,9 +314,10 @@ def scenario_sizing(
             flood_end = float(out["flood_at_s"]) + int(out["flood"]) / float(out["flood_rps"])
             if step_s:
                 want = math.ceil(overload * flood_end / step_s)
-                out["backlog_output_tokens"] = max(1, min(room, want))
+                tokens = max(1, min(room, want))
+                out["backlog_output_tokens"] = tokens
                 how["derived"]["backlog_output_tokens"] = _derived(
-                    out["backlog_output_tokens"],
+                    tokens,
                     "ceil(overload x (flood_at_s + flood / flood_rps) / decode_step_ms), at most "
                     "max_model_len - input",
                     flood_end_s=round(flood_end, 6),
@@ -341,9 +342,10 @@ def scenario_sizing(
         base = max(int(short["output_tokens"]) * 4, min(512, room))
         if step_s:
             want = math.ceil(overload * float(out["ramp_s"]) / step_s)
-            out["output_tokens"] = max(1, min(room, max(base, want)))
+            tokens = max(1, min(room, max(base, want)))
+            out["output_tokens"] = tokens
             how["derived"]["output_tokens"] = _derived(
-                out["output_tokens"],
+                tokens,
                 "max(4 x short output or min(512, room), ceil(overload x ramp_s / decode_step_ms)), "
                 "at most max_model_len - input",
                 capped=want > room,

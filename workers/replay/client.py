@@ -58,6 +58,7 @@ from workers.replay.frames import frame_parse
 from workers.replay.records import RequestRecord
 from workers.replay.sse import DONE, SSEParser
 
+uvloop: Any
 try:  # uvloop halves the loop's own CPU cost; plain asyncio still works.
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is a dependency, this is a fallback
@@ -155,7 +156,7 @@ def run_replay(
         raise ValueError("processes must be >= 1")
     if transport not in ("raw", "aiohttp"):
         raise ValueError(f"transport must be 'raw' or 'aiohttp', not {transport!r}")
-    options = {
+    options: dict[str, Any] = {
         "base_url": base_url,
         "model": model,
         "run_id": run_id,
@@ -498,6 +499,7 @@ class _Replay:
                     response = await self._pool.post(self.path, body, headers)
                 else:
                     response = await session.post(self.url, data=body, headers=headers)
+            assert response is not None
             record.http_status = response.status
             if response.status != 200:
                 if isinstance(response, rawhttp.Response):
@@ -792,7 +794,7 @@ def _result(replay: Any, *, tolerance_ms: float, duration_s: float) -> ReplayRes
     records = replay.records
     sent = [r for r in records if r.sent and r.sent_ns is not None]
     observed = [r for r in sent if not r.warmup] or sent
-    lags = sorted(r.sent_ns - (r.admission_delay_ns or 0) - r.planned_ns for r in observed)  # type: ignore[operator]
+    lags = sorted(r.sent_ns - (r.admission_delay_ns or 0) - r.planned_ns for r in observed)
     p50 = _percentile(lags, 0.50) / 1e6 if lags else None
     p99 = _percentile(lags, 0.99) / 1e6 if lags else None
     lag_max = lags[-1] / 1e6 if lags else None
@@ -803,7 +805,7 @@ def _result(replay: Any, *, tolerance_ms: float, duration_s: float) -> ReplayRes
     achieved_rate = None
     sent_obs = [r for r in sent if not r.warmup]
     if planned_rate is not None and sent_obs:
-        last_dispatch = max(r.sent_ns - (r.admission_delay_ns or 0) for r in sent_obs)  # type: ignore[operator]
+        last_dispatch = max(r.sent_ns - (r.admission_delay_ns or 0) for r in sent_obs)
         span_s = max(window_s, (last_dispatch - replay.warmup_ns) / 1e9)
         achieved_rate = len(sent_obs) / span_s
 

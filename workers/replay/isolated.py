@@ -64,7 +64,8 @@ def run_replay_isolated(
     def forward_stop() -> None:
         while proc.poll() is None:
             if stop is not None and stop.wait(0.05):
-                proc.stdin.close()  # the child's signal to stop
+                if proc.stdin is not None:
+                    proc.stdin.close()  # the child's signal to stop
                 return
 
     threading.Thread(target=forward_stop, daemon=True).start()

@@ -380,6 +380,7 @@ class Pool:
             ),
             self.connect_timeout_s,
         )
+        assert conn is not None
         return conn, False
 
     def _release(self, response: Response) -> None:

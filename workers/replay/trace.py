@@ -57,7 +57,7 @@ def trace_read(*, path: str | Path, expected_sha256: str | None = None) -> Trace
     meta = header.get("meta") or {}
     if not isinstance(meta, dict):
         raise TraceError(f"{path}: line 1: header.meta must be an object")
-    requests = []
+    requests: list[dict[str, Any]] = []
     for lineno, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue

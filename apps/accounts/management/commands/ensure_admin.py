@@ -12,10 +12,10 @@ from apps.accounts.roles import ROLES
 class Command(BaseCommand):
     help = "Create the first admin (all roles) if no superuser exists, printing its credentials once."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--username", default="admin")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         User = get_user_model()
         if User.objects.filter(is_superuser=True).exists():
             self.stdout.write("An admin exists already; its password was printed when it was created.")

@@ -10,12 +10,12 @@ from apps.accounts.roles import ROLES
 class Command(BaseCommand):
     help = "Create a user (or update its password) with the given roles."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--password", required=True)
         parser.add_argument("--role", action="append", default=[], choices=ROLES)
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         if not options["role"]:
             raise CommandError("--role: give at least one of " + ", ".join(ROLES))
         User = get_user_model()

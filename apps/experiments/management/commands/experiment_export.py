@@ -10,10 +10,10 @@ from apps.experiments.spec import dump_spec
 class Command(BaseCommand):
     help = "Print an experiment as a YAML spec that experiment_import accepts."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("id", type=int)
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         try:
             experiment = Experiment.objects.get(pk=options["id"])
         except Experiment.DoesNotExist:

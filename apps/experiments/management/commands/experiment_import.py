@@ -12,11 +12,11 @@ from apps.experiments.spec import SpecError, parse_spec
 class Command(BaseCommand):
     help = "Create an experiment and its run plan from a YAML spec; prints the new experiment's id."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("file", help="path to the YAML spec (see docs/SPEC.md)")
         parser.add_argument("--owner", help="username that owns the experiment (default: the spec's owner)")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         path = Path(options["file"])
         try:
             text = path.read_text()

@@ -17,13 +17,13 @@ class Command(BaseCommand):
         "goodput capacity instead (reported, never used as a rate)."
     )
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("id", type=int)
         parser.add_argument("--cell", help="measure this cell's goodput capacity instead of calibrating")
         parser.add_argument("--mixture", help="with --cell: the mixture to probe")
         parser.add_argument("--json", action="store_true", help="print the whole derivation as JSON")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         from workers.pipeline import run_execute
 
         try:

@@ -19,7 +19,7 @@ _DONE = {
 class Command(BaseCommand):
     help = "Start an experiment's plan on the registered hosts; --wait follows it to the decision."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("id", type=int)
         parser.add_argument(
             "--wait", action="store_true", help="print progress until the experiment is analysed"
@@ -28,7 +28,7 @@ class Command(BaseCommand):
             "--timeout", type=float, default=0, help="give up waiting after this many seconds (0: never)"
         )
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         try:
             experiment = Experiment.objects.get(pk=options["id"])
         except Experiment.DoesNotExist:

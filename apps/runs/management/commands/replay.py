@@ -24,7 +24,7 @@ class Command(BaseCommand):
         "write one JSON record per request and print a per-class summary. Needs no database."
     )
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
         parser.add_argument("--model", required=True, help="model name the server serves")
         parser.add_argument("--trace", required=True, help="canonical trace file (JSONL)")
@@ -56,7 +56,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--transport", choices=["raw", "aiohttp"], default="raw", help="HTTP client")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         try:
             trace = trace_read(path=options["trace"], expected_sha256=options["sha256"])
         except OSError as exc:

@@ -13,12 +13,12 @@ from apps.runs.management.commands.serve import worker_argv
 class Command(BaseCommand):
     help = "Register this machine as a host (TAILTUNE_HOST) and run its Celery worker (concurrency 1)."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument(
             "--no-default-queue", action="store_true", help="serve only this host's run queue"
         )
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         host = host_register_local()
         queues = (
             [host.queue] if options["no_default_queue"] else [settings.CELERY_TASK_DEFAULT_QUEUE, host.queue]

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -26,12 +27,12 @@ def worker_argv(queues: list[str]) -> list[str]:
 class Command(BaseCommand):
     help = "Serve tailtune on embedded defaults: web on http://HOST:PORT plus one worker for this host."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--addr", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-worker", action="store_true", help="serve the web only")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("ensure_admin")
         from apps.runs.hosts import host_register_local
@@ -71,9 +72,12 @@ class Command(BaseCommand):
                     p.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     p.kill()
-        failed = [
-            p.args[4] if len(p.args) > 4 else p.args for p in procs if p.returncode not in (0, -15, None)
-        ]
+        failed = [_name(p.args) for p in procs if p.returncode not in (0, -15, None)]
         if failed and not stopping:
             self.stderr.write(f"a process exited unexpectedly (pid {os.getpid()}): {failed}")
             sys.exit(1)
+
+
+def _name(args: Any) -> Any:
+    """The subcommand of a child's argv (``manage.py <name>``), or the argv itself."""
+    return args[4] if isinstance(args, (list, tuple)) and len(args) > 4 else args

@@ -9,11 +9,11 @@ from workers.celery import app
 class Command(BaseCommand):
     help = "Send the health task through the broker and wait for a worker's answer."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--timeout", type=float, default=30.0)
         parser.add_argument("--queue", default=settings.CELERY_TASK_DEFAULT_QUEUE)
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         result = app.send_task("tailtune.health", queue=options["queue"])
         try:
             answer = result.get(timeout=options["timeout"])

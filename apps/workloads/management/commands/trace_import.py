@@ -18,7 +18,7 @@ from apps.workloads.services import tokenizer_dir, trace_import
 class Command(BaseCommand):
     help = __doc__
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("file")
         parser.add_argument("--format", required=True, choices=sorted(FORMATS))
         parser.add_argument(
@@ -39,7 +39,7 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--label", default="")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         path = Path(options["file"])
         try:
             data = path.read_bytes()
