@@ -20,6 +20,7 @@ from django.forms import formset_factory
 from apps.experiments.spec import (
     ARRIVAL_PROCESSES,
     CONTRACT_KEYS,
+    CORE_SECTIONS,
     SCHEDULING_POLICIES,
     FieldError,
     SpecError,
@@ -342,18 +343,7 @@ CellFormSet = formset_factory(CellForm, extra=2, max_num=100)
 ClassFormSet = formset_factory(ClassForm, extra=1, max_num=50)
 
 # Spec sections the typed fields build; "extra" may add any other top-level section.
-TYPED_SECTIONS = {
-    "name",
-    "description",
-    "owner",
-    "model",
-    "controls",
-    "engine",
-    "baseline",
-    "candidates",
-    "classes",
-    "workload",
-}
+TYPED_SECTIONS = CORE_SECTIONS
 
 
 def _blank(data: dict[str, Any]) -> bool:

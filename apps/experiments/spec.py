@@ -42,21 +42,23 @@ CONTROL_KEYS = {
     "seed",
     "generation",
 }
-TOP_KEYS = {
-    "name",
-    "description",
-    "owner",
-    "model",
-    "controls",
-    "engine",
-    "baseline",
-    "candidates",
-    "classes",
-    "workload",
-    "scenarios",
-    "calibration",
-    "analysis",
-}
+# Sections every experiment has (the create form types each one), and the optional ones.
+CORE_SECTIONS = frozenset(
+    {
+        "name",
+        "description",
+        "owner",
+        "model",
+        "controls",
+        "engine",
+        "baseline",
+        "candidates",
+        "classes",
+        "workload",
+    }
+)
+OPTIONAL_SECTIONS = frozenset({"scenarios", "calibration", "analysis"})
+TOP_KEYS = CORE_SECTIONS | OPTIONAL_SECTIONS
 WORKLOAD_KEYS = {
     "mixtures",
     "rates",
