@@ -323,7 +323,12 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _experiment(request, pk)
     decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
     progress = selectors.experiment_progress(experiment=experiment)
-    context: dict[str, Any] = {"experiment": experiment, "decision": decision, "progress": progress}
+    context: dict[str, Any] = {
+        "experiment": experiment,
+        "decision": decision,
+        "progress": progress,
+        "load": offered_load(experiment=experiment),
+    }
     if decision is None or not decision.report:
         context["partial"] = selectors.partial_results(experiment=experiment)
         return render(request, "experiments/results.html", context)

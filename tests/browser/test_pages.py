@@ -95,6 +95,10 @@ def test_it_creates_through_the_form_and_enforces_who_may_do_what(new_page, role
     assert experiment.status == "planned"
     assert erin.locator("#run-table tbody tr").count() == 3
     assert erin.locator("#start").count() == 1
+    # Where the rates came from, and the goodput form that spends engine time, for the author.
+    assert "typed by hand" in erin.inner_text("#rates-source")
+    assert erin.locator("#rates-table tbody tr").count() == len(experiment.workload.mixtures)
+    assert "costs up to" in erin.inner_text("#goodput-form")
     shot(erin, "04-experiment-planned")
 
     # Results (seeded here: the run pipeline is not part of this test).

@@ -107,3 +107,21 @@ def test_it_puts_the_probe_runs_in_the_manifest_by_id(experiment) -> None:  # ty
     assert load["source"] == "probe" and load["capacities"] == {"80-20": 1.5}
     assert "probes" not in load
     assert [s["rate_rps"] for s in load["probe_runs"]["80-20"]] == [1.0, 2.0]
+
+
+@pytest.mark.django_db
+def test_it_puts_the_offered_load_and_goodput_capacity_beside_the_comparison(
+    client, viewer, analysed_experiment
+) -> None:  # type: ignore[no-untyped-def]
+    from apps.runs.calibration import _goodput_store
+
+    _goodput_store(
+        workload_pk=analysed_experiment.workload.pk,
+        cell_id="C1",
+        mixture="80-20",
+        entry={"status": "done", "capacity_rps": 2.5, "bracketed": True, "steps": []},
+    )
+    client.force_login(viewer)
+    html = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
+    assert "Offered load:</strong> typed by hand" in html
+    assert 'id="results-goodput"' in html and "2.5 req/s" in html
