@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,7 +110,7 @@ class _Checker:
             return {}
         return {str(k): v for k, v in value.items()}
 
-    def unknown(self, data: Mapping[str, Any], allowed: set[str], path: str) -> None:
+    def unknown(self, data: Mapping[str, Any], allowed: AbstractSet[str], path: str) -> None:
         for key in sorted(set(data) - allowed):
             self.fail(f"{path}.{key}" if path else key, "unknown field")
 
