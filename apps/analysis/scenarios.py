@@ -470,6 +470,15 @@ def _priority_flood(
         }
         if order["share"] is None:
             signal["diagnosis"] = "inconclusive: no flood request arrived while the backlog was still waiting"
+    stall = meta.get("loop_stall_max_ms")
+    evidence["load_generator_stall_max_ms"] = stall
+    if not signal["shown"] and stall is not None and stall > OVERTAKE_MARGIN_MS:
+        signal["inconclusive"] = True
+        signal["diagnosis"] = (
+            f"inconclusive: the load generator stalled for {stall:.0f} ms during the run, more than the "
+            f"{OVERTAKE_MARGIN_MS:.0f} ms margin, so the first-token times it stamped cannot order the flood "
+            "and the backlog; rerun on a host with CPU to spare"
+        )
     return claims, signal
 
 
@@ -490,6 +499,7 @@ def scenario_verdict(
     server: Mapping[str, Any] | None = None,
     status: str = "done",
     scheduling_policy: str | None = None,
+    replay: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Judge one scenario run: what must hold, whether it did, and whether the scenario's signal showed.
 
@@ -497,7 +507,9 @@ def scenario_verdict(
     check, its ``roles`` map roles to request indices); ``records`` are the
     run's request records as mappings; ``server`` is ``server_metrics`` of
     the run's samples; ``scheduling_policy`` is the cell's (vLLM's default,
-    FCFS, when None): it decides what the priority flood must show.
+    FCFS, when None): it decides what the priority flood must show;
+    ``replay`` is the replay's summary (its ``loop_stall_max_ms`` tells whether
+    client-side times can order first tokens).
     """
     kind = str(meta.get("scenario_kind") or meta.get("scenario") or "")
     if kind not in _CHECKS:
@@ -505,7 +517,11 @@ def scenario_verdict(
     by_index = {int(r["index"]): r for r in records}
     roles = _roles(meta, by_index)
     deadline = _deadline_ns(meta)
-    meta = {**meta, "scheduling_policy": scheduling_policy or "fcfs"}
+    meta = {
+        **meta,
+        "scheduling_policy": scheduling_policy or "fcfs",
+        "loop_stall_max_ms": (replay or {}).get("loop_stall_max_ms"),
+    }
     claims, signal = _CHECKS[kind](meta, roles, deadline, server or {})
     claims = [_run_done(status), _accounted(meta, by_index), *claims]
     return {

@@ -222,6 +222,7 @@ def scenario_reports(*, experiment_id: int) -> dict[str, Any]:
                 server=server_metrics(samples),
                 status=run.status,
                 scheduling_policy=_policy(run.cell),
+                replay=run.summary or {},
             )
             entry["verdict"] = verdict
             verdicts.append(verdict)

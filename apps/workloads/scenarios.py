@@ -103,7 +103,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "flood": 12,
         "flood_at_s": 1.0,
         "flood_rps": 4.0,
-        "flood_output_tokens": 16,
+        "flood_output_tokens": None,
         "low_priority": 10,
         "drain_deadline_s": 60.0,
         "overload": 3.0,
@@ -111,8 +111,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 DEFAULTS[PRIORITY_CHECK] = {**DEFAULTS["priority_flood"], "flood": 6}
 # What a derived size falls back to when B0's decode pace is not known (no probe ran).
-FALLBACK = {"burst_size": 8, "backlog": 12, "backlog_output_tokens": 256}
+FALLBACK = {"burst_size": 8, "backlog": 12, "backlog_output_tokens": 256, "flood_output_tokens": 16}
 FALLBACK_OF = {PRIORITY_CHECK: {**FALLBACK, "backlog": 8}}
+# Under priority the flood holds the freed slots while it decodes, and the waiting backlog
+# starts only after it: the flood must decode at least this long (x overload) so the
+# backlog's first tokens trail the flood's by more than the check's 50 ms margin.
+FLOOD_LEAD_S = 0.1
+# Below this many output tokens a backlog cannot outlast anything: the KV-cache fit is then given up.
+MIN_BACKLOG_OUTPUT_TOKENS = 16
 # Derived request counts never exceed this (a trace of thousands of long prompts is a mistake).
 MAX_DERIVED_REQUESTS = 1024
 GENERATORS_OF = {PRIORITY_CHECK: "priority_flood"}
@@ -311,6 +317,13 @@ def scenario_sizing(
         inp = int(short["input_tokens"])
         if out["backlog_output_tokens"] is None:
             room = ctx.max_model_len - inp
+            # The first wave must fit the KV cache whole: preemption would reorder
+            # the backlog by itself, and the check is about the policy's order.
+            starting = _running_bound(ctx, inp)
+            if ctx.kv_capacity_tokens and ctx.max_num_seqs and starting:
+                kv_room = int(ctx.kv_capacity_tokens) // starting - inp
+                if kv_room >= MIN_BACKLOG_OUTPUT_TOKENS:
+                    room = min(room, kv_room)
             flood_end = float(out["flood_at_s"]) + int(out["flood"]) / float(out["flood_rps"])
             if step_s:
                 want = math.ceil(overload * flood_end / step_s)
@@ -319,12 +332,25 @@ def scenario_sizing(
                 how["derived"]["backlog_output_tokens"] = _derived(
                     tokens,
                     "ceil(overload x (flood_at_s + flood / flood_rps) / decode_step_ms), at most "
-                    "max_model_len - input",
+                    "max_model_len - input and what lets the first wave fit the KV cache",
                     flood_end_s=round(flood_end, 6),
+                    room=room,
                     capped=want > room,
                 )
             else:
                 fixed("backlog_output_tokens")
+        if out["flood_output_tokens"] is None:
+            if step_s:
+                lead = max(FALLBACK["flood_output_tokens"], math.ceil(overload * FLOOD_LEAD_S / step_s))
+                flood_tokens = min(ctx.max_model_len - inp, lead)
+                out["flood_output_tokens"] = flood_tokens
+                how["derived"]["flood_output_tokens"] = _derived(
+                    flood_tokens,
+                    "max(16, ceil(overload x 0.1 s / decode_step_ms)): the flood decodes long enough "
+                    "that the backlog's next first tokens trail its own",
+                )
+            else:
+                fixed("flood_output_tokens")
         if out["backlog"] is None:
             # Admission needs only the prompt in the KV cache, so the prompt bounds how many start.
             running = _running_bound(ctx, inp)

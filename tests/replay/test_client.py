@@ -360,3 +360,29 @@ def test_it_counts_a_stream_that_ended_after_the_drain_deadline_as_unfinished() 
         assert not mark_late(kept, deadline_ns=5_000_000_000) and not kept.unfinished
     failed = record(6_000_000_000, error_kind="http")
     assert not mark_late(failed, deadline_ns=5_000_000_000)
+
+
+def test_it_measures_how_long_its_loop_could_not_run() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from workers.replay.client import _Replay
+
+    state = SimpleNamespace(loop_stall_max_ns=0)
+
+    async def main() -> None:
+        watch = asyncio.create_task(_Replay._watch_loop(state))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        time.sleep(0.3)  # the process stalls: nothing on this loop runs
+        await asyncio.sleep(0.05)
+        watch.cancel()
+
+    asyncio.run(main())
+    assert 250e6 <= state.loop_stall_max_ns < 2e9
+
+
+def test_it_reports_the_longest_loop_stall_in_its_summary(mock_config: MockConfig) -> None:
+    with MockServer(mock_config) as server:
+        result = _replay(make_requests(2), server.base_url)
+    assert result.loop_stall_max_ms is not None and result.loop_stall_max_ms >= 0
+    assert result.summary()["loop_stall_max_ms"] == result.loop_stall_max_ms

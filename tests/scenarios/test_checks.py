@@ -220,3 +220,21 @@ def test_it_says_when_an_unshown_burst_was_not_sized_for_the_engine() -> None:
     assert not v["shown"] and "not sized from B0's measured decode pace" in v["signal"]["diagnosis"]
     sized = scenario_verdict(meta=meta("long_burst", {"steady": [0], "burst": [1]}), records=records)
     assert "cleared the burst" in sized["signal"]["diagnosis"]
+
+
+def test_it_calls_the_priority_order_inconclusive_when_the_load_generator_stalled() -> None:
+    m = meta("priority_flood", {"backlog": [0, 1], "flood": [2]})
+    # Everything stamped at once after a 3 s stall: no order can be read.
+    records = [rec(0, 0, first_ms=3000, end_ms=3100), rec(1, 1, first_ms=3000, end_ms=3100, priority=10),
+               rec(2, 100, first_ms=3000, end_ms=3050)]  # fmt: skip
+    records[1]["first_token_ns"] = 3000 * MS  # backlog 1 waited until the stall ended
+    stalled = scenario_verdict(
+        meta=m, records=records, scheduling_policy="priority", replay={"loop_stall_max_ms": 2900.0}
+    )
+    assert not stalled["shown"] and stalled["signal"]["inconclusive"]
+    assert "load generator stalled for 2900 ms" in stalled["signal"]["diagnosis"]
+    assert stalled["signal"]["evidence"]["load_generator_stall_max_ms"] == 2900.0
+    calm = scenario_verdict(
+        meta=m, records=records, scheduling_policy="priority", replay={"loop_stall_max_ms": 5.0}
+    )
+    assert not calm["shown"] and not calm["signal"].get("inconclusive")

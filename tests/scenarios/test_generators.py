@@ -199,7 +199,15 @@ def test_it_sizes_the_priority_backlog_to_still_wait_when_the_flood_arrives(cont
     assert len(backlog) == 18
     out = backlog[0].output_tokens
     flood_end = 0.2 + 6 / 20
-    assert out * 2.0 / 1000 >= 3.0 * flood_end and out == math.ceil(3.0 * flood_end / 0.002)
+    # 3 x 0.5 s at 2 ms a token asks for 750 tokens, but the first wave of 6 must fit the
+    # 2048-token KV cache whole (6 x (64 + out) <= 2048): 277 tokens, and it says so.
+    derived = t.meta["sizing"]["derived"]["backlog_output_tokens"]
+    assert math.ceil(3.0 * flood_end / 0.002) == 750
+    assert out == 2048 // 6 - 64 == derived["inputs"]["room"] and derived["inputs"]["capped"]
+    roomy = _paced(context, 2.0, max_num_seqs=6, kv_capacity_tokens=8192)
+    t = scenario_trace(name="priority_flood", context=roomy, tokenizer=tokenizer, params=params)
+    out = t.requests[t.meta["roles"]["backlog"][0]].output_tokens
+    assert out * 2.0 / 1000 >= 3.0 * flood_end and out == 750
     # At a pace the context cannot hold, the size stops at the room left and says so.
     slow = scenario_trace(name="priority_flood", context=_paced(context, 0.01), tokenizer=tokenizer)
     derived = slow.meta["sizing"]["derived"]["backlog_output_tokens"]

@@ -72,6 +72,8 @@ ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _ORIGIN_LEAD_NS = 50_000_000
 # How often the loop looks at the caller's threading.Event.
 _STOP_POLL_S = 0.02
+# How often the loop checks that it still runs on time (see _Replay._watch_loop).
+_STALL_TICK_S = 0.02
 # Bytes of an error body kept in a record.
 _ERROR_TEXT_LIMIT = 500
 
@@ -102,6 +104,9 @@ class ReplayResult:
     duration_s: float
     tolerance_ms: float
     notes: list[str] = field(default_factory=list)
+    # The longest time the event loop could not run during the replay (None: not measured,
+    # e.g. sharded). A stall holds back sends and stamps every frame read after it late.
+    loop_stall_max_ms: float | None = None
 
     def summary(self) -> dict[str, Any]:
         """Everything but the records, JSON-ready (for Run.summary and logs)."""
@@ -287,6 +292,7 @@ class _Replay:
         self._fixed_origin = origin_ns is not None
         self.stopped = False
         self.notes: list[str] = []
+        self.loop_stall_max_ns = 0
         self._close_reason = "unfinished"
         self._tasks: set[asyncio.Task[None]] = set()
         self._dispatched = 0
@@ -333,6 +339,7 @@ class _Replay:
             self.origin_ns = perf_ns() + _ORIGIN_LEAD_NS
         dispatcher = asyncio.create_task(self._dispatch(session, semaphore))
         watcher = asyncio.create_task(self._watch_stop())
+        stalls = asyncio.create_task(self._watch_loop())
         deadline_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
         done, _ = await asyncio.wait(
             {dispatcher, watcher}, timeout=max(0.0, deadline_s), return_when="FIRST_COMPLETED"
@@ -351,10 +358,25 @@ class _Replay:
             self.stopped = True
             self._close_reason = "cancelled"
         watcher.cancel()
+        stalls.cancel()
         dispatcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await dispatcher
         await self._close_open_streams()
+
+    async def _watch_loop(self) -> None:
+        """Record the longest time the loop could not run (a starved process or a stalled host).
+
+        Each tick sleeps ``_STALL_TICK_S``; whatever it overslept is time in which
+        nothing was sent on schedule and no frame was stamped when it arrived.
+        """
+        tick_ns = round(_STALL_TICK_S * 1e9)
+        last = perf_ns()
+        while True:
+            await asyncio.sleep(_STALL_TICK_S)
+            now = perf_ns()
+            self.loop_stall_max_ns = max(self.loop_stall_max_ns, now - last - tick_ns)
+            last = now
 
     async def _watch_stop(self) -> None:
         while not self.stop.is_set():
@@ -839,4 +861,7 @@ def _result(replay: Any, *, tolerance_ms: float, duration_s: float) -> ReplayRes
         duration_s=duration_s,
         tolerance_ms=tolerance_ms,
         notes=replay.notes,
+        loop_stall_max_ms=(
+            round(replay.loop_stall_max_ns / 1e6, 3) if hasattr(replay, "loop_stall_max_ns") else None
+        ),
     )
