@@ -221,20 +221,15 @@ def test_it_shows_every_scenario_signal_on_the_cpu_engine(
 
     for name, v in [*verdicts.items(), ("priority_check under priority", priority)]:
         print(name, json.dumps({"sizing": v["sizing"]["derived"], "counts": v["counts"]}))
-    stalled = [
-        f"{name}: {v['signal']['diagnosis']}"
-        for name, v in [*verdicts.items(), ("priority_check under priority", priority)]
-        if v["signal"].get("inconclusive")
-    ]
-    if stalled and getattr(request.node, "execution_count", 1) > 1:
-        # The verdict itself says the order could not be measured; twice running, the host
-        # had no CPU to spare for the load generator: nothing about the product is shown.
-        pytest.skip("; ".join(stalled))
+    everything = [*verdicts.items(), ("priority_check under priority", priority)]
+    # A verdict that says its order could not be read (the load generator stalled) is kept
+    # apart: everything else is asserted first, whatever happened to it.
+    stalled = {name for name, v in everything if v["signal"].get("inconclusive")}
     # Every verdict is looked at before failing, so one slow run shows every problem.
     problems = [
         f"{name} did not show its signal (decode pace {pace} ms):\n{_explain(v)}"
-        for name, v in [*verdicts.items(), ("priority_check under priority", priority)]
-        if v["status"] != "done" or not v["shown"]
+        for name, v in everything
+        if name not in stalled and (v["status"] != "done" or not v["shown"])
     ]
     assert not problems, "\n".join(problems)
     for v in [*verdicts.values(), priority]:
@@ -250,15 +245,25 @@ def test_it_shows_every_scenario_signal_on_the_cpu_engine(
     assert past["error_kind"] is not None and past["http_status"] == 400
     cancel = verdicts["cancellation"]
     assert cancel["held"] and cancel["signal"]["evidence"]["cancelled"] == 6, _explain(cancel)
-    fcfs = verdicts[PRIORITY_CHECK]["signal"]["evidence"]
-    assert fcfs["overtaking"]["share"] <= 0.1, _explain(verdicts[PRIORITY_CHECK])
-    ev = priority["signal"]["evidence"]
-    assert ev["overtaking"]["share"] >= 0.5
-    assert (
-        ev["high_priority_ttft_p50"]["ms"] < ev["low_priority_ttft_p50"]["ms"]
-        or ev["low_priority_ttft_p50"]["censored"]
-    )
-    assert ev["oldest_lower_priority_wait_ms"] > 0
+    if PRIORITY_CHECK not in stalled:
+        fcfs = verdicts[PRIORITY_CHECK]["signal"]["evidence"]
+        assert fcfs["overtaking"]["share"] <= 0.1, _explain(verdicts[PRIORITY_CHECK])
+    if "priority_check under priority" not in stalled:
+        ev = priority["signal"]["evidence"]
+        assert ev["overtaking"]["share"] >= 0.5
+        assert (
+            ev["high_priority_ttft_p50"]["ms"] < ev["low_priority_ttft_p50"]["ms"]
+            or ev["low_priority_ttft_p50"]["censored"]
+        )
+        assert ev["oldest_lower_priority_wait_ms"] > 0
+    if stalled:
+        reasons = "; ".join(
+            f"{name}: {v['signal']['diagnosis']}" for name, v in everything if name in stalled
+        )
+        # First time: fail, so the rerun measures again. Stalled twice running: the host had
+        # no CPU to spare for the load generator, and the verdict says so; skip with its words.
+        assert getattr(request.node, "execution_count", 1) > 1, reasons
+        pytest.skip(reasons)
 
 
 @pytest.mark.django_db(transaction=True)
