@@ -88,8 +88,9 @@ def _unsized(meta: Mapping[str, Any], key: str) -> str | None:
     derived = ((meta.get("sizing") or {}).get("derived") or {}).get(key)
     if derived and str(derived.get("rule", "")).startswith("fixed fallback"):
         return (
-            f"{key} was a fixed fallback ({derived['value']}), not sized from B0's measured decode pace: "
-            "enable calibration (or set it in the spec) so the stress outlasts the window on this engine"
+            f"{key} was a fixed fallback ({derived['value']}), not sized from B0's measured decode pace "
+            "(no probe or pace run measured it): set it in the spec so the stress outlasts the window "
+            "on this engine"
         )
     return None
 

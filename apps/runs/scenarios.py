@@ -152,6 +152,69 @@ def scenario_context(*, experiment: Experiment) -> ScenarioContext:
     )
 
 
+# The pace probe: a few streams one after another on B0, when scenarios need sizing and
+# no capacity probe measured the pace (Run.scenario "calibration", mixture and rate "pace").
+PACE = "pace"
+PACE_PARAMS = {"concurrency": 4, "ramp_s": 2.0, "observation_s": 2.5, "drain_deadline_s": 30.0}
+PACE_OUTPUT_TOKENS = 128
+
+
+def scenarios_need_pace(*, experiment: Experiment) -> bool:
+    """True when failure scenarios are planned and no finished probe run on B0 gives a pace."""
+    planned = experiment.runs.exclude(scenario="").exclude(scenario__in=NOT_FAILURE_SCENARIOS).exists()
+    return planned and experiment_pace(experiment=experiment)[0] is None
+
+
+def scenario_pace_probe(*, experiment: Experiment, execute: Any) -> float | None:
+    """Measure B0's decode pace with one short run (four streams, 0.5 s apart); returns it.
+
+    Costs one engine run on the host. The run is an ordinary probe run
+    (``scenario="calibration"``, mixture and rate ``pace``), so
+    :func:`experiment_pace` finds it like a capacity probe's step.
+    """
+    baseline = experiment.cells.get(role=ServerConfig.Role.BASELINE)
+    ctx = scenario_context(experiment=experiment)
+    short = min(ctx.classes, key=lambda c: (int(c["input_tokens"]), str(c["name"])))
+    out = max(16, min(PACE_OUTPUT_TOKENS, ctx.max_model_len - int(short["input_tokens"])))
+    trace = scenario_trace(
+        name="decode_pressure",
+        context=ctx,
+        params={**PACE_PARAMS, "output_tokens": out},
+        tokenizer=PromptTokenizer(tokenizer_dir(experiment.model_path)),
+    )
+    row = trace_store(trace=trace, label=f"{experiment.name} pace probe")
+    position = experiment.runs.filter(scenario=CALIBRATION).count()
+    run = Run.objects.create(
+        experiment=experiment,
+        cell=baseline,
+        mixture=PACE,
+        rate_name=PACE,
+        rate_rps=round(len(trace.requests) / float(trace.meta["observation_s"]), 6),
+        repeat=1,
+        round_position=position,
+        plan_position=position,
+        scenario=CALIBRATION,
+        trace=row,
+        trace_sha256=row.sha256,
+        corpus_sha256=row.corpus_sha256,
+        requests_planned=row.requests,
+        model_revision=experiment.model_revision,
+        tokenizer_revision=experiment.tokenizer_revision,
+        warmup_seconds=0.0,
+        observation_seconds=float(trace.meta["observation_s"]),
+        drain_deadline_seconds=float(trace.meta["drain_deadline_s"]),
+    )
+    try:
+        execute(run_pk=run.pk)
+    except Exception as exc:
+        # The pipeline marks its own failures; anything that escaped it still ends the run.
+        Run.objects.filter(pk=run.pk).exclude(status__in=sorted(Run.FINISHED)).update(
+            status=Run.Status.FAILED, reason=f"pace probe: {type(exc).__name__}: {exc}"[:500]
+        )
+        raise
+    return experiment_pace(experiment=experiment)[0]
+
+
 def scenario_traces_freeze(*, experiment: Experiment) -> dict[str, Trace]:
     """Generate and store each scenario's trace once (every cell replays the same bytes)."""
     spec = experiment.spec or {}

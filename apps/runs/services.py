@@ -103,7 +103,14 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         calibration_runs_retire,
         experiment_calibrate,
     )
-    from apps.runs.scenarios import CALIBRATION, UNIFORM, scenario_runs_attach, scenario_traces_freeze
+    from apps.runs.scenarios import (
+        CALIBRATION,
+        UNIFORM,
+        scenario_pace_probe,
+        scenario_runs_attach,
+        scenario_traces_freeze,
+        scenarios_need_pace,
+    )
     from apps.workloads.services import workload_traces_freeze
 
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
@@ -128,6 +135,18 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
             return 0
         experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
         if experiment.status != Experiment.Status.RUNNING:
+            return 0
+    if execute is not None and scenarios_need_pace(experiment=experiment):
+        # Sizes the failure scenarios for this engine (docs/SCENARIOS.md); without it they
+        # keep fixed sizes, and their verdicts say so.
+        try:
+            Experiment.objects.filter(pk=experiment_id).update(status_reason="measuring B0's decode pace")
+            scenario_pace_probe(experiment=experiment, execute=execute)
+        except Exception:
+            log.exception(
+                "pace probe of experiment %s failed: scenarios keep their fixed sizes", experiment_id
+            )
+        if not Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).exists():
             return 0
     try:
         traces = workload_traces_freeze(experiment=experiment)

@@ -342,3 +342,38 @@ def test_it_plans_and_freezes_uniform_companions_apart_from_the_sweep(model_dir:
     assert companion.requests_planned == len(spaced.requests)
     # They are not failure scenarios: nothing to judge there.
     assert scenario_reports(experiment_id=experiment.pk)["runs"] == []
+
+
+@pytest.mark.django_db
+def test_it_measures_b0s_pace_with_one_short_run_when_no_probe_did(model_dir: Path) -> None:
+    make_host()
+    burst = {"long_output_tokens": 100, "observation_s": 4, "burst_at_s": 1, "drain_deadline_s": 1}
+    experiment = make_experiment(model=spec_with(model_dir)["model"], scenarios={"long_burst": burst})
+    _start(experiment)
+    execute = _fake_execute(capacity_rps=10.0)
+    assert experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=execute) == 4
+    pace_run = Run.objects.get(experiment=experiment, scenario=CALIBRATION)
+    assert (pace_run.mixture, pace_run.cell.cell_id, pace_run.status) == ("pace", "B0", "done")
+    assert execute.executed == [pace_run.pk]
+    trace = trace_load(sha256=experiment.runs.get(scenario="long_burst", cell__cell_id="B0").trace_sha256)
+    sizing = trace.meta["sizing"]
+    # The fake streams at rate x 10 ms a token; the pace run offers 4 streams in 2.5 s.
+    assert sizing["measured"] and sizing["decode_step_ms"] == pytest.approx(16.0)
+    assert str(pace_run.run_id) in sizing["pace_source"]
+
+
+@pytest.mark.django_db
+def test_it_keeps_fixed_scenario_sizes_when_the_pace_run_fails(model_dir: Path) -> None:
+    make_host()
+    experiment = make_experiment(model=spec_with(model_dir)["model"], scenarios={"long_burst": {}})
+    _start(experiment)
+
+    def crash(*, run_pk: int) -> str:
+        raise RuntimeError("no engine here")
+
+    assert experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=crash) == 4
+    failed = Run.objects.get(experiment=experiment, scenario=CALIBRATION)
+    assert failed.status == "failed" and "no engine here" in failed.reason
+    trace = trace_load(sha256=experiment.runs.get(scenario="long_burst", cell__cell_id="B0").trace_sha256)
+    assert not trace.meta["sizing"]["measured"]
+    assert trace.meta["sizing"]["derived"]["burst_size"]["rule"].startswith("fixed fallback")
