@@ -368,14 +368,15 @@ def test_it_measures_how_long_its_loop_could_not_run() -> None:
 
     from workers.replay.client import _Replay
 
-    state = SimpleNamespace(loop_stall_max_ns=0)
+    state = SimpleNamespace(loop_stall_max_ns=0, stop=threading.Event())
 
     async def main() -> None:
-        watch = asyncio.create_task(_Replay._watch_loop(state))  # type: ignore[arg-type]
+        watch = asyncio.create_task(_Replay._watch_stop(state))  # type: ignore[arg-type]
         await asyncio.sleep(0.05)
         time.sleep(0.3)  # the process stalls: nothing on this loop runs
         await asyncio.sleep(0.05)
-        watch.cancel()
+        state.stop.set()
+        await watch
 
     asyncio.run(main())
     assert 250e6 <= state.loop_stall_max_ns < 2e9

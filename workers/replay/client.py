@@ -70,10 +70,8 @@ ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Lead time between building the plan and the origin, so that session setup
 # and the first task creations are not counted as lateness.
 _ORIGIN_LEAD_NS = 50_000_000
-# How often the loop looks at the caller's threading.Event.
+# How often the loop looks at the caller's threading.Event (and checks it still runs on time).
 _STOP_POLL_S = 0.02
-# How often the loop checks that it still runs on time (see _Replay._watch_loop).
-_STALL_TICK_S = 0.02
 # Bytes of an error body kept in a record.
 _ERROR_TEXT_LIMIT = 500
 
@@ -339,7 +337,6 @@ class _Replay:
             self.origin_ns = perf_ns() + _ORIGIN_LEAD_NS
         dispatcher = asyncio.create_task(self._dispatch(session, semaphore))
         watcher = asyncio.create_task(self._watch_stop())
-        stalls = asyncio.create_task(self._watch_loop())
         deadline_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
         done, _ = await asyncio.wait(
             {dispatcher, watcher}, timeout=max(0.0, deadline_s), return_when="FIRST_COMPLETED"
@@ -358,29 +355,25 @@ class _Replay:
             self.stopped = True
             self._close_reason = "cancelled"
         watcher.cancel()
-        stalls.cancel()
         dispatcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await dispatcher
         await self._close_open_streams()
 
-    async def _watch_loop(self) -> None:
-        """Record the longest time the loop could not run (a starved process or a stalled host).
+    async def _watch_stop(self) -> None:
+        """Return once the caller's stop event is set; meanwhile record the longest loop stall.
 
-        Each tick sleeps ``_STALL_TICK_S``; whatever it overslept is time in which
-        nothing was sent on schedule and no frame was stamped when it arrived.
+        Each poll sleeps ``_STOP_POLL_S``; whatever it overslept is time in which
+        nothing was sent on schedule and no frame was stamped when it arrived (a
+        starved process or a stalled host).
         """
-        tick_ns = round(_STALL_TICK_S * 1e9)
+        tick_ns = round(_STOP_POLL_S * 1e9)
         last = perf_ns()
-        while True:
-            await asyncio.sleep(_STALL_TICK_S)
+        while not self.stop.is_set():
+            await asyncio.sleep(_STOP_POLL_S)
             now = perf_ns()
             self.loop_stall_max_ns = max(self.loop_stall_max_ns, now - last - tick_ns)
             last = now
-
-    async def _watch_stop(self) -> None:
-        while not self.stop.is_set():
-            await asyncio.sleep(_STOP_POLL_S)
 
     async def _dispatch(
         self, session: aiohttp.ClientSession | None, semaphore: asyncio.Semaphore | None
