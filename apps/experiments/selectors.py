@@ -414,9 +414,9 @@ def partial_results(*, experiment: Experiment) -> list[dict[str, Any]]:
 
 def goodput_cost(*, experiment: Experiment) -> dict[str, Any]:
     """What one goodput-capacity search costs: at most max_steps runs of the probe's windows, each on a fresh server."""
-    from apps.experiments.spec import CALIBRATION_DEFAULTS
+    from apps.runs.calibration import goodput_settings
 
-    cal = {**CALIBRATION_DEFAULTS, **((experiment.spec or {}).get("calibration") or {})}
+    cal = goodput_settings(experiment)
     per_run = float(cal["warmup_s"]) + float(cal["observation_s"]) + float(cal["drain_deadline_s"])
     return {"max_runs": int(cal["max_steps"]), "run_s": per_run, "max_s": int(cal["max_steps"]) * per_run}
 

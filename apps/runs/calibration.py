@@ -48,7 +48,7 @@ from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, ServerConfig, Workload
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
-from apps.runs.scenarios import CALIBRATION, UNIFORM
+from apps.runs.scenarios import CALIBRATION, UNIFORM, probe_run_create
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.services import tokenizer_dir, trace_store
@@ -57,9 +57,6 @@ from workers.replay.records import SCALAR_RECORD_FIELDS, RequestRecord
 log = logging.getLogger(__name__)
 
 Executor = Callable[..., str]
-# Record fields a RequestRecord is rebuilt from (the histograms are not needed to judge a contract
-# on TTFT, end-to-end latency, max stall and errors).
-_FIELDS = SCALAR_RECORD_FIELDS
 
 
 class CalibrationError(RuntimeError):
@@ -142,9 +139,10 @@ def frozen_rates(*, capacity_rps: float, fractions: Mapping[str, float]) -> dict
 
 def run_class_metrics(*, run: Run, contracts: Mapping[str, Contract]) -> dict[str, dict[str, Any]]:
     """Per-class metrics of one finished run, by apps/analysis/metrics.py (cohort, censoring, contract)."""
+    # The histograms are not needed to judge a contract on TTFT, end-to-end latency, max stall and errors.
     rows = [
         RequestRecord(run_id=str(run.run_id), **values)
-        for values in RecordRow.objects.filter(run=run).order_by("index").values(*_FIELDS)
+        for values in RecordRow.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS)
     ]
     window = run_window(
         {
@@ -197,6 +195,13 @@ def calibration_settings(experiment: Experiment) -> dict[str, Any] | None:
     return dict(cal) if cal and cal.get("enabled", True) else None
 
 
+def goodput_settings(experiment: Experiment) -> dict[str, Any]:
+    """The search settings a goodput-capacity measurement uses: the calibration block's, else the defaults."""
+    from apps.experiments.spec import CALIBRATION_DEFAULTS
+
+    return calibration_settings(experiment) or dict(CALIBRATION_DEFAULTS)
+
+
 def probe_step(
     *,
     experiment: Experiment,
@@ -228,25 +233,15 @@ def probe_step(
         tokenizer=tokenizer,
     )
     row = trace_store(trace=trace, label=f"{experiment.name} probe {cell.cell_id} {mixture} {rate_rps:g} rps")
-    run = Run.objects.create(
+    run = probe_run_create(
         experiment=experiment,
         cell=cell,
+        trace=row,
         mixture=mixture,
         rate_name=rate_name,
         rate_rps=rate_rps,
-        repeat=1,
-        round_position=step,
-        plan_position=step,
-        scenario=CALIBRATION,
-        trace=row,
-        trace_sha256=row.sha256,
-        corpus_sha256=row.corpus_sha256,
-        requests_planned=row.requests,
-        model_revision=experiment.model_revision,
-        tokenizer_revision=experiment.tokenizer_revision,
-        warmup_seconds=float(settings["warmup_s"]),
-        observation_seconds=float(settings["observation_s"]),
-        drain_deadline_seconds=float(settings["drain_deadline_s"]),
+        position=step,
+        windows=settings,
     )
     execute(run_pk=run.pk)
     run.refresh_from_db()
@@ -454,11 +449,7 @@ def cell_goodput_capacity(
     its reason before it propagates, so the UI never shows a search queued forever.
     """
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
-    settings = calibration_settings(experiment)
-    if settings is None:
-        from apps.experiments.spec import CALIBRATION_DEFAULTS
-
-        settings = dict(CALIBRATION_DEFAULTS)
+    settings = goodput_settings(experiment)
     cell = experiment.cells.get(cell_id=cell_id)
     first = Run.objects.filter(experiment=experiment, scenario=CALIBRATION).count()
     try:
@@ -560,7 +551,6 @@ def offered_load(*, experiment: Experiment) -> dict[str, Any]:
         "mixture_specific": bool(workload.mixture_rates),
     }
     if workload.rates_source == "probe" and d.get("rates"):
-        cap = d["capacities"][d["binding_mixture"]]
         fractions = ", ".join(f"{name} {float(f):g}" for name, f in sorted(d["fractions"].items()))
         steps = sum(len(p["steps"]) for p in d.get("probes", []))
         if d.get("mixture_rates"):
@@ -570,6 +560,7 @@ def offered_load(*, experiment: Experiment) -> dict[str, Any]:
                 f"capacity ({caps} req/s; {steps} probe runs)"
             )
         else:
+            cap = d["capacities"][d["binding_mixture"]]
             said = (
                 f"frozen from B0's measured capacity: {fractions} of {cap:g} req/s "
                 f"(mixture {d['binding_mixture']}, the first to saturate; {steps} probe runs)"

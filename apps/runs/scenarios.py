@@ -10,9 +10,11 @@ analysis keeps them apart from it. The generators are pure
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from apps.analysis.decide import CALIBRATION_SCENARIO, NOT_FAILURE_SCENARIOS, UNIFORM_SCENARIO
 from apps.analysis.scenarios import decode_step_ms, scenario_verdict, scenarios_summary
@@ -30,6 +32,7 @@ from apps.workloads.scenarios import (
     scenario_windows,
 )
 from apps.workloads.services import tokenizer_dir, trace_store
+from apps.workloads.tracefile import Trace as TraceFile
 from workers.replay.records import SCALAR_RECORD_FIELDS
 
 # Run.scenario of the capacity probe's runs (apps/runs/calibration.py) and of the
@@ -37,7 +40,50 @@ from workers.replay.records import SCALAR_RECORD_FIELDS
 CALIBRATION = CALIBRATION_SCENARIO
 UNIFORM = UNIFORM_SCENARIO
 SCENARIO_RATE_NAME = "scenario"
-_RECORD_FIELDS = SCALAR_RECORD_FIELDS
+
+
+def failure_scenario_runs(*, experiment: Experiment) -> QuerySet[Run]:
+    """The experiment's failure-scenario runs (not the sweep, the probe's runs or the uniform companions)."""
+    return experiment.runs.exclude(scenario="").exclude(scenario__in=NOT_FAILURE_SCENARIOS)
+
+
+def probe_run_create(
+    *,
+    experiment: Experiment,
+    cell: ServerConfig,
+    trace: Trace,
+    mixture: str,
+    rate_name: str,
+    rate_rps: float,
+    position: int,
+    windows: Mapping[str, Any],
+) -> Run:
+    """A queued probe run (``scenario="calibration"``) replaying a stored trace on ``cell``.
+
+    Capacity-probe steps, goodput searches and the pace run are all this: one
+    engine run the caller executes inline, kept apart from the sweep.
+    ``windows`` has ``warmup_s``, ``observation_s`` and ``drain_deadline_s``.
+    """
+    return Run.objects.create(
+        experiment=experiment,
+        cell=cell,
+        mixture=mixture,
+        rate_name=rate_name,
+        rate_rps=rate_rps,
+        repeat=1,
+        round_position=position,
+        plan_position=position,
+        scenario=CALIBRATION,
+        trace=trace,
+        trace_sha256=trace.sha256,
+        corpus_sha256=trace.corpus_sha256,
+        requests_planned=trace.requests,
+        model_revision=experiment.model_revision,
+        tokenizer_revision=experiment.tokenizer_revision,
+        warmup_seconds=float(windows["warmup_s"]),
+        observation_seconds=float(windows["observation_s"]),
+        drain_deadline_seconds=float(windows["drain_deadline_s"]),
+    )
 
 
 def _policy(cell: ServerConfig) -> str:
@@ -121,10 +167,10 @@ def experiment_pace(*, experiment: Experiment) -> tuple[float | None, str | None
         .only("pk", "run_id", "rate_rps", "mixture")
     )
     for run in probes:
-        records = RequestRecord.objects.filter(run=run).values(*_RECORD_FIELDS)
+        records = RequestRecord.objects.filter(run=run).values(*SCALAR_RECORD_FIELDS)
         pace = decode_step_ms(records)
         if pace is not None:
-            return pace, f"capacity probe run {run.run_id} (B0, {run.mixture}, {run.rate_rps:g} req/s)"
+            return pace, f"probe run {run.run_id} (B0, {run.mixture}, {run.rate_rps:g} req/s)"
     return None, None
 
 
@@ -161,8 +207,20 @@ PACE_OUTPUT_TOKENS = 128
 
 def scenarios_need_pace(*, experiment: Experiment) -> bool:
     """True when failure scenarios are planned and no finished probe run on B0 gives a pace."""
-    planned = experiment.runs.exclude(scenario="").exclude(scenario__in=NOT_FAILURE_SCENARIOS).exists()
+    planned = failure_scenario_runs(experiment=experiment).exists()
     return planned and experiment_pace(experiment=experiment)[0] is None
+
+
+def pace_trace(*, context: ScenarioContext, tokenizer: PromptTokenizer) -> TraceFile:
+    """The pace run's trace: four streams of the short class, 0.5 s apart, up to 128 tokens each."""
+    short = min(context.classes, key=lambda c: (int(c["input_tokens"]), str(c["name"])))
+    out = max(16, min(PACE_OUTPUT_TOKENS, context.max_model_len - int(short["input_tokens"])))
+    return scenario_trace(
+        name="decode_pressure",
+        context=context,
+        params={**PACE_PARAMS, "output_tokens": out},
+        tokenizer=tokenizer,
+    )
 
 
 def scenario_pace_probe(*, experiment: Experiment, execute: Any) -> float | None:
@@ -172,37 +230,20 @@ def scenario_pace_probe(*, experiment: Experiment, execute: Any) -> float | None
     (``scenario="calibration"``, mixture and rate ``pace``), so
     :func:`experiment_pace` finds it like a capacity probe's step.
     """
-    baseline = experiment.cells.get(role=ServerConfig.Role.BASELINE)
-    ctx = scenario_context(experiment=experiment)
-    short = min(ctx.classes, key=lambda c: (int(c["input_tokens"]), str(c["name"])))
-    out = max(16, min(PACE_OUTPUT_TOKENS, ctx.max_model_len - int(short["input_tokens"])))
-    trace = scenario_trace(
-        name="decode_pressure",
-        context=ctx,
-        params={**PACE_PARAMS, "output_tokens": out},
+    trace = pace_trace(
+        context=scenario_context(experiment=experiment),
         tokenizer=PromptTokenizer(tokenizer_dir(experiment.model_path)),
     )
     row = trace_store(trace=trace, label=f"{experiment.name} pace probe")
-    position = experiment.runs.filter(scenario=CALIBRATION).count()
-    run = Run.objects.create(
+    run = probe_run_create(
         experiment=experiment,
-        cell=baseline,
+        cell=experiment.cells.get(role=ServerConfig.Role.BASELINE),
+        trace=row,
         mixture=PACE,
         rate_name=PACE,
         rate_rps=round(len(trace.requests) / float(trace.meta["observation_s"]), 6),
-        repeat=1,
-        round_position=position,
-        plan_position=position,
-        scenario=CALIBRATION,
-        trace=row,
-        trace_sha256=row.sha256,
-        corpus_sha256=row.corpus_sha256,
-        requests_planned=row.requests,
-        model_revision=experiment.model_revision,
-        tokenizer_revision=experiment.tokenizer_revision,
-        warmup_seconds=0.0,
-        observation_seconds=float(trace.meta["observation_s"]),
-        drain_deadline_seconds=float(trace.meta["drain_deadline_s"]),
+        position=experiment.runs.filter(scenario=CALIBRATION).count(),
+        windows=trace.meta,
     )
     try:
         execute(run_pk=run.pk)
@@ -218,9 +259,7 @@ def scenario_pace_probe(*, experiment: Experiment, execute: Any) -> float | None
 def scenario_traces_freeze(*, experiment: Experiment) -> dict[str, Trace]:
     """Generate and store each scenario's trace once (every cell replays the same bytes)."""
     spec = experiment.spec or {}
-    names = sorted(
-        {r.scenario for r in experiment.runs.exclude(scenario="").exclude(scenario__in=NOT_FAILURE_SCENARIOS)}
-    )
+    names = sorted({r.scenario for r in failure_scenario_runs(experiment=experiment)})
     if not names:
         return {}
     params = {name: (spec.get("scenarios") or {}).get(name, {}).get("params") or {} for name in names}
@@ -255,8 +294,7 @@ def scenario_reports(*, experiment_id: int) -> dict[str, Any]:
     """
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     runs = list(
-        experiment.runs.exclude(scenario="")
-        .exclude(scenario__in=NOT_FAILURE_SCENARIOS)
+        failure_scenario_runs(experiment=experiment)
         .select_related("cell", "trace")
         .order_by("plan_position", "id")
     )
@@ -273,7 +311,9 @@ def scenario_reports(*, experiment_id: int) -> dict[str, Any]:
             "trace_sha256": run.trace_sha256,
         }
         if run.status in Run.FINISHED and run.trace is not None and run.status != Run.Status.CANCELLED:
-            records = list(RequestRecord.objects.filter(run=run).order_by("index").values(*_RECORD_FIELDS))
+            records = list(
+                RequestRecord.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS)
+            )
             samples = list(
                 MetricSample.objects.filter(run=run).values(
                     "t_ns", "phase", "epoch", "name", "labels", "kind", "value"

@@ -245,6 +245,14 @@ def _running_bound(ctx: ScenarioContext, context_tokens: int) -> int | None:
     return min(bounds) if bounds else None
 
 
+def _long_lengths(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[int, int]:
+    """(input, output) tokens of the long burst's requests: the parameters, else the long class within the window."""
+    _, long = _short_long(ctx.classes)
+    out_long = p["long_output_tokens"] or int(long["output_tokens"])
+    in_long = p["long_input_tokens"] or min(int(long["input_tokens"]), ctx.max_model_len - out_long)
+    return int(in_long), int(out_long)
+
+
 def _derived(value: int, rule: str, **inputs: Any) -> dict[str, Any]:
     return {"value": value, "rule": rule, "inputs": inputs}
 
@@ -257,8 +265,8 @@ def scenario_sizing(
     A scenario only tests what it claims if its stress outlasts its window on
     the engine at hand: a burst a fast server clears before the drain deadline
     shows nothing. So the sizes that decide that are derived from B0's decode
-    pace ``decode_step_ms`` (measured by the capacity probe), with a safety
-    factor ``overload``:
+    pace ``decode_step_ms`` (measured by the capacity probe or the pace run),
+    with a safety factor ``overload``:
 
     - long_burst ``burst_size``: at most R long sequences run at once (R from
       max_num_seqs and the KV cache over the long prompt), each needs
@@ -267,8 +275,10 @@ def scenario_sizing(
       is ``overload`` x the time from the burst to the drain deadline.
     - priority_flood ``backlog_output_tokens``: the first wave of the backlog
       must still be decoding ``overload`` x the flood's last arrival, so the
-      rest of the backlog still waits when the flood comes; ``backlog``:
-      3 x the sequences that can run at once (two waves wait).
+      rest of the backlog still waits when the flood comes, yet fit the KV
+      cache whole; ``backlog``: 3 x the sequences that can run at once (two
+      waves wait); ``flood_output_tokens``: the flood holds the freed slots
+      ``overload`` x ``FLOOD_LEAD_S``, so the backlog's next first tokens trail.
     - decode_pressure ``output_tokens``: every stream lasts ``overload`` x the
       ramp, so they overlap.
 
@@ -287,15 +297,14 @@ def scenario_sizing(
     step_s = float(ctx.decode_step_ms) / 1000.0 if ctx.decode_step_ms else None
     fallback = FALLBACK_OF.get(name, FALLBACK)
     overload = float(p.get("overload") or 1.0)
-    short, long = _short_long(ctx.classes)
+    short, _ = _short_long(ctx.classes)
 
     def fixed(key: str) -> None:
         out[key] = fallback[key]
         how["derived"][key] = _derived(out[key], "fixed fallback: B0's decode pace was not measured")
 
     if kind == "long_burst" and out["burst_size"] is None:
-        out_long = out["long_output_tokens"] or int(long["output_tokens"])
-        in_long = out["long_input_tokens"] or min(int(long["input_tokens"]), ctx.max_model_len - out_long)
+        in_long, out_long = _long_lengths(ctx, out)
         running = _running_bound(ctx, in_long)
         window = float(out["observation_s"]) - float(out["burst_at_s"]) + float(out["drain_deadline_s"])
         if step_s and running:
@@ -315,11 +324,12 @@ def scenario_sizing(
             fixed("burst_size")
     elif kind == "priority_flood":
         inp = int(short["input_tokens"])
+        # Admission needs only the prompt in the KV cache, so the prompt bounds how many start.
+        starting = _running_bound(ctx, inp)
         if out["backlog_output_tokens"] is None:
             room = ctx.max_model_len - inp
             # The first wave must fit the KV cache whole: preemption would reorder
             # the backlog by itself, and the check is about the policy's order.
-            starting = _running_bound(ctx, inp)
             if ctx.kv_capacity_tokens and ctx.max_num_seqs and starting:
                 kv_room = int(ctx.kv_capacity_tokens) // starting - inp
                 if kv_room >= MIN_BACKLOG_OUTPUT_TOKENS:
@@ -352,13 +362,11 @@ def scenario_sizing(
             else:
                 fixed("flood_output_tokens")
         if out["backlog"] is None:
-            # Admission needs only the prompt in the KV cache, so the prompt bounds how many start.
-            running = _running_bound(ctx, inp)
-            if running and ctx.max_num_seqs:
-                n = min(MAX_DERIVED_REQUESTS, 3 * running)
+            if starting and ctx.max_num_seqs:
+                n = min(MAX_DERIVED_REQUESTS, 3 * starting)
                 out["backlog"] = n
                 how["derived"]["backlog"] = _derived(
-                    n, "3 x the sequences that can run at once", running=running
+                    n, "3 x the sequences that can run at once", running=starting
                 )
             else:
                 fixed("backlog")
@@ -393,8 +401,7 @@ def _long_burst(ctx: ScenarioContext, p: Mapping[str, Any]) -> tuple[list[_Plann
     obs = float(p["observation_s"])
     if not p["burst_at_s"] < obs:
         raise GenerateError("scenario long_burst: burst_at_s must fall inside observation_s")
-    out_long = p["long_output_tokens"] or int(long["output_tokens"])
-    in_long = p["long_input_tokens"] or min(int(long["input_tokens"]), ctx.max_model_len - out_long)
+    in_long, out_long = _long_lengths(ctx, p)
     _fit("long_burst", ctx, in_long, out_long)
     _fit("long_burst", ctx, int(short["input_tokens"]), int(short["output_tokens"]))
     planned = [

@@ -30,7 +30,7 @@ from apps.analysis.server import server_metrics
 from apps.experiments.models import Experiment
 from apps.runs.hosts import host_register_local
 from apps.runs.models import RequestRecord, Run
-from apps.runs.scenarios import CALIBRATION, scenario_reports
+from apps.runs.scenarios import CALIBRATION, pace_trace, scenario_reports
 from apps.runs.services import experiment_freeze_and_enqueue
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.scenarios import (
@@ -155,15 +155,8 @@ def _replay(
 
 
 def _pace(server: EngineServer, tok: PromptTokenizer) -> float:
-    """The server's decode pace: four streams of 128 tokens, 0.5 s apart, measured like the probe's."""
-    params = {
-        "concurrency": 4,
-        "ramp_s": 2.0,
-        "observation_s": 2.5,
-        "output_tokens": 128,
-        "drain_deadline_s": 30,
-    }
-    trace = scenario_trace(name="decode_pressure", context=_context(), params=params, tokenizer=tok)
+    """The server's decode pace, measured on the pipeline's own pace-run trace."""
+    trace = pace_trace(context=_context(), tokenizer=tok)
     records, _, _ = _replay(server, trace, "pace")
     pace = decode_step_ms(records)
     assert pace is not None, records
