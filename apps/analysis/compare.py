@@ -1,84 +1,151 @@
-"""Paired comparison of a candidate with B0: seeded bootstrap CIs and material differences. Pure.
+"""Paired comparison of candidates with B0: a two-stage block bootstrap and one-sided tests. Pure.
 
 Every cell replayed the same trace in each (mixture, rate, repeat), so request
 ``index`` i of a candidate's run and of B0's run are the same request: the
-comparison is paired. The bootstrap (docs/ANALYSIS.md) draws, per replicate,
+comparison is paired. Per (mixture, rate, class) the bootstrap
+(docs/ANALYSIS.md, "How much the verdict can be trusted") draws, per replicate,
 
 1. the repeats with replacement (R of R), then
-2. within each drawn repeat, the trace's cohort requests with replacement,
+2. within each drawn repeat, blocks of consecutive requests in arrival order
+   (circular, ``inference.block_length`` long) until the run's size is reached,
 
-and applies the SAME draw to B0 and to the candidate, so the difference of a
-replicate is a difference over identical traffic. The draws are seeded by the
-options' seed and the (mixture, rate, class) key only: the same records always
-give the same intervals, whichever order cells are analysed in.
+and applies the SAME draw to B0 and to every candidate. Blocks keep the
+queueing correlation of neighbouring requests inside a replicate, which
+independent draws would break (and so understate the noise).
 
-Inter-token latency comes from merged per-request histograms, so only step 1
-(repeats) is resampled for it; with few repeats its interval is wide, which
-is honest.
+Censoring is handled one-sidedly. A value that was not observed has a lower
+bound (metrics.Derived); testing "better" uses B0's lower bound against the
+candidate's +inf, testing "worse" the mirror image, so a draw where both sides
+are censored supports neither claim.
+
+Each metric gets one-sided bootstrap p-values for "better" and "worse"; the
+gain family and Holm's adjustment are applied afterwards (apps/analysis/family.py).
+Draws are seeded by the options' seed and the (mixture, rate, class) key only.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from apps.analysis import inference
 from apps.analysis.metrics import Derived
 from workers.replay.records import GapHistogram
+
+# Tail metrics per request: kind -> the Derived fields of its value and lower bound.
+LATENCY_KINDS: dict[str, tuple[str, str]] = {
+    "ttft": ("ttft_ms", "ttft_bound_ms"),
+    "e2e": ("e2e_ms", "e2e_bound_ms"),
+    "max_stall": ("stall_ms", "stall_bound_ms"),
+}
+LEVELS = ("p99", "p95")
+
+
+def latency_metric(kind: str, level: str) -> str:
+    return f"{kind}_{level}_ms"
+
+
+def metric_kind(metric: str) -> str | None:
+    """'e2e_p95_ms' -> 'e2e'; None for a metric that is not a per-request tail."""
+    for kind in LATENCY_KINDS:
+        if metric.startswith(kind + "_p"):
+            return kind
+    return None
+
 
 # metric -> True when higher is better.
 HIGHER_IS_BETTER: dict[str, bool] = {
     "goodput_rps": True,
     "contract_share": True,
-    "ttft_p99_ms": False,
-    "e2e_p99_ms": False,
-    "max_stall_p99_ms": False,
+    **{latency_metric(k, lv): False for lv in LEVELS for k in LATENCY_KINDS},
     "itl_p99_ms": False,
 }
 LATENCY_METRICS = ("ttft_p99_ms", "e2e_p99_ms", "max_stall_p99_ms", "itl_p99_ms")
+PRIMARY_CHOICES = tuple(latency_metric(k, "p99") for k in LATENCY_KINDS)
 
 
 def _default_abs() -> dict[str, float]:
-    return {
-        "goodput_rps": 0.01,
-        "contract_share": 0.01,
-        "ttft_p99_ms": 5.0,
-        "e2e_p99_ms": 5.0,
-        "max_stall_p99_ms": 5.0,
-        "itl_p99_ms": 1.0,
+    out = {"goodput_rps": 0.01, "contract_share": 0.01, "itl_p99_ms": 1.0}
+    out.update({latency_metric(k, lv): 5.0 for lv in LEVELS for k in LATENCY_KINDS})
+    return out
+
+
+OPTION_KEYS = frozenset(
+    {
+        "resamples",
+        "seed",
+        "confidence",
+        "min_effect_rel",
+        "min_effect_abs",
+        "family_alpha",
+        "noninferiority_margin_rel",
+        "contract_alpha",
+        "itl_min_repeats",
+        "seed_check",
     }
+)
+MIN_RESAMPLES = 2000
 
 
 @dataclass(frozen=True)
 class CompareOptions:
-    resamples: int = 200
+    # Bootstrap draws: at least this many, more as the gain family grows (inference.family_resamples).
+    resamples: int = MIN_RESAMPLES
     seed: int = 0
+    # The interval shown and the "materially worse" guard (two-sided, uncorrected).
     confidence: float = 0.95
-    # A difference is material only when its interval excludes zero AND it is
-    # larger than both of these (relative to B0's value, and absolute).
+    # A difference is material only when it is larger than both of these
+    # (relative to B0's value, and absolute) as well as significant.
     min_effect_rel: float = 0.05
     min_effect_abs: Mapping[str, float] = field(default_factory=_default_abs)
+    # Family-wise error rate of the gains a retune rests on (Holm).
+    family_alpha: float = 0.05
+    # Non-inferiority: the interval's upper end of every class's primary metric
+    # must stay below B0 x (1 + this).
+    noninferiority_margin_rel: float = 0.25
+    # Exact binomial test of a contract limit: broken when the share over it is above
+    # the allowed share with confidence 1 - this.
+    contract_alpha: float = 0.05
+    # Inter-token latency is resampled by repeat only: below this many repeats it is never material.
+    itl_min_repeats: int = 5
+    # Repeat the comparison under a second seed and mark what changes "borderline".
+    seed_check: bool = True
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> CompareOptions:
         data = dict(data or {})
-        unknown = set(data) - {"resamples", "seed", "confidence", "min_effect_rel", "min_effect_abs"}
+        unknown = set(data) - OPTION_KEYS
         if unknown:
             raise ValueError(f"unknown comparison options: {', '.join(sorted(unknown))}")
         abs_ = _default_abs()
-        for k, v in dict(data.pop("min_effect_abs", {}) or {}).items():
+        given = dict(data.pop("min_effect_abs", {}) or {})
+        for k, v in given.items():
             if k not in abs_:
                 raise ValueError(f"min_effect_abs: unknown metric {k!r}")
             abs_[k] = float(v)
+        # A p95 fallback takes its p99's minimum effect unless it is given itself.
+        for k, v in given.items():
+            twin = k.replace("_p99_", "_p95_")
+            if k.endswith("_p99_ms") and twin in abs_ and twin not in given:
+                abs_[twin] = float(v)
         opts = cls(min_effect_abs=abs_, **data)
-        if opts.resamples < 10:
-            raise ValueError("resamples must be at least 10")
-        if not 0.5 < opts.confidence < 1:
-            raise ValueError("confidence must be in (0.5, 1)")
+        if opts.resamples < MIN_RESAMPLES:
+            raise ValueError(f"resamples must be at least {MIN_RESAMPLES}")
+        for name in ("confidence",):
+            if not 0.5 < getattr(opts, name) < 1:
+                raise ValueError(f"{name} must be in (0.5, 1)")
+        for name in ("family_alpha", "contract_alpha"):
+            if not 0 < getattr(opts, name) < 0.5:
+                raise ValueError(f"{name} must be in (0, 0.5)")
+        if not 0 < opts.noninferiority_margin_rel <= 1:
+            raise ValueError("noninferiority_margin_rel must be in (0, 1]")
+        if opts.itl_min_repeats < 2:
+            raise ValueError("itl_min_repeats must be at least 2")
         return opts
 
     def to_json(self) -> dict[str, Any]:
@@ -88,165 +155,180 @@ class CompareOptions:
             "confidence": self.confidence,
             "min_effect_rel": self.min_effect_rel,
             "min_effect_abs": dict(self.min_effect_abs),
+            "family_alpha": self.family_alpha,
+            "noninferiority_margin_rel": self.noninferiority_margin_rel,
+            "contract_alpha": self.contract_alpha,
+            "itl_min_repeats": self.itl_min_repeats,
+            "seed_check": self.seed_check,
         }
 
 
-def group_rng(options: CompareOptions, key: str) -> np.random.Generator:
-    return np.random.default_rng([options.seed, zlib.crc32(key.encode())])
+def group_seed(seed: int, key: str) -> list[int]:
+    return [seed, zlib.crc32(key.encode())]
+
+
+# Bootstrap rows generated at once: bounds memory to about this many counts.
+CHUNK_CELLS = 4_000_000
 
 
 @dataclass
 class Resampling:
-    """Weights of every request per replicate: row 0 the full sample, rows 1..R each repeat alone,
-    then the bootstrap replicates; columns are the repeats' frames concatenated."""
+    """How often each request is drawn, per replicate, generated chunk by chunk.
 
-    counts: np.ndarray
-    repeat_mult: np.ndarray  # (resamples, R): how often each repeat was drawn
+    Columns are the repeats' frames concatenated (each frame in arrival order).
+    ``fixed()`` holds the full sample (row 0) and each repeat alone (rows 1..R);
+    ``chunks()`` yields the bootstrap replicates, the same ones on every call.
+    """
+
     sizes: list[int]
-    # Kept once per resampling, not per metric: requests per row, and the
-    # counts as float32 for BLAS (exact: every sum stays below 2**24).
-    totals: np.ndarray = field(init=False)
-    counts_f: np.ndarray = field(init=False)
+    resamples: int
+    seed: Sequence[int]
+    blocks: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.totals = self.counts.sum(axis=1, dtype=np.int64)
-        self.counts_f = self.counts.astype(np.float32)
+        self.blocks = [inference.block_length(n) for n in self.sizes]
 
     @property
     def n_repeats(self) -> int:
         return len(self.sizes)
 
+    @property
+    def total(self) -> int:
+        return int(sum(self.sizes))
 
-def resampling(sizes: Sequence[int], *, resamples: int, rng: np.random.Generator) -> Resampling:
-    n_rep = len(sizes)
-    total = int(sum(sizes))
-    mult = np.zeros((resamples, n_rep), dtype=np.int64)
-    if n_rep:
-        picks = rng.integers(0, n_rep, size=(resamples, n_rep))
-        for r in range(n_rep):
-            mult[:, r] = (picks == r).sum(axis=1)
-    boot = np.zeros((resamples, total), dtype=np.int32)
-    offset = 0
-    for r, n in enumerate(sizes):
-        for k in range(n_rep):
-            active = np.flatnonzero(mult[:, r] > k)
-            if active.size == 0 or n == 0:
-                continue
-            draws = rng.integers(0, n, size=(active.size, n))
-            flat = (np.arange(active.size)[:, None] * n + draws).ravel()
-            boot[active, offset : offset + n] += np.bincount(flat, minlength=active.size * n).reshape(
-                active.size, n
-            )
-        offset += n
-    fixed = np.zeros((1 + n_rep, total), dtype=np.int32)
-    fixed[0] = 1
-    offset = 0
-    for r, n in enumerate(sizes):
-        fixed[1 + r, offset : offset + n] = 1
-        offset += n
-    return Resampling(counts=np.vstack([fixed, boot]), repeat_mult=mult, sizes=list(sizes))
+    def fixed(self) -> np.ndarray:
+        out = np.zeros((1 + self.n_repeats, self.total), dtype=np.int32)
+        out[0] = 1
+        offset = 0
+        for r, n in enumerate(self.sizes):
+            out[1 + r, offset : offset + n] = 1
+            offset += n
+        return out
 
-
-def _quantile_full(sorted_v: np.ndarray, counts_sorted: np.ndarray, q: float) -> np.ndarray:
-    cum = np.cumsum(counts_sorted, axis=1, dtype=np.int64)
-    total = cum[:, -1]
-    k = np.maximum(1, np.ceil(q * total - 1e-9)).astype(np.int64)
-    pos = (cum < k[:, None]).sum(axis=1)
-    out = np.full(counts_sorted.shape[0], np.nan)
-    ok = total > 0
-    out[ok] = sorted_v[np.minimum(pos[ok], len(sorted_v) - 1)]
-    return out
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(counts, repeat multiplicities) for consecutive slices of the replicates."""
+        rng = np.random.default_rng(list(self.seed))
+        n_rep, total = self.n_repeats, self.total
+        per_chunk = max(16, CHUNK_CELLS // max(1, total))
+        done = 0
+        while done < self.resamples:
+            c = min(per_chunk, self.resamples - done)
+            picks = rng.integers(0, n_rep, size=(c, n_rep)) if n_rep else np.zeros((c, 0), dtype=np.int64)
+            mult = np.stack([(picks == r).sum(axis=1) for r in range(n_rep)], axis=1).astype(np.int64)
+            counts = np.zeros((c, total), dtype=np.int32)
+            offset = 0
+            for r, n in enumerate(self.sizes):
+                for inst in range(int(mult[:, r].max()) if c and n else 0):
+                    active = np.flatnonzero(mult[:, r] > inst)
+                    counts[active, offset : offset + n] += _block_cover(rng, active.size, n, self.blocks[r])
+                offset += n
+            done += c
+            yield counts, mult
 
 
-def weighted_quantile(values: np.ndarray, rs: Resampling, q: float) -> np.ndarray:
-    """Nearest-rank quantile of ``values`` under each row of ``rs.counts``; +inf ranks last.
+def _block_cover(rng: np.random.Generator, rows: int, n: int, b: int) -> np.ndarray:
+    """Per row, how often each of n positions is covered by ceil(n/b) circular blocks (total n)."""
+    k = -(-n // b)
+    lens = np.full(k, b, dtype=np.int64)
+    lens[-1] = n - (k - 1) * b
+    starts = rng.integers(0, n, size=(rows, k))
+    width = 2 * n + 1
+    base = (np.arange(rows, dtype=np.int64) * width)[:, None]
+    size = rows * width
+    diff = np.bincount((base + starts).ravel(), minlength=size) - np.bincount(
+        (base + starts + lens[None, :]).ravel(), minlength=size
+    )
+    cover = diff.reshape(rows, width).cumsum(axis=1)[:, : 2 * n]
+    return (cover[:, :n] + cover[:, n:]).astype(np.int32)
+
+
+class TailQuantile:
+    """Nearest-rank q-quantile of fixed values under many count vectors; +inf ranks last.
 
     A high quantile of a resample almost always lies among the largest values,
-    so the ranks are counted down from the top over a tail a few times wider
-    than needed; the rare row whose quantile falls below that tail is
-    recomputed over all values (the answer is exact either way: values that
-    tie are equal, so their order never changes the result).
+    so ranks are counted down from the top over a tail a few times wider than
+    needed; the rare row whose quantile falls below that tail is recomputed over
+    all values (the answer is exact either way: tied values are equal).
     """
-    counts = rs.counts
-    n = values.size
-    if n == 0 or counts.shape[0] == 0:
-        return np.full(counts.shape[0], np.nan)
-    tail = n if q < 0.9 else min(n, max(64, int(math.ceil((1 - q) * n * 6))))
-    if tail == n:
-        order = np.argsort(values, kind="stable")
-        return _quantile_full(values[order], counts[:, order], q)
-    part = np.argpartition(values, n - tail)[n - tail :]
-    top = part[np.argsort(values[part], kind="stable")][::-1]  # largest first
-    total = rs.totals
-    k = np.maximum(1, np.ceil(q * total - 1e-9)).astype(np.int64)
-    # The k-th smallest is the (total - k + 1)-th largest.
-    need = total - k + 1
-    cum_top = np.cumsum(counts[:, top], axis=1, dtype=np.int32)
-    pos = (cum_top < need[:, None]).sum(axis=1)
-    out = np.full(counts.shape[0], np.nan)
-    inside = (pos < tail) & (total > 0)
-    out[inside] = values[top[pos[inside]]]
-    rest = np.flatnonzero(~inside & (total > 0))
-    if rest.size:
-        order = np.argsort(values, kind="stable")
-        out[rest] = _quantile_full(values[order], counts[rest][:, order], q)
-    return out
+
+    def __init__(self, values: np.ndarray, q: float) -> None:
+        self.values = values
+        self.q = q
+        n = values.size
+        self.order = np.argsort(values, kind="stable")
+        self.tail = n if q < 0.9 else min(n, max(64, int(math.ceil((1 - q) * n * 8))))
+        self.top = self.order[n - self.tail :][::-1]  # largest first
+
+    def _full(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
+        cum = np.cumsum(counts[:, self.order], axis=1, dtype=np.int64)
+        k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
+        pos = (cum < k[:, None]).sum(axis=1)
+        return self.values[self.order[np.minimum(pos, self.values.size - 1)]]
+
+    def of(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
+        out = np.full(counts.shape[0], np.nan)
+        if self.values.size == 0:
+            return out
+        k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
+        need = total - k + 1  # the k-th smallest is the (total - k + 1)-th largest
+        cum_top = np.cumsum(counts[:, self.top], axis=1, dtype=np.int64)
+        pos = (cum_top < need[:, None]).sum(axis=1)
+        inside = (pos < self.tail) & (total > 0)
+        out[inside] = self.values[self.top[pos[inside]]]
+        rest = np.flatnonzero(~inside & (total > 0))
+        if rest.size:
+            out[rest] = self._full(counts[rest], total[rest])
+        return out
 
 
-def side_vectors(d: Derived, aligned: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-request values over the concatenated frames; a missing row (-1) is a failed request."""
+def weighted_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
+    """The q-quantile of ``values`` under each row of ``counts`` (see TailQuantile)."""
+    return TailQuantile(values, q).of(counts, counts.sum(axis=1, dtype=np.int64))
+
+
+@dataclass
+class Side:
+    """One cell's per-request vectors over the concatenated frames."""
+
+    good: np.ndarray
+    hi: dict[str, np.ndarray]  # unobserved -> +inf
+    lo: dict[str, np.ndarray]  # unobserved -> its lower bound (the same array when nothing is censored)
+
+
+def side_vectors(d: Derived, aligned: Sequence[np.ndarray]) -> Side:
+    """A missing row (-1: the cell lacks the request) is a failed request: +inf on both ends."""
     rows = np.concatenate(aligned) if aligned else np.zeros(0, dtype=np.int64)
     present = rows >= 0
     safe = np.where(present, rows, 0)
-
-    def pick(arr: np.ndarray) -> np.ndarray:
-        v = np.where(present, arr[safe], np.nan) if rows.size else np.zeros(0)
-        return np.where(np.isnan(v), np.inf, v)
-
+    hi: dict[str, np.ndarray] = {}
+    lo: dict[str, np.ndarray] = {}
+    for kind, (value_field, bound_field) in LATENCY_KINDS.items():
+        if rows.size == 0:
+            hi[kind] = lo[kind] = np.zeros(0)
+            continue
+        v = np.where(present, getattr(d, value_field)[safe], np.nan)
+        bound = np.where(present, getattr(d, bound_field)[safe], np.inf)
+        seen = ~np.isnan(v)
+        hi[kind] = np.where(seen, v, np.inf)
+        lo[kind] = hi[kind] if seen.all() else np.where(seen, v, bound)
     good = np.where(present, d.good[safe], False) if rows.size else np.zeros(0, dtype=bool)
-    return {
-        "ttft_p99_ms": pick(d.ttft_ms),
-        "e2e_p99_ms": pick(d.e2e_ms),
-        "max_stall_p99_ms": pick(d.stall_ms),
-        "good": good.astype(np.float64),
-    }
+    return Side(good=good.astype(np.float32), hi=hi, lo=lo)
 
 
-def _metric_rows(
-    vectors: dict[str, np.ndarray], rs: Resampling, obs_s: Sequence[float]
-) -> dict[str, np.ndarray]:
-    n_fixed = 1 + rs.n_repeats
-    good = (rs.counts_f @ vectors["good"].astype(np.float32)).astype(np.float64)
-    n_req = rs.totals.astype(np.float64)
-    # Observation time behind each row: all repeats once (row 0), one repeat,
-    # or the drawn repeats (bootstrap rows).
-    obs = np.asarray(obs_s, dtype=np.float64)
-    dur = np.concatenate([[obs.sum()], obs, rs.repeat_mult @ obs]) if obs.size else np.zeros(len(n_req))
-    out = {
-        "goodput_rps": np.divide(good, dur, out=np.zeros_like(good), where=dur > 0),
-        "contract_share": np.divide(good, n_req, out=np.full_like(good, np.nan), where=n_req > 0),
-    }
-    for m in ("ttft_p99_ms", "e2e_p99_ms", "max_stall_p99_ms"):
-        out[m] = weighted_quantile(vectors[m], rs, 0.99)
-    assert all(v.shape[0] == n_fixed + rs.repeat_mult.shape[0] for v in out.values())
-    return out
-
-
-def _hist_rows(hists: Sequence[GapHistogram | None], rs: Resampling) -> np.ndarray:
-    """ITL p99 (ms) for the full sample, each repeat, and each replicate of repeats."""
-    n = rs.n_repeats
+def _hist_rows(hists: Sequence[GapHistogram | None], mult: np.ndarray) -> np.ndarray:
+    """ITL p99 (ms) for each row of repeat multiplicities."""
+    n = len(hists)
     buckets = sorted({b for h in hists if h is not None for b in h.counts})
+    out = np.full(mult.shape[0], math.inf)
+    if not buckets:
+        return out
     weights = np.zeros((n, len(buckets)))
     col = {b: i for i, b in enumerate(buckets)}
     for r, h in enumerate(hists):
         if h is not None:
             for b, c in h.counts.items():
                 weights[r, col[b]] = c
-    mult = np.vstack([np.ones((1, n)), np.eye(n), rs.repeat_mult]).astype(np.float64)
-    merged = mult @ weights
-    out = np.full(merged.shape[0], math.inf)
-    if not buckets:
-        return out
+    merged = mult.astype(np.float64) @ weights
     cum = np.cumsum(merged, axis=1)
     total = cum[:, -1]
     # Same rule as GapHistogram.quantile: the first bucket whose running total reaches q * total.
@@ -257,83 +339,242 @@ def _hist_rows(hists: Sequence[GapHistogram | None], rs: Resampling) -> np.ndarr
     return out
 
 
+@dataclass
+class Rows:
+    """A metric of one side over every row: fixed rows first (full, each repeat), then replicates."""
+
+    hi: np.ndarray
+    lo: np.ndarray
+
+
+def _rows_of_sides(
+    sides: Mapping[str, Side],
+    rs: Resampling,
+    *,
+    levels: Sequence[str],
+    obs_s: Sequence[float],
+    hists: Mapping[str, Sequence[GapHistogram | None]],
+) -> dict[str, dict[str, Rows]]:
+    """Every side's metrics over the fixed rows and every replicate, in one pass over the draws."""
+    quantiles = {
+        name: {
+            (kind, level, end): TailQuantile(vec, inference.QUANTILE_OF_LEVEL[level])
+            for kind in LATENCY_KINDS
+            for level in levels
+            for end, vec in (("hi", side.hi[kind]), ("lo", side.lo[kind]))
+            if end == "hi" or side.lo[kind] is not side.hi[kind]
+        }
+        for name, side in sides.items()
+    }
+    obs = np.asarray(obs_s, dtype=np.float64)
+    parts: dict[str, dict[str, list[np.ndarray]]] = {name: {} for name in sides}
+    fixed_mult = np.vstack([np.ones((1, rs.n_repeats), dtype=np.int64), np.eye(rs.n_repeats, dtype=np.int64)])
+    mults = []
+    blocks: Iterator[tuple[np.ndarray, np.ndarray]] = iter([(rs.fixed(), fixed_mult)])
+    for counts, mult in _chain(blocks, rs.chunks()):
+        mults.append(mult)
+        total = counts.sum(axis=1, dtype=np.int64)
+        counts_f = counts.astype(np.float32)
+        dur = mult @ obs if obs.size else np.zeros(counts.shape[0])
+        for name, side in sides.items():
+            add = parts[name]
+            good = (counts_f @ side.good).astype(np.float64)
+            add.setdefault("goodput_rps", []).append(
+                np.divide(good, dur, out=np.zeros_like(good), where=dur > 0)
+            )
+            add.setdefault("contract_share", []).append(
+                np.divide(good, total, out=np.full_like(good, np.nan), where=total > 0)
+            )
+            for (kind, level, end), tq in quantiles[name].items():
+                add.setdefault(f"{latency_metric(kind, level)}:{end}", []).append(tq.of(counts, total))
+    all_mult = np.vstack(mults)
+    out: dict[str, dict[str, Rows]] = {}
+    for name in sides:
+        got = {k: np.concatenate(v) for k, v in parts[name].items()}
+        mine = {m: Rows(hi=got[m], lo=got[m]) for m in ("goodput_rps", "contract_share")}
+        for kind in LATENCY_KINDS:
+            for level in levels:
+                m = latency_metric(kind, level)
+                mine[m] = Rows(hi=got[f"{m}:hi"], lo=got.get(f"{m}:lo", got[f"{m}:hi"]))
+        itl = _hist_rows(hists[name], all_mult)
+        mine["itl_p99_ms"] = Rows(hi=itl, lo=itl)
+        out[name] = mine
+    return out
+
+
+def _chain(*its: Iterator[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for it in its:
+        yield from it
+
+
 def _num(x: float | None) -> float | None:
     if x is None or not math.isfinite(x):
         return None
     return float(round(x, 6))
 
 
-def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # Both censored (inf - inf) gives NaN: the difference is unknown, not zero.
-    with np.errstate(invalid="ignore"):
-        return a - b
+def _q(values: np.ndarray, p: float) -> float:
+    return float(np.quantile(values, p, method="inverted_cdf")) if values.size else math.nan
 
 
 def judge(
-    metric: str, cand: np.ndarray, base: np.ndarray, rs: Resampling, options: CompareOptions
+    metric: str,
+    cand: Rows,
+    base: Rows,
+    *,
+    n_rep: int,
+    options: CompareOptions,
+    judged: bool = True,
+    note: str | None = None,
 ) -> dict[str, Any]:
-    """Point difference, CI, repeat variation and the material verdict of one metric."""
-    n_rep = rs.n_repeats
-    diffs = _diff(cand, base)
+    """Point difference, interval, one-sided p-values, the worse guard and non-inferiority of one metric.
+
+    "Harm" is candidate − B0 for a lower-is-better metric and B0 − candidate
+    otherwise. For the better test the harm is taken at its largest (candidate's
+    +inf, B0's lower bound), for the worse test at its smallest (the mirror), so
+    censored draws never support a claim. ``direction`` is "worse" (guard,
+    uncorrected), else "same"; "better" is set by the gain family (family.py).
+    """
+    higher = HIGHER_IS_BETTER[metric]
+    with np.errstate(invalid="ignore"):
+        if higher:
+            h_better = base.hi - cand.hi
+            h_worse = h_better
+        else:
+            h_better = cand.hi - base.lo
+            h_worse = cand.lo - base.hi
+    h_better = np.where(np.isnan(h_better), np.inf, h_better)
+    h_worse = np.where(np.isnan(h_worse), -np.inf, h_worse)
+    boot_b, boot_w = h_better[1 + n_rep :], h_worse[1 + n_rep :]
+    draws = int(boot_b.size)
+    a2 = (1 - options.confidence) / 2
+    p_better = (1 + int(np.count_nonzero(boot_b >= 0))) / (draws + 1)
+    p_worse = (1 + int(np.count_nonzero(boot_w <= 0))) / (draws + 1)
+    harm_lo, harm_hi = _q(boot_w, a2), _q(boot_b, 1 - a2)
+    ci = [-harm_hi, -harm_lo] if higher else [harm_lo, harm_hi]
+    with np.errstate(invalid="ignore"):
+        diffs = cand.hi - base.hi
     point = float(diffs[0])
-    boot = diffs[1 + n_rep :]
-    known = boot[~np.isnan(boot)]
-    alpha = (1 - options.confidence) / 2
-    if known.size:
-        lo, hi = (float(x) for x in np.quantile(known, [alpha, 1 - alpha], method="inverted_cdf"))
-    else:
-        lo = hi = math.nan
+    b0, b0_lo = float(base.hi[0]), float(base.lo[0])
+    reference = b0 if math.isfinite(b0) else b0_lo
+    threshold = options.min_effect_abs.get(metric, 0.0)
+    if math.isfinite(reference):
+        threshold = max(threshold, options.min_effect_rel * abs(reference))
+    improvement, harm = -float(h_better[0]), float(h_worse[0])
+    worse = bool(judged and p_worse <= a2 and harm > threshold)
+    margin = options.noninferiority_margin_rel * abs(reference) if math.isfinite(reference) else math.nan
+    noninferior = bool(judged and math.isfinite(margin) and harm_hi < margin) if not higher else None
     rep = diffs[1 : 1 + n_rep]
     rep_known = rep[np.isfinite(rep)]
-    b0 = float(base[0])
-    threshold = options.min_effect_abs.get(metric, 0.0)
-    if math.isfinite(b0):
-        threshold = max(threshold, options.min_effect_rel * abs(b0))
-    excludes_zero = (lo > 0 or hi < 0) if not math.isnan(lo) else False
-    material = bool(excludes_zero and not math.isnan(point) and abs(point) > threshold)
-    if material:
-        better = (point > 0) == HIGHER_IS_BETTER[metric]
-        direction = "better" if better else "worse"
-    else:
-        direction = "same"
     return {
         "b0": _num(b0),
-        "candidate": _num(float(cand[0])),
+        "candidate": _num(float(cand.hi[0])),
         "b0_censored": math.isinf(b0),
-        "candidate_censored": math.isinf(float(cand[0])),
+        "candidate_censored": math.isinf(float(cand.hi[0])),
+        "b0_above": _num(b0_lo) if math.isinf(b0) else None,
+        "candidate_above": _num(float(cand.lo[0])) if math.isinf(float(cand.hi[0])) else None,
         "diff": _num(point),
-        "ci": [_num(lo), _num(hi)],
-        "ci_unbounded": [math.isinf(lo), math.isinf(hi)],
-        "b0_repeats": [_num(float(x)) for x in base[1 : 1 + n_rep]],
-        "candidate_repeats": [_num(float(x)) for x in cand[1 : 1 + n_rep]],
+        "ci": [_num(ci[0]), _num(ci[1])],
+        "ci_unbounded": [math.isinf(ci[0]), math.isinf(ci[1])],
+        "b0_repeats": [_num(float(x)) for x in base.hi[1 : 1 + n_rep]],
+        "candidate_repeats": [_num(float(x)) for x in cand.hi[1 : 1 + n_rep]],
         "repeat_diffs": [_num(float(x)) for x in rep],
         "repeat_std": _num(float(np.std(rep_known))) if rep_known.size > 1 else None,
         "repeat_range": [_num(float(rep_known.min())), _num(float(rep_known.max()))]
         if rep_known.size
         else None,
         "threshold": _num(threshold),
-        "material": material,
-        "direction": direction,
+        "improvement": _num(improvement),
+        "p_better": float(round(p_better, 6)),
+        "p_worse": float(round(p_worse, 6)),
+        "draws": draws,
+        "noninferior": noninferior,
+        "noninferiority_margin": _num(margin),
+        "judged": judged,
+        "note": note,
+        "worse": worse,
+        "material": worse,
+        "direction": "worse" if worse else "same",
     }
 
 
-def compare_class(
+def b0_spread(rows: Rows, n_rep: int) -> float:
+    """Robust bootstrap standard error of B0's own value: half the 16-84% range of its replicates."""
+    boot = rows.hi[1 + n_rep :]
+    if boot.size == 0:
+        return math.nan
+    lo, hi = _q(boot, 0.158655), _q(boot, 0.841345)
+    return (hi - lo) / 2 if math.isfinite(lo) and math.isfinite(hi) else math.inf
+
+
+@dataclass
+class GroupResult:
+    """Every candidate's judged metrics of one (mixture, rate, class), and B0's own spread."""
+
+    metrics: dict[str, dict[str, dict[str, Any]]]
+    levels: list[str]
+    b0: dict[str, float]
+    b0_se: dict[str, float]
+
+
+def compare_group(
     d: Derived,
     *,
     rs: Resampling,
+    cls: str,
     base_aligned: Sequence[np.ndarray],
-    cand_aligned: Sequence[np.ndarray],
+    cands: Mapping[str, Sequence[np.ndarray]],
     obs_s: Sequence[float],
     base_hists: Sequence[GapHistogram | None],
-    cand_hists: Sequence[GapHistogram | None],
+    cand_hists: Mapping[str, Sequence[GapHistogram | None]],
     options: CompareOptions,
-) -> dict[str, dict[str, Any]]:
-    """Every compared metric of one class: candidate - B0 over the shared traffic."""
-    b = _metric_rows(side_vectors(d, base_aligned), rs, obs_s)
-    c = _metric_rows(side_vectors(d, cand_aligned), rs, obs_s)
-    b["itl_p99_ms"] = _hist_rows(base_hists, rs)
-    c["itl_p99_ms"] = _hist_rows(cand_hists, rs)
-    return {m: judge(m, c[m], b[m], rs, options) for m in HIGHER_IS_BETTER}
+) -> GroupResult:
+    """Candidate − B0 for every candidate over the shared traffic of one (mixture, rate, class).
+
+    1. The tail level judged: p99 when the pooled requests reach judgeable_n(0.99),
+       else p95 (the p99 entries stay, marked not judged), else none.
+    2. One pass over the replicates computes every side's metrics on the same draws.
+    3. Each metric is judged (judge); ITL is not judged below itl_min_repeats repeats.
+    """
+    n = rs.total
+    n_rep = rs.n_repeats
+    level = inference.judged_level(n)
+    levels = ["p99"] if level == "p99" else ["p99", "p95"]
+    sides = {"": side_vectors(d, base_aligned)}
+    sides.update({cell: side_vectors(d, aligned) for cell, aligned in cands.items()})
+    rows = _rows_of_sides(sides, rs, levels=levels, obs_s=obs_s, hists={"": base_hists, **dict(cand_hists)})
+    notes: dict[str, str | None] = {}
+    for kind in LATENCY_KINDS:
+        for lv in levels:
+            need = inference.judgeable_n(inference.QUANTILE_OF_LEVEL[lv])
+            notes[latency_metric(kind, lv)] = (
+                None if n >= need else f"not enough requests to judge {cls} {kind} {lv} (n={n} < {need})"
+            )
+    if n_rep < options.itl_min_repeats:
+        notes["itl_p99_ms"] = (
+            f"inter-token latency is resampled by repeat only: with {n_rep} repeats "
+            f"(< {options.itl_min_repeats}) it is never called material"
+        )
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for cell in cands:
+        out[cell] = {
+            m: judge(
+                m,
+                rows[cell][m],
+                rows[""][m],
+                n_rep=n_rep,
+                options=options,
+                judged=notes.get(m) is None,
+                note=notes.get(m),
+            )
+            for m in rows[""]
+        }
+    return GroupResult(
+        metrics=out,
+        levels=[level] if level else [],
+        b0={m: float(r.hi[0]) for m, r in rows[""].items()},
+        b0_se={m: b0_spread(r, n_rep) for m, r in rows[""].items()},
+    )
 
 
 def align(frame_index: np.ndarray, rows: np.ndarray | None, index: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from apps.analysis import inference
 from apps.analysis.metrics import pvalue
 
 RETAIN, RETUNE, ISOLATE, INCONCLUSIVE = "retain", "retune", "isolate", "inconclusive"
@@ -164,50 +165,84 @@ def validity_check(
 def acceptance_check(
     *,
     cells: Sequence[Mapping[str, Any]],
-    run_results: Sequence[Mapping[str, Any]],
+    classes: Sequence[Mapping[str, Any]],
+    aggregates: Sequence[Mapping[str, Any]],
     agreed: Sequence[tuple[str, str, int]],
+    alpha: float = 0.05,
 ) -> dict[str, Any]:
-    """Per cell: does every class keep its contract in every repeat at every agreed (mixture, rate)?"""
-    by_key: dict[tuple[str, str, str, int], Mapping[str, Any]] = {}
-    for r in run_results:
-        if not r.get("scenario") and r["status"] == "done":
-            by_key.setdefault((r["cell"], r["mixture"], r["rate"], int(r["repeat"])), r)
+    """Per cell: does every class keep its contract at every agreed (mixture, rate)?
+
+    Judged pooled over the repeats, with the uncertainty the counts have: a p99
+    limit is broken when the share of requests over it (an unobserved value is
+    over) is above 1% by an exact one-sided binomial test at ``alpha``; the
+    error rate likewise against its own limit (inference.share_breaks). A point
+    that lacks a done run of some repeat fails ("no done run").
+    """
+    points: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for mix, rate, rep in agreed:
+        points[(mix, rate)].append(int(rep))
+    agg = {(a["cell"], a["mixture"], a["rate"], a["class"]): a for a in aggregates}
+    limits = {str(c["name"]): float(c.get("error_rate", 0.0)) for c in classes}
     out: dict[str, Any] = {}
     for cell in (c["cell_id"] for c in cells):
         failures: list[dict[str, Any]] = []
-        for combo in agreed:
-            run = by_key.get((cell, *combo))
-            if run is None:
+        for (mix, rate), reps in sorted(points.items()):
+            present = [a for (c, m, r, _), a in agg.items() if (c, m, r) == (cell, mix, rate)]
+            done_reps = sorted(set(present[0]["repeats"])) if present else []
+            missing = sorted(set(reps) - set(done_reps))
+            if missing:
                 failures.append(
                     {
-                        "mixture": combo[0],
-                        "rate": combo[1],
-                        "repeat": combo[2],
+                        "mixture": mix,
+                        "rate": rate,
+                        "repeats": missing,
                         "class": None,
                         "broken": ["no done run"],
                     }
                 )
                 continue
-            for name, m in sorted(run["classes"].items()):
-                verdict = m["contract"]
-                if not verdict["met"]:
-                    broken = sorted(k for k, v in verdict.items() if v is False and k != "met")
+            for name in sorted(limits):
+                a = agg.get((cell, mix, rate, name))
+                if a is None or a["pooled"]["counts"]["offered"] == 0:
+                    continue
+                m = a["pooled"]
+                over = m.get("over_limit") or {}
+                shares: dict[str, float | None] = {}
+                pvals: dict[str, float] = {}
+                broken = []
+                for key, allowed in (
+                    ("ttft", 0.01),
+                    ("e2e", 0.01),
+                    ("stall", 0.01),
+                    ("error_rate", limits[name]),
+                ):
+                    k, n = over.get(key, [0, 0])
+                    bad, p = inference.share_breaks(k, n, allowed, alpha)
+                    shares[key] = _num(k / n) if n else None
+                    pvals[key] = float(round(p, 6))
+                    if bad:
+                        broken.append(key)
+                if broken:
                     failures.append(
                         {
-                            "mixture": combo[0],
-                            "rate": combo[1],
-                            "repeat": combo[2],
+                            "mixture": mix,
+                            "rate": rate,
+                            "repeats": done_reps,
                             "class": name,
-                            "broken": broken or [verdict.get("reason", "contract")],
+                            "broken": broken,
+                            "share_over": shares,
+                            "p_values": {k: pvals[k] for k in broken},
                             "ttft_p99": m["ttft_ms"]["p99"],
                             "e2e_p99": m["e2e_ms"]["p99"],
                             "max_stall_p99": m["max_stall_ms"]["p99"],
                             "error_rate": m["error_rate"],
                         }
                     )
-        out[cell] = {"passed": not failures and bool(agreed), "failures": failures, "checked": len(agreed)}
+        out[cell] = {"passed": not failures and bool(points), "failures": failures, "checked": len(points)}
     return {
         "status": "pass" if any(v["passed"] for v in out.values()) else "fail",
+        "rule": f"pooled over repeats; a limit is broken when the share over it is above the allowed share "
+        f"(1% for a p99) by an exact binomial test at {alpha:g}",
         "cells": out,
         "agreed": [list(c) for c in agreed],
     }
@@ -553,11 +588,16 @@ def decide(
 ) -> dict[str, Any]:
     """retain / retune / isolate (or inconclusive when B0 itself is not valid data).
 
+    The comparisons carry the gain family's verdicts (apps/analysis/family.py):
+    ``direction`` "better" only on a Holm-significant, material family member.
+
     1. B0 invalid or incomplete: inconclusive; nothing can be compared.
-    2. Eligible candidates: valid, every class keeps its contract in every
-       repeat at every agreed (mixture, rate), and no class is materially worse
-       than B0 on any compared metric there; and, when B0 keeps its contracts,
-       a material gain somewhere (when B0 breaks them, meeting them is the gain).
+    2. Eligible candidates: valid; every class keeps its contract at every agreed
+       (mixture, rate) (acceptance); no class materially worse than B0 on any
+       judged metric there (uncorrected guard); every class's primary metric
+       shown non-inferior (the interval's upper end within the margin); and a
+       gain: when B0 keeps its contracts, some family member is better; when B0
+       breaks them, every metric B0 broke is better (its ``repairs``).
     3. Any eligible: retune to the best, ranked by (a) the largest smallest
        goodput gain over agreed (mixture, rate, class), relative to B0, then
        (b) the lowest worst p99 ratio candidate / B0, then (c) plan order.
@@ -597,6 +637,19 @@ def decide(
             for m, v in sorted(c["metrics"].items())
             if v["direction"] == "better"
         ]
+        not_shown = []
+        for c in comps:
+            primary = c.get("primary")
+            if primary is None:
+                not_shown.append((c["mixture"], c["rate"], c["class"], "not enough requests to judge"))
+            elif not c["metrics"][primary].get("noninferior"):
+                not_shown.append((c["mixture"], c["rate"], c["class"], primary))
+        unrepaired = [
+            (c["mixture"], c["rate"], c["class"], m)
+            for c in comps
+            for m in c.get("repairs") or []
+            if c["metrics"].get(m, {}).get("direction") != "better"
+        ]
         reasons = []
         if cell in invalid:
             reasons.append("invalid")
@@ -604,8 +657,12 @@ def decide(
             reasons.append("breaks a contract")
         if worse:
             reasons.append("a class is materially worse than B0")
+        if not_shown:
+            reasons.append("not shown non-inferior to B0 on a class's primary metric")
         if b0_passes and not better:
             reasons.append("no material gain")
+        if not b0_passes and unrepaired:
+            reasons.append("not materially better on what B0 broke")
         gains = []
         ratios = []
         for c in comps:
@@ -631,6 +688,8 @@ def decide(
                 "worst_p99_ratio": _num(worst_ratio),
                 "material_better": [list(b) for b in better[:10]],
                 "material_worse": [list(w) for w in worse[:10]],
+                "not_shown_noninferior": [list(x) for x in not_shown[:10]],
+                "not_repaired": [list(x) for x in unrepaired[:10]],
             }
         )
         if not reasons:
@@ -644,14 +703,15 @@ def decide(
     if ranked:
         best = ranked[0][3]
         rule = (
-            "best candidate that keeps every class contract in every repeat at every agreed rate and "
-            "mixture, with a material gain and no class materially worse than B0 "
+            "best candidate that keeps every class contract at every agreed rate and mixture, with a "
+            "material gain on a primary metric (family-wise controlled), every class non-inferior and "
+            "no class materially worse than B0 "
             "(ranked by smallest goodput gain, then worst p99 ratio, then plan order)"
         )
         if not b0_passes:
             rule = (
-                "B0 breaks a class contract; best candidate that keeps every contract in every repeat at "
-                "every agreed rate and mixture with no class materially worse than B0"
+                "B0 breaks a class contract; best candidate that keeps every contract at every agreed rate "
+                "and mixture, is materially better on what B0 broke and no class materially worse than B0"
             )
         return {"outcome": RETUNE, "chosen_cell": best, "rule": rule, "evidence": evidence}
     if b0_passes:

@@ -326,7 +326,31 @@ def class_metrics(
         "observation_s": observation_s,
     }
     metrics["contract"] = contract_verdict(metrics, contract)
+    if contract is not None:
+        metrics["over_limit"] = over_limit(d, rows, streamed, contract, failed=failed, base=base)
     return metrics
+
+
+def over_limit(
+    d: Derived, rows: np.ndarray, streamed: np.ndarray, contract: Contract, *, failed: int, base: int
+) -> dict[str, list[int]]:
+    """[requests over the limit, requests judged] per contract limit; an unobserved value is over.
+
+    TTFT is judged over every cohort request, end-to-end and max stall over the
+    streams the client did not cancel, the error rate over offered − cancelled.
+    """
+
+    def count(values: np.ndarray, limit: float) -> list[int]:
+        with np.errstate(invalid="ignore"):
+            over = np.isnan(values) | (values > limit)
+        return [int(np.count_nonzero(over)), int(values.size)]
+
+    return {
+        "ttft": count(d.ttft_ms[rows], contract.ttft_p99_ms),
+        "e2e": count(d.e2e_ms[streamed], contract.e2e_p99_ms),
+        "stall": count(d.stall_ms[streamed], contract.max_stall_ms),
+        "error_rate": [int(failed), int(base)],
+    }
 
 
 def contract_verdict(metrics: Mapping[str, Any], contract: Contract | None) -> dict[str, Any]:

@@ -51,6 +51,7 @@ def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
             "e2e_p99_ms": c.e2e_p99_ms,
             "max_stall_ms": c.max_stall_ms,
             "error_rate": c.error_rate,
+            "primary_metric": c.primary_metric or None,
         }
         for c in experiment.classes.all()
     ]

@@ -21,6 +21,7 @@ from apps.experiments.spec import (
     ARRIVAL_PROCESSES,
     CONTRACT_KEYS,
     CORE_SECTIONS,
+    PRIMARY_METRICS,
     SCHEDULING_POLICIES,
     FieldError,
     SpecError,
@@ -337,6 +338,11 @@ class ClassForm(forms.Form):
     e2e_p99_ms = forms.FloatField(required=False, label="E2E p99 (ms)")
     max_stall_ms = forms.FloatField(required=False, label="Max stall (ms)")
     error_rate = forms.FloatField(required=False, label="Error rate (0-1)")
+    primary_metric = forms.ChoiceField(
+        choices=[("", "by role (short: TTFT, long: E2E)")] + [(m, m) for m in PRIMARY_METRICS],
+        required=False,
+        label="Primary metric",
+    )
 
 
 CellFormSet = formset_factory(CellForm, extra=2, max_num=100)
@@ -438,6 +444,8 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
             "shared_prefix_tokens": cls.get("shared_prefix_tokens") or 0,
             "contract": {k: cls.get(k) for k in CONTRACT_KEYS if cls.get(k) is not None},
         }
+        if cls.get("primary_metric"):
+            entry["primary_metric"] = cls["primary_metric"]
         class_list.append(entry)
 
     arrival: dict[str, Any] = {"process": d.get("arrival_process") or "poisson"}

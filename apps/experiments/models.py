@@ -119,6 +119,8 @@ class RequestClass(models.Model):
     e2e_p99_ms = models.FloatField()
     max_stall_ms = models.FloatField()
     error_rate = models.FloatField()
+    # The metric a gain of this class is judged on (apps/analysis/family.py); "" = by role.
+    primary_metric = models.CharField(max_length=32, blank=True, default="")
     position = models.PositiveIntegerField(default=0)
 
     class Meta:

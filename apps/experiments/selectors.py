@@ -16,6 +16,9 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from apps.accounts.roles import APPROVER, EXPERIMENTER, VIEWER, has_role
+from apps.analysis.compare import CompareOptions
+from apps.analysis.family import primary_metrics
+from apps.analysis.inference import PlannedPoint, planned_power
 from apps.analysis.models import Decision
 from apps.experiments.models import Experiment
 from apps.experiments.plan import expand_plan
@@ -103,6 +106,11 @@ class PlanEstimate:
     rates: int
     repeats: int
     seconds_per_run: float
+    # Per agreed (mixture, rate) and class: the smallest change of its primary metric the
+    # design finds with 80% power (apps/analysis/inference.planned_power).
+    power: tuple[PlannedPoint, ...] = ()
+    # The rates the figure used are provisional until B0's capacity probe freezes them.
+    provisional_rates: bool = False
 
     @property
     def gpu_hours(self) -> float:
@@ -121,6 +129,18 @@ def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
         seed=w["seed"],
     )
     per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"]) + RUN_OVERHEAD_S
+    compare_opts = CompareOptions.from_mapping((spec.get("analysis") or {}).get("compare"))
+    power = planned_power(
+        classes=spec["classes"],
+        mixtures=w["mixtures"],
+        rates=w["rates"],
+        repeats=int(w["repeats"]),
+        observation_s=float(w["observation_s"]),
+        candidates=len(spec["candidates"]),
+        alpha=compare_opts.family_alpha,
+        primary=primary_metrics(spec["classes"]),
+        agreed_rates=(spec.get("analysis") or {}).get("agreed_rates"),
+    )
     return PlanEstimate(
         runs=len(plan),
         cells=len(cells),
@@ -128,6 +148,8 @@ def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
         rates=len(w["rates"]),
         repeats=w["repeats"],
         seconds_per_run=per_run,
+        power=tuple(power),
+        provisional_rates=bool((spec.get("calibration") or {}).get("enabled")),
     )
 
 

@@ -116,6 +116,7 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
                 output_tokens=cls["output_tokens"],
                 priority=cls["priority"],
                 shared_prefix_tokens=cls["shared_prefix_tokens"],
+                primary_metric=cls.get("primary_metric") or "",
                 position=i,
                 **cls["contract"],
             )
@@ -297,6 +298,7 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
                 "output_tokens": rc.output_tokens,
                 "priority": rc.priority,
                 "shared_prefix_tokens": rc.shared_prefix_tokens,
+                **({"primary_metric": rc.primary_metric} if rc.primary_metric else {}),
                 "contract": {
                     "ttft_p99_ms": rc.ttft_p99_ms,
                     "e2e_p99_ms": rc.e2e_p99_ms,

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from apps.analysis.compare import PRIMARY_CHOICES
+
 # Scheduler args a cell may vary, with their types. Everything else that
 # shapes the server is a frozen control (same for every cell) or is refused.
 CELL_ARGS: dict[str, type] = {
@@ -74,6 +76,9 @@ WORKLOAD_KEYS = {
     "max_dispatch_lag_ms",
     "uniform_companion",
 }
+# A class's primary metric: the tail its gains are judged on (docs/ANALYSIS.md);
+# left out, the short class is judged on TTFT and the long class on end-to-end latency.
+PRIMARY_METRICS = PRIMARY_CHOICES
 CONTRACT_KEYS = ("ttft_p99_ms", "e2e_p99_ms", "max_stall_ms", "error_rate")
 WEIGHT_TOLERANCE = 1e-6
 
@@ -328,7 +333,15 @@ def validate_spec(raw: Any) -> dict[str, Any]:
             cls = c.mapping(item, path)
             c.unknown(
                 cls,
-                {"name", "input_tokens", "output_tokens", "priority", "shared_prefix_tokens", "contract"},
+                {
+                    "name",
+                    "input_tokens",
+                    "output_tokens",
+                    "priority",
+                    "shared_prefix_tokens",
+                    "contract",
+                    "primary_metric",
+                },
                 path,
             )
             name = c.text(cls, "name", path)
@@ -355,6 +368,12 @@ def validate_spec(raw: Any) -> dict[str, Any]:
                 ),
                 "contract": contract,
             }
+            primary = cls.get("primary_metric")
+            if primary is not None:
+                if primary not in PRIMARY_METRICS:
+                    c.fail(f"{path}.primary_metric", f"must be one of {', '.join(PRIMARY_METRICS)}")
+                else:
+                    entry["primary_metric"] = primary
             if (
                 max_model_len
                 and entry["input_tokens"]

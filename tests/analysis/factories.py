@@ -29,7 +29,12 @@ def record_row(run: Run, rec: RequestRecord) -> RecordRow:
 
 
 def done_experiment(
-    behaviour: Behaviour | None = None, *, repeats: int = 2, per_run: int = 40, store: bool = True
+    behaviour: Behaviour | None = None,
+    *,
+    repeats: int = 2,
+    per_run: int = 40,
+    spacing_s: float = 0.2,
+    store: bool = True,
 ) -> tuple[Experiment, list[RequestRecord]]:
     """Every planned run marked done on one trace per (mixture, rate, repeat), with records.
 
@@ -50,7 +55,7 @@ def done_experiment(
             kw = dict(behaviour(run.cell.cell_id, run.mixture, run.repeat, cls, i) if behaviour else {})
             kw.setdefault("tokens", 8)
             kw.setdefault("expected", 8)
-            records.append(request(key, i, cls, int(1e9 + i * 0.2e9), **kw))
+            records.append(request(key, i, cls, int(1e9 + i * spacing_s * 1e9), **kw))
         records.append(request(key, per_run, "short", int(0.2e9), warmup=True, tokens=8, expected=8))
     if store:
         runs = {str(r.run_id): r for r in experiment.runs.all()}

@@ -128,10 +128,10 @@ def test_it_prints_the_report_as_json():
 def test_it_takes_analysis_options_and_refuses_bad_ones():
     experiment, _ = done_experiment()
     out = io.StringIO()
-    opts = '{"agreed_rates": ["low"], "compare": {"resamples": 50, "seed": 3}}'
+    opts = '{"agreed_rates": ["low"], "compare": {"resamples": 3000, "seed": 3}}'
     call_command("experiment_report", str(experiment.pk), "--options", opts, stdout=out)
     report = json.loads(out.getvalue())
-    assert report["options"]["compare"]["resamples"] == 50
+    assert report["options"]["compare"]["resamples"] == 3000
     assert report["options"]["agreed_rates"] == ["low"]
     with pytest.raises(CommandError, match="unknown analysis options: nope"):
         call_command("experiment_report", str(experiment.pk), "--options", '{"nope": 1}')

@@ -4,7 +4,17 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apps.analysis.compare import _quantile_full, resampling, weighted_quantile
+from apps.analysis.compare import Resampling, TailQuantile
+
+
+def _sorted_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
+    """The nearest-rank quantile by expanding every row: the slow, obvious way."""
+    out = []
+    for row in counts:
+        expanded = np.sort(np.repeat(values, row))
+        k = max(1, int(np.ceil(q * expanded.size - 1e-9)))
+        out.append(expanded[k - 1])
+    return np.asarray(out)
 
 
 @settings(max_examples=80, deadline=None)
@@ -15,22 +25,22 @@ from apps.analysis.compare import _quantile_full, resampling, weighted_quantile
 )
 def test_it_gets_the_same_quantile_from_the_tail_as_from_all_values(values, seed, q):
     v = np.asarray(values)
-    rs = resampling([v.size], resamples=30, rng=np.random.default_rng(seed))
-    order = np.argsort(v, kind="stable")
-    full = _quantile_full(v[order], rs.counts[:, order], q)
-    fast = weighted_quantile(v, rs, q)
-    np.testing.assert_array_equal(fast, full)
+    rs = Resampling([v.size], 30, [seed])
+    counts = np.vstack([rs.fixed(), *(c for c, _ in rs.chunks())])
+    fast = TailQuantile(v, q).of(counts, counts.sum(axis=1, dtype=np.int64))
+    np.testing.assert_array_equal(fast, _sorted_quantile(v, counts, q))
 
 
 def test_it_resamples_whole_repeats_and_the_requests_within_them():
-    rs = resampling([5, 7], resamples=50, rng=np.random.default_rng(1))
+    rs = Resampling([5, 7], 50, [1])
+    fixed = rs.fixed()
     # Row 0 is the full sample, rows 1 and 2 each repeat alone.
-    assert rs.counts[0].tolist() == [1] * 12
-    assert rs.counts[1].tolist() == [1] * 5 + [0] * 7
-    boot = rs.counts[3:]
+    assert fixed[0].tolist() == [1] * 12
+    assert fixed[1].tolist() == [1] * 5 + [0] * 7
+    boot, mult = next(rs.chunks())
     # Each replicate holds as many requests as its drawn repeats.
-    np.testing.assert_array_equal(boot[:, :5].sum(axis=1), rs.repeat_mult[:, 0] * 5)
-    np.testing.assert_array_equal(boot[:, 5:].sum(axis=1), rs.repeat_mult[:, 1] * 7)
-    assert (rs.repeat_mult.sum(axis=1) == 2).all()
-    again = resampling([5, 7], resamples=50, rng=np.random.default_rng(1))
-    np.testing.assert_array_equal(rs.counts, again.counts)
+    np.testing.assert_array_equal(boot[:, :5].sum(axis=1), mult[:, 0] * 5)
+    np.testing.assert_array_equal(boot[:, 5:].sum(axis=1), mult[:, 1] * 7)
+    assert (mult.sum(axis=1) == 2).all()
+    again, _ = next(Resampling([5, 7], 50, [1]).chunks())
+    np.testing.assert_array_equal(boot, again)

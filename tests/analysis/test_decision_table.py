@@ -117,16 +117,20 @@ def test_it_names_the_cells_and_numbers_behind_a_finding():
     # A tenth unfinished: the error rate breaks, and so does every p99 (it is censored).
     c1 = report["checks"]["acceptance"]["cells"]["C1"]
     assert not c1["passed"]
-    assert {tuple(f["broken"]) for f in c1["failures"]} == {("e2e", "error_rate", "stall", "ttft")}
+    assert {tuple(f["broken"]) for f in c1["failures"]} == {("ttft", "e2e", "stall", "error_rate")}
     assert all(f["e2e_p99"]["censored"] for f in c1["failures"])
 
 
 def test_it_shows_the_material_gain_that_made_a_retune():
     report = build(Plan(), slow_short_b0)
     cmp = next(c for c in report["comparisons"] if c["cell"] == "C1" and c["class"] == "short")
-    ttft = cmp["metrics"]["ttft_p99_ms"]
+    # 180 short requests: the primary TTFT is judged at p95 (p99 needs 299).
+    assert cmp["primary"] == "ttft_p95_ms"
+    assert cmp["metrics"]["ttft_p99_ms"]["judged"] is False
+    ttft = cmp["metrics"]["ttft_p95_ms"]
     assert ttft["diff"] == pytest.approx(-300.0)
     assert ttft["material"] and ttft["direction"] == "better"
+    assert ttft["in_family"] and ttft["p_better_adj"] <= 0.05
     assert ttft["ci"][1] < 0
     assert ttft["repeat_diffs"] == [pytest.approx(-300.0)] * 3
     long_cmp = next(c for c in report["comparisons"] if c["cell"] == "C1" and c["class"] == "long")

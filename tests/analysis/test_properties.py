@@ -89,8 +89,8 @@ def test_it_never_lets_a_cell_pass_or_leave_isolation_after_every_latency_shifts
     def behaviour(extra):
         return lambda cell, mix, rate, rep, cls, idx: {"ttft_ms": per_cell[cell] + extra + idx % 7}
 
-    before = build(plan, behaviour(0.0), options={"compare": {"resamples": 20}})
-    after = build(plan, behaviour(shift), options={"compare": {"resamples": 20}})
+    before = build(plan, behaviour(0.0))
+    after = build(plan, behaviour(shift))
     for cell, verdict in after["checks"]["acceptance"]["cells"].items():
         assert before["checks"]["acceptance"]["cells"][cell]["passed"] or not verdict["passed"]
     if before["decision"]["outcome"] == "isolate":

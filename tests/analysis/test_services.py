@@ -24,7 +24,8 @@ def faster_c1(cell, mix, rep, cls, idx):
 
 
 def test_it_gives_the_same_report_from_the_database_as_from_the_records():
-    experiment, records = done_experiment(faster_c1)
+    # 500 requests a run in its 10 s window: 200 long over two repeats, enough to judge a p95.
+    experiment, records = done_experiment(faster_c1, per_run=500, spacing_s=0.02)
     stored = experiment_report_build(experiment_id=experiment.pk)
     inputs = _experiment_inputs(experiment)
     runs = [
@@ -46,7 +47,7 @@ def test_it_gives_the_same_report_from_the_database_as_from_the_records():
 
 
 def test_it_stores_one_decision_per_experiment_and_replaces_it():
-    experiment, _ = done_experiment(faster_c1)
+    experiment, _ = done_experiment(faster_c1, per_run=500, spacing_s=0.02)
     first = experiment_analyse(experiment_id=experiment.pk)
     assert first.outcome == Decision.Outcome.RETUNE and first.chosen_cell == "C1"
     assert first.checks["validity"]["status"] == "pass"

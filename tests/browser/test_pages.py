@@ -87,6 +87,7 @@ def test_it_creates_through_the_form_and_enforces_who_may_do_what(new_page, role
     erin.click("button[name=preview]")
     assert "3 runs" in erin.inner_text("#plan-estimate")
     assert "GPU-hours" in erin.inner_text("#plan-estimate")
+    assert "80% power" in erin.inner_text("#planned-power")
     assert Experiment.objects.count() == 0
     shot(erin, "03-create-preview")
     erin.click("button[name=create]")
@@ -106,6 +107,7 @@ def test_it_creates_through_the_form_and_enforces_who_may_do_what(new_page, role
     decision = experiment.decision
     erin.goto(f"/experiments/{experiment.pk}/results/")
     assert decision.outcome in erin.inner_text("#decision")
+    assert "family-wise" in erin.inner_text("#statistics")
     erin.wait_for_selector("#latency-ttft .main-svg, div[data-chart='latency-ttft'] .main-svg")
     assert erin.locator(".chart .main-svg").count() >= 6
     shot(erin, "05-results")

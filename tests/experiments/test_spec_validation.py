@@ -145,10 +145,29 @@ def test_it_names_an_unknown_owner(tmp_path) -> None:
 
 def test_it_validates_the_analysis_options() -> None:
     spec = copy.deepcopy(SMALL_SPEC)
-    spec["analysis"] = {"agreed_rates": ["low"], "compare": {"resamples": 200, "seed": 3}}
+    spec["analysis"] = {"agreed_rates": ["low"], "compare": {"resamples": 3000, "seed": 3}}
     assert validate_spec(spec)["analysis"]["agreed_rates"] == ["low"]
     spec["analysis"] = {"agreed_rates": ["peak"], "bogus": 1}
     with pytest.raises(SpecError) as info:
         validate_spec(spec)
     paths = [e.path for e in info.value.errors]
     assert "analysis.agreed_rates[0]" in paths and "analysis" in paths
+
+
+def test_it_takes_a_primary_metric_per_class_and_refuses_an_unknown_one() -> None:
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["classes"][0]["primary_metric"] = "e2e_p99_ms"
+    assert validate_spec(spec)["classes"][0]["primary_metric"] == "e2e_p99_ms"
+    assert "primary_metric" not in validate_spec(copy.deepcopy(SMALL_SPEC))["classes"][0]
+    spec["classes"][0]["primary_metric"] = "goodput"
+    with pytest.raises(SpecError) as info:
+        validate_spec(spec)
+    assert [e.path for e in info.value.errors] == ["classes[0].primary_metric"]
+
+
+def test_it_refuses_fewer_than_2000_bootstrap_draws() -> None:
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["analysis"] = {"compare": {"resamples": 200}}
+    with pytest.raises(SpecError) as info:
+        validate_spec(spec)
+    assert any("resamples must be at least 2000" in e.message for e in info.value.errors)

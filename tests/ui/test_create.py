@@ -82,6 +82,13 @@ def test_it_creates_from_an_uploaded_yaml_spec_owned_by_the_uploader(client, aut
     upload = SimpleUploadedFile("seed.yaml", seed_spec_text.encode(), content_type="text/yaml")
     preview = client.post("/experiments/new/", form_data(spec_file=upload))
     assert preview.context["estimate"].runs == 126
+    # Before anything runs, the power each class's primary metric will have, from the planned counts.
+    html = preview.content.decode()
+    assert 'id="planned-power"' in html and "80% power" in html
+    power = {(p.mixture, p.rate, p.cls): p for p in preview.context["estimate"].power}
+    short = power[("80-20", "near_capacity", "short")]
+    assert short.metric == "ttft_p99_ms" and short.requests == int(6.0 * 120 * 0.8) * 3
+    assert 0 < short.detectable_rel < 1
     assert Experiment.objects.count() == 0
     upload = SimpleUploadedFile("seed.yaml", seed_spec_text.encode(), content_type="text/yaml")
     client.post("/experiments/new/", form_data(spec_file=upload, create="1"))

@@ -34,6 +34,11 @@ def test_it_shows_the_decision_checks_and_every_chart(client, viewer, analysed_e
     assert decision.rule in html
     for check in ("Validity", "Acceptance", "Failure scenarios", "Recovery"):
         assert check in html
+    # How far the decision can be trusted: the gain family, the seed check and the power per class.
+    assert 'id="statistics"' in html and "family-wise" in html
+    stats = decision.report["statistics"]
+    assert f"{stats['resamples']} block-bootstrap draws" in html
+    assert html.count("<tr><td>", html.index('id="power"')) >= len(stats["power"])
     figures = _figures(response)
     expected = {"latency-ttft", "latency-e2e", "latency-stall", "paired-diffs", "heat-goodput", "heat-accepted",
                 "queue-over-time", "kv-over-time", "preemptions"}  # fmt: skip

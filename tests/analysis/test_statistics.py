@@ -1,0 +1,200 @@
+"""The verdict's statistical rules (docs/ANALYSIS.md, "How much the verdict can be trusted")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from apps.analysis import inference
+from apps.analysis.compare import CompareOptions, Resampling, Rows, judge
+from apps.analysis.family import primary_metrics
+from tests.analysis.builders import Plan, build
+from tests.analysis.synthetic import Design, result_set, verdict
+
+
+def test_it_needs_order_statistics_worth_of_requests_before_judging_a_quantile():
+    assert inference.judgeable_n(0.99) == 299
+    assert inference.judgeable_n(0.95) == 59
+    assert inference.judged_level(298) == "p95"
+    assert inference.judged_level(299) == "p99"
+    assert inference.judged_level(58) is None
+
+
+def test_it_calls_288_long_requests_not_enough_to_judge_p99_and_falls_back_to_p95():
+    # 3 repeats x 480 requests at 80/20: 96 long requests per run, 288 pooled.
+    from apps.analysis.report import build_report
+
+    report = build_report(**result_set(Design(), 1), token_hists={}, chunk_hists={})
+    long = [c for c in report["comparisons"] if c["class"] == "long"]
+    assert long and all(sum(c["requests"]) == 288 for c in long)
+    for c in long:
+        p99 = c["metrics"]["e2e_p99_ms"]
+        assert p99["judged"] is False
+        assert p99["note"] == "not enough requests to judge long e2e p99 (n=288 < 299)"
+        assert p99["direction"] == "same"
+        assert c["primary"] == "e2e_p95_ms" and c["metrics"]["e2e_p95_ms"]["judged"] is True
+    assert "not enough requests to judge long e2e p99 (n=288 < 299)" in report["statistics"]["notes"]
+    short = next(c for c in report["comparisons"] if c["class"] == "short")
+    assert short["primary"] == "ttft_p99_ms" and short["metrics"]["ttft_p99_ms"]["judged"] is True
+
+
+def slow_tokens_c1(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    return {"itl_ms": 40.0} if cell == "C1" else {}
+
+
+def test_it_never_calls_inter_token_latency_material_with_three_repeats():
+    report = build(Plan(repeats=3), slow_tokens_c1)
+    itl = [c["metrics"]["itl_p99_ms"] for c in report["comparisons"] if c["cell"] == "C1"]
+    assert itl and all(v["direction"] == "same" and v["judged"] is False for v in itl)
+    assert all("never called material" in v["note"] for v in itl)
+    # The same fourfold slowdown with five repeats is called what it is.
+    five = build(Plan(repeats=5, per_class=40), slow_tokens_c1)
+    itl5 = [c["metrics"]["itl_p99_ms"] for c in five["comparisons"] if c["cell"] == "C1"]
+    assert itl5 and all(v["direction"] == "worse" for v in itl5)
+
+
+def _over_limit_count(n: int) -> int:
+    """The fewest of n requests over a p99 limit that the binomial test calls broken."""
+    return next(k for k in range(1, n) if inference.share_breaks(k, n, 0.01, 0.05)[0])
+
+
+def test_it_gives_no_retune_when_b0_breaks_a_contract_and_the_candidate_is_no_better():
+    plan = replace(Plan(), per_class=200, mixtures={"mix": {"short": 1.0}})
+    n = plan.per_class * plan.repeats
+    k = _over_limit_count(n)
+    slow = {"B0": k, "C1": k - 1, "C2": k + 5}
+
+    def behaviour(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+        # Requests spread over the repeats: the first slow[cell] of the pooled cohort exceed 500 ms.
+        pooled = rep * plan.per_class + (idx - 2)
+        return {"ttft_ms": 600.0 if pooled < slow[cell] else 100.0 + (idx % 7)}
+
+    report = build(plan, behaviour)
+    acc = report["checks"]["acceptance"]["cells"]
+    assert not acc["B0"]["passed"] and acc["B0"]["failures"][0]["broken"] == ["ttft"]
+    assert acc["C1"]["passed"], "one request fewer over the limit is not a broken contract"
+    c1 = next(c for c in report["decision"]["evidence"]["candidates"] if c["cell"] == "C1")
+    assert "not materially better on what B0 broke" in c1["reasons"]
+    assert report["decision"]["outcome"] != "retune"
+
+
+def _rows(hi: list[float], lo: list[float] | None = None) -> Rows:
+    h = np.asarray(hi, dtype=float)
+    return Rows(hi=h, lo=np.asarray(lo if lo is not None else hi, dtype=float))
+
+
+def test_it_calls_a_candidate_above_a_censored_b0s_lower_bound_the_same():
+    # B0 never observed (its p99 is only known to be above 1,000 ms); the candidate is at 1,500 ms.
+    draws = 2000
+    base = _rows([np.inf] * (1 + 3 + draws), [1000.0] * (1 + 3 + draws))
+    cand = _rows([1500.0] * (1 + 3 + draws))
+    v = judge("e2e_p99_ms", cand, base, n_rep=3, options=CompareOptions())
+    assert v["direction"] == "same" and not v["worse"]
+    assert v["p_better"] == 1.0, "a candidate above B0's lower bound is no evidence of a gain"
+    assert v["b0_censored"] and v["b0_above"] == 1000.0
+    # And one observed below B0's bound is a gain worth testing.
+    below = judge("e2e_p99_ms", _rows([800.0] * (1 + 3 + draws)), base, n_rep=3, options=CompareOptions())
+    assert below["p_better"] < 0.001 and below["improvement"] == 200.0
+
+
+def test_it_lets_draws_where_both_sides_are_censored_support_neither_claim():
+    draws = 2000
+    both = _rows([np.inf] * (1 + 3 + draws), [1000.0] * (1 + 3 + draws))
+    v = judge("e2e_p99_ms", both, both, n_rep=3, options=CompareOptions())
+    assert v["p_better"] == 1.0 and v["p_worse"] == 1.0
+    assert v["direction"] == "same" and v["ci_unbounded"] == [True, True]
+
+
+def test_it_adjusts_the_family_with_holm():
+    adjusted, rejected = inference.holm([0.01, 0.04, 0.03, 0.005], 0.05)
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert rejected == [True, False, False, True]
+
+
+def test_it_breaks_a_p99_limit_only_when_the_share_over_it_is_above_one_percent_with_confidence():
+    assert inference.share_breaks(3, 288, 0.01, 0.05) == (False, pytest.approx(0.5504, abs=1e-4))
+    assert inference.share_breaks(8, 288, 0.01, 0.05)[0] is True
+    assert inference.share_breaks(1, 100, 0.0, 0.05) == (True, 0.0)
+    assert inference.share_breaks(0, 0, 0.01, 0.05) == (False, 1.0)
+
+
+def test_it_draws_whole_runs_of_consecutive_requests():
+    rs = Resampling([100, 50], 40, [7, 1])
+    assert rs.blocks == [10, 8]
+    fixed = rs.fixed()
+    assert fixed[0].sum() == 150 and fixed[1, :100].all() and not fixed[1, 100:].any()
+    for counts, mult in rs.chunks():
+        np.testing.assert_array_equal(counts[:, :100].sum(axis=1), mult[:, 0] * 100)
+        np.testing.assert_array_equal(counts[:, 100:].sum(axis=1), mult[:, 1] * 50)
+    again = [c for c, _ in Resampling([100, 50], 40, [7, 1]).chunks()]
+    np.testing.assert_array_equal(again[0], next(Resampling([100, 50], 40, [7, 1]).chunks())[0])
+
+
+def test_it_defaults_the_primary_metric_by_role_and_takes_a_declared_one():
+    classes = [
+        {"name": "chat", "input_tokens": 256},
+        {"name": "doc", "input_tokens": 8000},
+        {"name": "mid", "input_tokens": 2000, "primary_metric": "max_stall_p99_ms"},
+    ]
+    assert primary_metrics(classes) == {
+        "chat": "ttft_p99_ms",
+        "doc": "e2e_p99_ms",
+        "mid": "max_stall_p99_ms",
+    }
+    with pytest.raises(ValueError, match="primary_metric"):
+        primary_metrics([{"name": "x", "input_tokens": 1, "primary_metric": "goodput"}])
+
+
+def test_it_reaches_the_same_a_a_verdict_under_every_seed_at_2000_draws():
+    design = Design(requests=240)
+    for fixture in range(8):
+        outcomes = {
+            (v["outcome"], v["chosen_cell"])
+            for seed in (0, 11, 29)
+            for v in [verdict(design, fixture, options={"compare": {"seed": seed, "resamples": 2000}})]
+        }
+        assert len(outcomes) == 1, f"A/A fixture {fixture} flips with the seed: {outcomes}"
+
+
+def test_it_states_the_power_of_the_design_per_class():
+    from apps.analysis.report import build_report
+
+    report = build_report(**result_set(Design(), 2), token_hists={}, chunk_hists={})
+    power = {p["class"]: p for p in report["statistics"]["power"]}
+    assert power["long"]["metric"] == "e2e_p95_ms" and power["short"]["metric"] == "ttft_p99_ms"
+    for p in power.values():
+        assert p["power"] == 0.8 and p["family"] == report["statistics"]["family"]["planned_size"] == 6
+        assert 0.05 <= p["detectable_rel"] < 1.0
+
+
+def test_it_estimates_the_power_before_the_plan_starts():
+    points = inference.planned_power(
+        classes=[{"name": "short"}, {"name": "long"}],
+        mixtures={"80-20": {"short": 0.8, "long": 0.2}},
+        rates={"r": 8.0},
+        repeats=3,
+        observation_s=60.0,
+        candidates=3,
+        alpha=0.05,
+        primary={"short": "ttft_p99_ms", "long": "e2e_p99_ms"},
+    )
+    by = {p.cls: p for p in points}
+    assert by["short"].requests == 1152 and by["short"].level == "p99"
+    assert by["long"].requests == 288 and by["long"].level == "p95"
+    assert by["long"].metric == "e2e_p95_ms"
+    # Ten times the requests: about a third of the detectable change.
+    more = inference.planned_power(
+        classes=[{"name": "short"}, {"name": "long"}],
+        mixtures={"80-20": {"short": 0.8, "long": 0.2}},
+        rates={"r": 80.0},
+        repeats=3,
+        observation_s=60.0,
+        candidates=3,
+        alpha=0.05,
+        primary={"short": "ttft_p99_ms", "long": "e2e_p99_ms"},
+    )
+    short10 = next(p for p in more if p.cls == "short")
+    assert short10.detectable_rel == pytest.approx(by["short"].detectable_rel / 10**0.5, rel=1e-6)
