@@ -167,17 +167,18 @@ def group_seed(seed: int, key: str) -> list[int]:
     return [seed, zlib.crc32(key.encode())]
 
 
-# Bootstrap rows generated at once: bounds memory to about this many counts.
+# Bootstrap replicates expanded at once: bounds memory to about this many counts.
 CHUNK_CELLS = 4_000_000
 
 
 @dataclass
 class Resampling:
-    """How often each request is drawn, per replicate, generated chunk by chunk.
+    """The replicates of one (mixture, rate, class): which repeats, and which blocks within them.
 
     Columns are the repeats' frames concatenated (each frame in arrival order).
-    ``fixed()`` holds the full sample (row 0) and each repeat alone (rows 1..R);
-    ``chunks()`` yields the bootstrap replicates, the same ones on every call.
+    ``fixed()`` holds the full sample (row 0) and each repeat alone (rows 1..R) as
+    plain counts; ``chunks()`` yields the bootstrap replicates, the same ones on
+    every call.
     """
 
     sizes: list[int]
@@ -196,13 +197,27 @@ class Resampling:
     def total(self) -> int:
         return int(sum(self.sizes))
 
+    @property
+    def offsets(self) -> list[int]:
+        return [int(x) for x in np.concatenate([[0], np.cumsum(self.sizes)[:-1]])] if self.sizes else []
+
     def fixed(self) -> np.ndarray:
         out = np.zeros((1 + self.n_repeats, self.total), dtype=np.int32)
         out[0] = 1
-        offset = 0
-        for r, n in enumerate(self.sizes):
-            out[1 + r, offset : offset + n] = 1
-            offset += n
+        for r, (o, n) in enumerate(zip(self.offsets, self.sizes, strict=True)):
+            out[1 + r, o : o + n] = 1
+        return out
+
+    def fixed_mult(self) -> np.ndarray:
+        return np.vstack(
+            [np.ones((1, self.n_repeats), dtype=np.int64), np.eye(self.n_repeats, dtype=np.int64)]
+        )
+
+    def lens(self, r: int) -> np.ndarray:
+        n, b = self.sizes[r], self.blocks[r]
+        k = -(-n // b)
+        out = np.full(k, b, dtype=np.int64)
+        out[-1] = n - (k - 1) * b
         return out
 
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -216,34 +231,37 @@ class Resampling:
             picks = rng.integers(0, n_rep, size=(c, n_rep)) if n_rep else np.zeros((c, 0), dtype=np.int64)
             mult = np.stack([(picks == r).sum(axis=1) for r in range(n_rep)], axis=1).astype(np.int64)
             counts = np.zeros((c, total), dtype=np.int32)
-            offset = 0
-            for r, n in enumerate(self.sizes):
+            for r, (o, n) in enumerate(zip(self.offsets, self.sizes, strict=True)):
+                k = -(-n // self.blocks[r]) if n else 0
                 for inst in range(int(mult[:, r].max()) if c and n else 0):
                     active = np.flatnonzero(mult[:, r] > inst)
-                    counts[active, offset : offset + n] += _block_cover(rng, active.size, n, self.blocks[r])
-                offset += n
+                    starts = rng.integers(0, n, size=(active.size, k))
+                    counts[active, o : o + n] += _block_cover(starts, self.lens(r), n)
             done += c
             yield counts, mult
 
 
-def _block_cover(rng: np.random.Generator, rows: int, n: int, b: int) -> np.ndarray:
-    """Per row, how often each of n positions is covered by ceil(n/b) circular blocks (total n)."""
-    k = -(-n // b)
-    lens = np.full(k, b, dtype=np.int64)
-    lens[-1] = n - (k - 1) * b
-    starts = rng.integers(0, n, size=(rows, k))
-    width = 2 * n + 1
+def _block_cover(starts: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
+    """Per row, how often each of n positions is covered by its circular blocks.
+
+    A difference array: +1 where a block starts, -1 where it ends; a block that
+    wraps past n ends at its overflow and adds +1 at position 0; the running sum
+    along each row is the coverage.
+    """
+    rows = starts.shape[0]
+    width = n + 1
     base = (np.arange(rows, dtype=np.int64) * width)[:, None]
+    ends = starts + lens[None, :]
+    wrap = ends > n
     size = rows * width
-    diff = np.bincount((base + starts).ravel(), minlength=size) - np.bincount(
-        (base + starts + lens[None, :]).ravel(), minlength=size
-    )
-    cover = diff.reshape(rows, width).cumsum(axis=1)[:, : 2 * n]
-    return (cover[:, :n] + cover[:, n:]).astype(np.int32)
+    diff = np.bincount((base + starts).ravel(), minlength=size).astype(np.int32)
+    diff -= np.bincount((base + np.where(wrap, ends - n, ends)).ravel(), minlength=size).astype(np.int32)
+    diff[base[:, 0]] += wrap.sum(axis=1).astype(np.int32)
+    return diff.reshape(rows, width).cumsum(axis=1, dtype=np.int32)[:, :n]
 
 
 class TailQuantile:
-    """Nearest-rank q-quantile of fixed values under many count vectors; +inf ranks last.
+    """Nearest-rank q-quantile of fixed values under many replicates; +inf ranks last.
 
     A high quantile of a resample almost always lies among the largest values,
     so ranks are counted down from the top over a tail a few times wider than
@@ -255,8 +273,12 @@ class TailQuantile:
         self.values = values
         self.q = q
         n = values.size
-        self.order = np.argsort(values, kind="stable")
-        self.tail = n if q < 0.9 else min(n, max(64, int(math.ceil((1 - q) * n * 8))))
+        # Ties in a fixed pseudo-random order: tied values are equal, so any order gives the
+        # same answer, but ordering them by position would put the whole tail in the last
+        # repeat's requests, outside every replicate that did not draw it.
+        shuffle = np.random.default_rng(n).permutation(n)
+        self.order = np.lexsort((shuffle, values))
+        self.tail = n if q < 0.9 else min(n, max(64, int(math.ceil((1 - q) * n * 4))))
         self.top = self.order[n - self.tail :][::-1]  # largest first
 
     def _full(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -265,17 +287,20 @@ class TailQuantile:
         pos = (cum < k[:, None]).sum(axis=1)
         return self.values[self.order[np.minimum(pos, self.values.size - 1)]]
 
-    def of(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
-        out = np.full(counts.shape[0], np.nan)
-        if self.values.size == 0:
-            return out
+    def _from_top(self, top_counts: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = np.full(top_counts.shape[0], np.nan)
         k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
         need = total - k + 1  # the k-th smallest is the (total - k + 1)-th largest
-        cum_top = np.cumsum(counts[:, self.top], axis=1, dtype=np.int64)
-        pos = (cum_top < need[:, None]).sum(axis=1)
+        pos = (np.cumsum(top_counts, axis=1, dtype=np.int64) < need[:, None]).sum(axis=1)
         inside = (pos < self.tail) & (total > 0)
         out[inside] = self.values[self.top[pos[inside]]]
-        rest = np.flatnonzero(~inside & (total > 0))
+        return out, np.flatnonzero(~inside & (total > 0))
+
+    def of(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """Under each row of plain counts."""
+        if self.values.size == 0:
+            return np.full(counts.shape[0], np.nan)
+        out, rest = self._from_top(counts[:, self.top], total)
         if rest.size:
             out[rest] = self._full(counts[rest], total[rest])
         return out
@@ -368,25 +393,26 @@ def _rows_of_sides(
     }
     obs = np.asarray(obs_s, dtype=np.float64)
     parts: dict[str, dict[str, list[np.ndarray]]] = {name: {} for name in sides}
-    fixed_mult = np.vstack([np.ones((1, rs.n_repeats), dtype=np.int64), np.eye(rs.n_repeats, dtype=np.int64)])
+
+    def add(name: str, metric: str, value: np.ndarray) -> None:
+        parts[name].setdefault(metric, []).append(value)
+
+    def rates(name: str, good: np.ndarray, total: np.ndarray, dur: np.ndarray) -> None:
+        add(name, "goodput_rps", np.divide(good, dur, out=np.zeros_like(good), where=dur > 0))
+        add(name, "contract_share", np.divide(good, total, out=np.full_like(good, np.nan), where=total > 0))
+
+    goods = np.stack([side.good.astype(np.float32) for side in sides.values()], axis=1)
     mults = []
-    blocks: Iterator[tuple[np.ndarray, np.ndarray]] = iter([(rs.fixed(), fixed_mult)])
-    for counts, mult in _chain(blocks, rs.chunks()):
+    for counts, mult in _chain(iter([(rs.fixed(), rs.fixed_mult())]), rs.chunks()):
         mults.append(mult)
         total = counts.sum(axis=1, dtype=np.int64)
-        counts_f = counts.astype(np.float32)
         dur = mult @ obs if obs.size else np.zeros(counts.shape[0])
-        for name, side in sides.items():
-            add = parts[name]
-            good = (counts_f @ side.good).astype(np.float64)
-            add.setdefault("goodput_rps", []).append(
-                np.divide(good, dur, out=np.zeros_like(good), where=dur > 0)
-            )
-            add.setdefault("contract_share", []).append(
-                np.divide(good, total, out=np.full_like(good, np.nan), where=total > 0)
-            )
+        # One pass over the counts for every side's good requests (exact in float32 below 2**24).
+        good_all = (counts.astype(np.float32) @ goods).astype(np.float64)
+        for i, name in enumerate(sides):
+            rates(name, good_all[:, i], total, dur)
             for (kind, level, end), tq in quantiles[name].items():
-                add.setdefault(f"{latency_metric(kind, level)}:{end}", []).append(tq.of(counts, total))
+                add(name, f"{latency_metric(kind, level)}:{end}", tq.of(counts, total))
     all_mult = np.vstack(mults)
     out: dict[str, dict[str, Rows]] = {}
     for name in sides:

@@ -129,8 +129,8 @@ def test_it_draws_whole_runs_of_consecutive_requests():
     for counts, mult in rs.chunks():
         np.testing.assert_array_equal(counts[:, :100].sum(axis=1), mult[:, 0] * 100)
         np.testing.assert_array_equal(counts[:, 100:].sum(axis=1), mult[:, 1] * 50)
-    again = [c for c, _ in Resampling([100, 50], 40, [7, 1]).chunks()]
-    np.testing.assert_array_equal(again[0], next(Resampling([100, 50], 40, [7, 1]).chunks())[0])
+    first = next(Resampling([100, 50], 40, [7, 1]).chunks())[0]
+    np.testing.assert_array_equal(first, next(Resampling([100, 50], 40, [7, 1]).chunks())[0])
 
 
 def test_it_defaults_the_primary_metric_by_role_and_takes_a_declared_one():
