@@ -121,6 +121,11 @@ def test_it_prints_the_report_as_json():
     summary = io.StringIO()
     call_command("experiment_report", str(experiment.pk), "--format", "summary", stdout=summary)
     assert "decision: retain B0" in summary.getvalue()
+    # The summary says how far the decision can be trusted: the family, the draws, and the power
+    # (here too few requests in a run to judge a tail at all).
+    text = summary.getvalue()
+    assert "gain family: " in text and " draws" in text
+    assert "power: " in text and "not enough requests to judge" in text
     with pytest.raises(CommandError, match="does not exist"):
         call_command("experiment_report", "999999")
 

@@ -56,3 +56,21 @@ class Command(BaseCommand):
             self.stdout.write(f"check {name}: {check['status']}")
         for f in report["findings"]:
             self.stdout.write(f"finding: {f['title']} ({len(f['evidence'])} pieces of evidence)")
+        st = report.get("statistics") or {}
+        fam = st.get("family") or {}
+        seed_check = d.get("seed_check") or {}
+        self.stdout.write(
+            f"gain family: {fam.get('size', 0)} comparisons, Holm at {fam.get('alpha')}, "
+            f"{fam.get('gains', 0)} gain(s); {st.get('resamples')} draws"
+            + (f"; borderline under seed {seed_check['seed']}" if seed_check.get("borderline") else "")
+        )
+        for p in st.get("power") or []:
+            where = f"{p['mixture']} @ {p['rate']} {p['class']} (n={p['requests']})"
+            if p.get("detectable_rel") is not None:
+                self.stdout.write(
+                    f"power: {where}: {p['metric']} detectable change {p['detectable_rel']:.0%} at 80% power"
+                )
+            else:
+                self.stdout.write(f"power: {where}: {p.get('note') or 'not judged'}")
+        for note in st.get("notes") or []:
+            self.stdout.write(f"note: {note}")
