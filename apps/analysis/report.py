@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, decide, family, inference, metrics
+from apps.analysis import compare, decide, metrics, paired
 from apps.analysis.columns import RecordTable
 from apps.analysis.server import server_metrics
 from workers.replay.records import GapHistogram
@@ -142,8 +142,10 @@ def build_report(
     1. Derive every record's outcome and latencies from its planned arrival.
     2. Per run and class: counts, censored percentiles, goodput, contract verdict.
     3. Per (cell, mixture, rate, class): repeats pooled, with their variation.
-    4. Per candidate, (mixture, rate) and class: paired bootstrap against B0.
-    5. The four checks, the findings, the decision; chart-ready aggregates.
+    4. Validity, and acceptance pooled over the repeats (exact binomial tests).
+    5. Per candidate, (mixture, rate) and class: paired block bootstrap against B0,
+       the gain family (Holm), the decision, and the same under a second seed (paired.py).
+    6. The other checks, the findings; chart-ready aggregates.
     """
     opts = options if isinstance(options, ReportOptions) else ReportOptions.from_mapping(options)
     cells = sorted(cells, key=lambda c: (int(c.get("position", 0)), str(c["cell_id"])))
@@ -278,129 +280,28 @@ def build_report(
     acceptance = decide.acceptance_check(
         cells=cells, classes=classes, aggregates=aggregates, agreed=agreed, alpha=opts.compare.contract_alpha
     )
-    agreed_pairs = {(m, r) for m, r, _ in agreed}
-    primary = family.primary_metrics(classes)
-    b0_failures = acceptance["cells"].get(baseline, {}).get("failures", [])
-    eligible = {c for c in cell_ids if c != baseline and c not in set(validity["invalid_cells"])}
-
-    # 5. Paired comparison with B0: one shared resampling per (mixture, rate, class), its
-    #    size set by the gain family (inference.family_resamples).
-    groups_in: list[tuple[str, str, str, list[tuple[int, dict[str, Any]]], list[np.ndarray]]] = []
-    for mix, rate in sorted({(c[0], c[1]) for c in combos}):
-        base_runs = [
-            (rep, done[(baseline, mix, rate, rep)]) for rep in repeats if (baseline, mix, rate, rep) in done
-        ]
-        for name in class_names if base_runs else []:
-            frames = [np.sort(table.index[groups.get((br["key"], name), empty)]) for _, br in base_runs]
-            if sum(int(f.size) for f in frames):
-                groups_in.append((mix, rate, name, base_runs, frames))
-    family_m = family.family_size(
-        points=[
-            (mix, rate, name, sum(int(f.size) for f in frames))
-            for mix, rate, name, _, frames in groups_in
-            if (mix, rate) in agreed_pairs
-        ],
-        candidates=len(eligible),
-        b0_failures=b0_failures,
-    )
-    draws = inference.family_resamples(opts.compare.resamples, family_m, opts.compare.family_alpha)
-
-    def compare_all(seed: int) -> tuple[list[dict[str, Any]], dict[tuple[str, str, str], Any]]:
-        comps: list[dict[str, Any]] = []
-        own: dict[tuple[str, str, str], Any] = {}
-        for mix, rate, name, base_runs, frames in groups_in:
-            sizes = [int(f.size) for f in frames]
-            cands = {}
-            cand_h = {}
-            for cell in cell_ids:
-                runs_of = [done.get((cell, mix, rate, rep)) for rep, _ in base_runs]
-                if cell == baseline or all(c is None for c in runs_of):
-                    continue
-                cands[cell] = [
-                    compare.align(f, groups.get((c["key"], name)) if c else None, table.index)
-                    for f, c in zip(frames, runs_of, strict=True)
-                ]
-                cand_h[cell] = [token_hists.get((c["key"], name)) if c else None for c in runs_of]
-            result = compare.compare_group(
-                d,
-                rs=compare.Resampling(sizes, draws, compare.group_seed(seed, f"{mix}|{rate}|{name}")),
-                cls=name,
-                base_aligned=[
-                    compare.align(f, groups.get((br["key"], name)), table.index)
-                    for f, (_, br) in zip(frames, base_runs, strict=True)
-                ],
-                cands=cands,
-                obs_s=[run_by_key[br["key"]]["window"]["observation_s"] for _, br in base_runs],
-                base_hists=[token_hists.get((br["key"], name)) for _, br in base_runs],
-                cand_hists=cand_h,
-                options=opts.compare,
-            )
-            own[(mix, rate, name)] = (sum(sizes), result)
-            for cell in cands:
-                comps.append(
-                    {
-                        "cell": cell,
-                        "mixture": mix,
-                        "rate": rate,
-                        "class": name,
-                        "requests": sizes,
-                        "level": result.levels[0] if result.levels else None,
-                        "metrics": result.metrics[cell],
-                    }
-                )
-        return comps, own
-
-    def judged(comps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-        fam = family.apply(
-            comps,
-            primary=primary,
-            eligible_cells=eligible,
-            agreed_pairs=agreed_pairs,
-            b0_failures=b0_failures,
-            alpha=opts.compare.family_alpha,
-        )
-        verdict = decide.decide(
-            cells=cells,
+    # 5-6. The paired comparison, the gain family, the decision and the seed check.
+    comparisons, decision, statistics = paired.judge_sweep(
+        paired.Sweep(
+            d=d,
+            table=table,
+            groups=groups,
+            done=done,
+            run_by_key=run_by_key,
+            token_hists=token_hists,
+            cell_ids=cell_ids,
             baseline=baseline,
-            validity=validity,
-            acceptance=acceptance,
-            comparisons=comps,
-            agreed=agreed,
-        )
-        return fam, verdict
-
-    comparisons, b0_own = compare_all(opts.compare.seed)
-    fam, decision = judged(comparisons)
-    borderline = 0
-    if opts.compare.seed_check and comparisons:
-        # 6. The same under another seed: what changes is borderline, never silently decided.
-        other_seed = opts.compare.seed + 1
-        alt, _ = compare_all(other_seed)
-        _, alt_decision = judged(alt)
-        for c, a in zip(comparisons, alt, strict=True):
-            for m, v in c["metrics"].items():
-                w = a["metrics"][m]
-                v["borderline"] = (v["direction"], v["noninferior"]) != (w["direction"], w["noninferior"])
-                borderline += v["borderline"]
-        decision["seed_check"] = {
-            "seed": other_seed,
-            "outcome": alt_decision["outcome"],
-            "chosen_cell": alt_decision["chosen_cell"],
-            "borderline": (alt_decision["outcome"], alt_decision["chosen_cell"])
-            != (decision["outcome"], decision["chosen_cell"]),
-        }
-    statistics = {
-        "family": {**fam, "planned_size": family_m},
-        "resamples": draws,
-        "block": "ceil(sqrt(n)) consecutive requests in arrival order, circular, per run",
-        "seed": opts.compare.seed,
-        "borderline_comparisons": borderline,
-        "notes": sorted(
-            {v["note"] for c in comparisons for v in c["metrics"].values() if v.get("note")}
-            | set(fam["not_judged"])
+            class_names=class_names,
+            combos=combos,
+            repeats=repeats,
         ),
-        "power": _power(b0_own, primary, agreed_pairs, family_m, opts),
-    }
+        cells=cells,
+        classes=classes,
+        validity=validity,
+        acceptance=acceptance,
+        agreed=agreed,
+        options=opts.compare,
+    )
 
     # 7. The other checks, findings.
     checks = {
@@ -442,49 +343,6 @@ def build_report(
         ),
     }
     return jsonable(report)
-
-
-def _power(
-    b0_own: Mapping[tuple[str, str, str], Any],
-    primary: Mapping[str, str],
-    agreed_pairs: set[tuple[str, str]],
-    family_m: int,
-    opts: ReportOptions,
-) -> list[dict[str, Any]]:
-    """Per agreed (mixture, rate) and class: the smallest change of the primary metric found with 80% power.
-
-    SE of the difference = sqrt(2) x B0's own bootstrap spread (a candidate as noisy
-    as B0); detectable = (z(1 - alpha/m) + z(0.8)) x SE (inference.detectable). A
-    change below the material threshold is never called one, so the larger counts.
-    """
-    out = []
-    for (mix, rate, name), (n, result) in sorted(b0_own.items()):
-        if (mix, rate) not in agreed_pairs:
-            continue
-        level = result.levels[0] if result.levels else None
-        metric = family.at_level(primary.get(name, "ttft_p99_ms"), level)
-        entry: dict[str, Any] = {"mixture": mix, "rate": rate, "class": name, "requests": n, "metric": metric}
-        if metric is None:
-            entry["note"] = f"not enough requests to judge {name} (n={n} < {inference.judgeable_n(0.95)})"
-            out.append(entry)
-            continue
-        b0 = result.b0[metric]
-        se = math.sqrt(2.0) * result.b0_se[metric]
-        mde = inference.detectable(se, alpha=opts.compare.family_alpha, family=family_m)
-        threshold = opts.compare.min_effect_abs.get(metric, 0.0)
-        if math.isfinite(b0):
-            threshold = max(threshold, opts.compare.min_effect_rel * b0)
-        effect = max(mde, threshold)
-        entry.update(
-            b0=b0,
-            se_diff_ms=se,
-            detectable_ms=effect,
-            detectable_rel=effect / b0 if math.isfinite(b0) and b0 > 0 else None,
-            power=inference.POWER,
-            family=family_m,
-        )
-        out.append(entry)
-    return out
 
 
 def charts(

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apps.analysis.compare import Resampling, TailQuantile, _block_cover
+from apps.analysis.resample import Resampling, TailQuantile, _block_cover
 
 
 def _sorted_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from apps.analysis import inference
-from apps.analysis.compare import CompareOptions, Resampling, Rows, judge
+from apps.analysis.compare import CompareOptions, Rows, judge
 from apps.analysis.family import primary_metrics
+from apps.analysis.resample import Resampling
 from tests.analysis.builders import Plan, build
 from tests.analysis.synthetic import Design, result_set, verdict
 

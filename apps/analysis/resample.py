@@ -1,0 +1,155 @@
+"""The bootstrap's draws and the quantiles under them. Pure (numpy only).
+
+``Resampling`` draws, per replicate, the repeats with replacement and, within
+each drawn repeat, circular blocks of consecutive requests in arrival order
+(docs/ANALYSIS.md); ``TailQuantile`` reads a high quantile under many
+replicates from the largest values only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from apps.analysis import inference
+
+# Bootstrap replicates expanded at once: bounds memory to about this many counts.
+CHUNK_CELLS = 4_000_000
+
+
+@dataclass
+class Resampling:
+    """The replicates of one (mixture, rate, class): which repeats, and which blocks within them.
+
+    Columns are the repeats' frames concatenated (each frame in arrival order).
+    ``fixed()`` holds the full sample (row 0) and each repeat alone (rows 1..R) as
+    plain counts; ``chunks()`` yields the bootstrap replicates, the same ones on
+    every call.
+    """
+
+    sizes: list[int]
+    resamples: int
+    seed: Sequence[int]
+    blocks: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.blocks = [inference.block_length(n) for n in self.sizes]
+
+    @property
+    def n_repeats(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.sizes))
+
+    @property
+    def offsets(self) -> list[int]:
+        return [int(x) for x in np.concatenate([[0], np.cumsum(self.sizes)[:-1]])] if self.sizes else []
+
+    def fixed(self) -> np.ndarray:
+        out = np.zeros((1 + self.n_repeats, self.total), dtype=np.int32)
+        out[0] = 1
+        for r, (o, n) in enumerate(zip(self.offsets, self.sizes, strict=True)):
+            out[1 + r, o : o + n] = 1
+        return out
+
+    def fixed_mult(self) -> np.ndarray:
+        return np.vstack(
+            [np.ones((1, self.n_repeats), dtype=np.int64), np.eye(self.n_repeats, dtype=np.int64)]
+        )
+
+    def lens(self, r: int) -> np.ndarray:
+        n, b = self.sizes[r], self.blocks[r]
+        k = -(-n // b)
+        out = np.full(k, b, dtype=np.int64)
+        out[-1] = n - (k - 1) * b
+        return out
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(counts, repeat multiplicities) for consecutive slices of the replicates."""
+        rng = np.random.default_rng(list(self.seed))
+        n_rep, total = self.n_repeats, self.total
+        per_chunk = max(16, CHUNK_CELLS // max(1, total))
+        done = 0
+        while done < self.resamples:
+            c = min(per_chunk, self.resamples - done)
+            picks = rng.integers(0, n_rep, size=(c, n_rep)) if n_rep else np.zeros((c, 0), dtype=np.int64)
+            mult = np.stack([(picks == r).sum(axis=1) for r in range(n_rep)], axis=1).astype(np.int64)
+            counts = np.zeros((c, total), dtype=np.int32)
+            for r, (o, n) in enumerate(zip(self.offsets, self.sizes, strict=True)):
+                k = -(-n // self.blocks[r]) if n else 0
+                for inst in range(int(mult[:, r].max()) if c and n else 0):
+                    active = np.flatnonzero(mult[:, r] > inst)
+                    starts = rng.integers(0, n, size=(active.size, k))
+                    counts[active, o : o + n] += _block_cover(starts, self.lens(r), n)
+            done += c
+            yield counts, mult
+
+
+def _block_cover(starts: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
+    """Per row, how often each of n positions is covered by its circular blocks.
+
+    A difference array: +1 where a block starts, -1 where it ends; a block that
+    wraps past n ends at its overflow and adds +1 at position 0; the running sum
+    along each row is the coverage.
+    """
+    rows = starts.shape[0]
+    width = n + 1
+    base = (np.arange(rows, dtype=np.int64) * width)[:, None]
+    ends = starts + lens[None, :]
+    wrap = ends > n
+    size = rows * width
+    diff = np.bincount((base + starts).ravel(), minlength=size).astype(np.int32)
+    diff -= np.bincount((base + np.where(wrap, ends - n, ends)).ravel(), minlength=size).astype(np.int32)
+    diff[base[:, 0]] += wrap.sum(axis=1).astype(np.int32)
+    return diff.reshape(rows, width).cumsum(axis=1, dtype=np.int32)[:, :n]
+
+
+class TailQuantile:
+    """Nearest-rank q-quantile of fixed values under many replicates; +inf ranks last.
+
+    A high quantile of a resample almost always lies among the largest values,
+    so ranks are counted down from the top over a tail a few times wider than
+    needed; the rare row whose quantile falls below that tail is recomputed over
+    all values (the answer is exact either way: tied values are equal).
+    """
+
+    def __init__(self, values: np.ndarray, q: float) -> None:
+        self.values = values
+        self.q = q
+        n = values.size
+        # Ties in a fixed pseudo-random order: tied values are equal, so any order gives the
+        # same answer, but ordering them by position would put the whole tail in the last
+        # repeat's requests, outside every replicate that did not draw it.
+        shuffle = np.random.default_rng(n).permutation(n)
+        self.order = np.lexsort((shuffle, values))
+        self.tail = n if q < 0.9 else min(n, max(64, int(math.ceil((1 - q) * n * 4))))
+        self.top = self.order[n - self.tail :][::-1]  # largest first
+
+    def _full(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
+        cum = np.cumsum(counts[:, self.order], axis=1, dtype=np.int64)
+        k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
+        pos = (cum < k[:, None]).sum(axis=1)
+        return self.values[self.order[np.minimum(pos, self.values.size - 1)]]
+
+    def _from_top(self, top_counts: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = np.full(top_counts.shape[0], np.nan)
+        k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
+        need = total - k + 1  # the k-th smallest is the (total - k + 1)-th largest
+        pos = (np.cumsum(top_counts, axis=1, dtype=np.int64) < need[:, None]).sum(axis=1)
+        inside = (pos < self.tail) & (total > 0)
+        out[inside] = self.values[self.top[pos[inside]]]
+        return out, np.flatnonzero(~inside & (total > 0))
+
+    def of(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """Under each row of plain counts."""
+        if self.values.size == 0:
+            return np.full(counts.shape[0], np.nan)
+        out, rest = self._from_top(counts[:, self.top], total)
+        if rest.size:
+            out[rest] = self._full(counts[rest], total[rest])
+        return out
