@@ -345,8 +345,16 @@ def findings(
     aggregates: Sequence[Mapping[str, Any]],
     comparisons: Sequence[Mapping[str, Any]],
     stall_ratio: float = 2.0,
+    invalid_cells: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
+    """The decision table's advisory rows, each with the cells and numbers behind it.
+
+    Comparisons of invalid cells are left out: their requests are not paired with
+    B0's (another trace, a missing run), so neither a "better" nor a "worse" of
+    theirs is evidence.
+    """
     out: list[dict[str, Any]] = []
+    comparisons = [c for c in comparisons if c["cell"] not in set(invalid_cells)]
     short, long = _class_roles(classes)
     contracts = {c["name"]: c for c in classes}
     agg = {(a["cell"], a["mixture"], a["rate"], a["class"]): a["pooled"] for a in aggregates}
@@ -724,6 +732,19 @@ def decide(
     passing = [
         c["cell"] for c in considered if c["cell"] not in invalid and accept.get(c["cell"], {}).get("passed")
     ]
+    passing_invalid = [
+        c["cell"] for c in considered if c["cell"] in invalid and accept.get(c["cell"], {}).get("passed")
+    ]
+    if not passing and passing_invalid:
+        # Cells that keep every contract exist but their runs are not comparable data:
+        # a fixed rerun would settle it, separate capacity would not.
+        return {
+            "outcome": INCONCLUSIVE,
+            "chosen_cell": baseline,
+            "rule": "B0 breaks a contract; the only cells that keep every contract have invalid runs: "
+            "rerun them before deciding",
+            "evidence": {**evidence, "passing_invalid": passing_invalid},
+        }
     if passing:
         # Contracts are kept somewhere, so isolation is not called for, yet the
         # candidates that keep them are materially worse than B0 elsewhere.

@@ -318,6 +318,7 @@ def build_report(
         aggregates=aggregates,
         comparisons=comparisons,
         stall_ratio=opts.stall_ratio,
+        invalid_cells=validity["invalid_cells"],
     )
 
     report = {

@@ -255,3 +255,89 @@ def test_it_judges_scenarios_by_their_verdicts_and_leaves_probe_runs_out() -> No
     assert by_run["burst"]["held"] and not by_run["kv"]["held"]
     assert check["status"] == "listed"
     assert scenario_check(runs[:1])["status"] == "none"
+
+
+def b0_and_c1_break_c2_keeps(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    # Short TTFT breaks its 500 ms limit on B0 and C1; C2 keeps it.
+    if cls == "short":
+        return {"ttft_ms": 200.0 if cell == "C2" else 800.0}
+    return {}
+
+
+def c2_laggy(run: dict[str, Any]) -> None:
+    if run["cell"] == "C2":
+        run["dispatch_lag_p99_ms"] = 40.0
+
+
+def c1_throughput_up_long_worse(
+    cell: str, mix: str, rate: str, rep: int, cls: str, idx: int
+) -> dict[str, Any]:
+    # C1 streams more tokens and its long TTFT triples; C2 would fire the same finding.
+    if cell in ("C1", "C2") and cls == "long":
+        return {"ttft_ms": 3000.0, "tokens": 24, "expected": 24}
+    if cls == "long":
+        return {"ttft_ms": 1000.0}
+    return {}
+
+
+def c1_other_trace(run: dict[str, Any]) -> None:
+    if run["cell"] == "C1" and run["repeat"] == 1:
+        run["trace_sha256"] = "another"
+
+
+def c1_faster_but_invalid(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    return {"ttft_ms": 100.0 if cell == "C1" else 400.0} if cls == "short" else {}
+
+
+CORRECTIONS = [
+    # id, behaviour, run_overrides, outcome, findings that must be present
+    (
+        "only-passing-cell-invalid",
+        b0_and_c1_break_c2_keeps,
+        c2_laggy,
+        "inconclusive",
+        set(),
+    ),
+    (
+        "invalid-cell-loses-no-finding",
+        c1_throughput_up_long_worse,
+        c1_other_trace,
+        "retain",
+        {"throughput_up_class_loses"},
+    ),
+    (
+        "invalid-cell-gain-is-no-gain",
+        c1_faster_but_invalid,
+        c1_other_trace,
+        "retain",
+        {"no_material_gain"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "overrides", "outcome", "present"),
+    [c[1:] for c in CORRECTIONS],
+    ids=[c[0] for c in CORRECTIONS],
+)
+def test_it_keeps_invalid_cells_out_of_the_verdict_and_the_findings(
+    behaviour, overrides, outcome, present, absent
+):
+    report = build(Plan(), behaviour, run_overrides=overrides)
+    invalid = report["checks"]["validity"]["invalid_cells"]
+    assert invalid, "the case needs an invalid cell"
+    assert report["decision"]["outcome"] == outcome, report["decision"]["rule"]
+    found = {f["id"]: f for f in report["findings"]}
+    assert present <= set(found), found.keys()
+    for f in found.values():
+        assert not set(f["cells"]) & set(invalid), f"{f['id']} rests on invalid cell(s) {invalid}"
+
+
+def test_it_calls_an_invalid_only_passing_cell_a_rerun_not_isolation():
+    report = build(Plan(), b0_and_c1_break_c2_keeps, run_overrides=c2_laggy)
+    decision = report["decision"]
+    assert decision["outcome"] == "inconclusive"
+    assert "rerun" in decision["rule"] and decision["evidence"]["passing_invalid"] == ["C2"]
+    # Valid, the same C2 is adopted: it repairs what B0 broke.
+    valid = build(Plan(), b0_and_c1_break_c2_keeps)
+    assert (valid["decision"]["outcome"], valid["decision"]["chosen_cell"]) == ("retune", "C2")
