@@ -320,9 +320,7 @@ CORRECTIONS = [
     [c[1:] for c in CORRECTIONS],
     ids=[c[0] for c in CORRECTIONS],
 )
-def test_it_keeps_invalid_cells_out_of_the_verdict_and_the_findings(
-    behaviour, overrides, outcome, present, absent
-):
+def test_it_keeps_invalid_cells_out_of_the_verdict_and_the_findings(behaviour, overrides, outcome, present):
     report = build(Plan(), behaviour, run_overrides=overrides)
     invalid = report["checks"]["validity"]["invalid_cells"]
     assert invalid, "the case needs an invalid cell"
