@@ -258,11 +258,12 @@ def _rows_of_sides(
         add(name, "goodput_rps", np.divide(good, dur, out=np.zeros_like(good), where=dur > 0))
         add(name, "contract_share", np.divide(good, total, out=np.full_like(good, np.nan), where=total > 0))
 
+    sizes = np.asarray(rs.sizes, dtype=np.int64)
     goods = np.stack([side.good.astype(np.float32) for side in sides.values()], axis=1)
     mults = []
     for counts, mult in itertools.chain([(rs.fixed(), rs.fixed_mult())], rs.chunks()):
         mults.append(mult)
-        total = counts.sum(axis=1, dtype=np.int64)
+        total = mult @ sizes  # each drawn repeat contributes exactly its size
         dur = mult @ obs if obs.size else np.zeros(counts.shape[0])
         # One pass over the counts for every side's good requests (exact in float32 below 2**24).
         good_all = (counts.astype(np.float32) @ goods).astype(np.float64)

@@ -49,7 +49,7 @@ def block_length(n: int) -> int:
     return max(1, math.ceil(math.sqrt(max(0, n))))
 
 
-def family_resamples(minimum: int, family: int, alpha: float, *, per_threshold: int = 10) -> int:
+def family_resamples(minimum: int, family: int, alpha: float, *, per_threshold: int = 5) -> int:
     """Draws enough that Holm's strictest threshold alpha / m has ``per_threshold`` draws beyond it."""
     need = math.ceil(per_threshold * max(1, family) / alpha)
     # Rounded up to a whole thousand so small changes of the family do not change every draw.
