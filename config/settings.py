@@ -186,6 +186,9 @@ CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
 ENGINE_DIR = Path(envstr("TAILTUNE_ENGINE_DIR", str(BASE_DIR / ".engine"))).resolve()
 # The name of the host this worker serves (its queue is "host.<name>").
 TAILTUNE_HOST = envstr("TAILTUNE_HOST", "local-cpu")
+# Caps on one experiment's plan, checked when a spec is validated (docs/SPEC.md, "Limits").
+TAILTUNE_MAX_RUNS = envint("TAILTUNE_MAX_RUNS", 10_000)
+TAILTUNE_MAX_ENGINE_HOURS = envint("TAILTUNE_MAX_ENGINE_HOURS", 2_000)
 
 LOGGING = {
     "version": 1,

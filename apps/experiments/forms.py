@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
 from django import forms
 from django.core.exceptions import ValidationError
 from django.forms import formset_factory
 
+from apps.experiments.services import spec_limits
 from apps.experiments.spec import (
     ARRIVAL_PROCESSES,
     CONTRACT_KEYS,
@@ -25,6 +25,7 @@ from apps.experiments.spec import (
     SCHEDULING_POLICIES,
     FieldError,
     SpecError,
+    load_yaml,
     parse_spec,
     validate_spec,
 )
@@ -247,9 +248,9 @@ class ExperimentForm(forms.Form):
         if not text:
             return {}
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ValidationError("not valid YAML; write it like {temperature: 0.0}") from None
+            value = load_yaml(text)
+        except SpecError as exc:
+            raise ValidationError(f"not valid YAML; write it like {{temperature: 0.0}} ({exc})") from None
         if not isinstance(value, dict):
             raise ValidationError("must be a mapping, like {temperature: 0.0}")
         return value
@@ -259,9 +260,9 @@ class ExperimentForm(forms.Form):
         if not text:
             return {}
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ValidationError("not valid YAML") from None
+            value = load_yaml(text)
+        except SpecError as exc:
+            raise ValidationError(f"not valid YAML ({exc})") from None
         if not isinstance(value, dict):
             raise ValidationError("must be a mapping of spec sections, like {scenarios: [...]}")
         typed = sorted(set(value) & TYPED_SECTIONS)
@@ -587,8 +588,8 @@ def spec_from_upload(form: ExperimentForm) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError([FieldError(f"byte {exc.start}", "the file is not UTF-8 text")]) from None
-    return parse_spec(text)
+    return parse_spec(text, limits=spec_limits())
 
 
 def validate_built(build: SpecBuild) -> dict[str, Any]:
-    return validate_spec(build.spec)
+    return validate_spec(build.spec, limits=spec_limits())

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, RequestClass, ServerConfig, Workload
 from apps.experiments.plan import expand_plan
-from apps.experiments.spec import FieldError, SpecError, validate_spec
+from apps.experiments.spec import FieldError, SpecError, SpecLimits, validate_spec
 from apps.runs.models import Run
+
+
+def spec_limits() -> SpecLimits:
+    """The plan caps this deployment sets (settings TAILTUNE_MAX_RUNS, TAILTUNE_MAX_ENGINE_HOURS)."""
+    return SpecLimits(
+        max_runs=int(settings.TAILTUNE_MAX_RUNS), max_engine_hours=float(settings.TAILTUNE_MAX_ENGINE_HOURS)
+    )
 
 
 def _resolve_owner(spec: dict[str, Any], owner: Any) -> Any:
@@ -61,7 +69,7 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
     The spec is validated again here, so no caller can save a half-valid one;
     everything happens in one transaction: a failure leaves nothing behind.
     """
-    spec = validate_spec(spec)
+    spec = validate_spec(spec, limits=spec_limits())
     owner = _resolve_owner(spec, owner)
     _check_imported_trace(spec)
     spec["owner"] = owner.get_username()
@@ -162,7 +170,7 @@ def experiment_create_with_trace(
     """
     from apps.workloads.services import tokenizer_dir, trace_import
 
-    spec = validate_spec(spec)
+    spec = validate_spec(spec, limits=spec_limits())
     trace = trace_import(
         data=trace_data,
         fmt=trace_format,

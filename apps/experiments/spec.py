@@ -79,6 +79,40 @@ WORKLOAD_KEYS = {
 # A class's primary metric: the tail its gains are judged on (docs/ANALYSIS.md);
 # left out, the short class is judged on TTFT and the long class on end-to-end latency.
 PRIMARY_METRICS = PRIMARY_CHOICES
+
+# Upper bounds of a spec (docs/SPEC.md, "Limits"), checked before anything expands, so a
+# careless or hostile spec is a field error, never a plan the web process tries to build.
+MAX_SPEC_BYTES = 1_000_000
+MAX_YAML_DEPTH = 32
+MAX_CELLS = 200
+MAX_CLASSES = 50
+MAX_MIXTURES = 20
+MAX_RATES = 20
+MAX_REPEATS = 100
+MAX_WINDOW_S = 86_400.0  # any one window: warm-up, observation, drain
+MAX_TOKENS = 1_048_576  # max_model_len and any token count
+MAX_RATE_RPS = 100_000.0
+MAX_LATENCY_MS = 86_400_000.0
+MAX_SEED = 2**63 - 1
+MAX_PRIORITY = 1_000_000
+MAX_KV_BYTES = 2**50
+MAX_PARALLEL = 1024
+MAX_CV = 1000.0
+# Anything else numeric: a value no setting of tailtune's needs.
+NUMBER_CEILING = 1e15
+
+
+@dataclass(frozen=True)
+class SpecLimits:
+    """The caps on a whole plan; the service reads them from settings (TAILTUNE_MAX_RUNS, ...)."""
+
+    max_runs: int = 10_000
+    max_engine_hours: float = 2_000.0
+    # Engine time a run costs beyond its windows (start, confirm, warm-up, stop).
+    run_overhead_s: float = 60.0
+
+
+DEFAULT_LIMITS = SpecLimits()
 CONTRACT_KEYS = ("ttft_p99_ms", "e2e_p99_ms", "max_stall_ms", "error_rate")
 WEIGHT_TOLERANCE = 1e-6
 
@@ -98,6 +132,56 @@ class SpecError(ValueError):
     def __init__(self, errors: list[FieldError]) -> None:
         self.errors = errors
         super().__init__("\n".join(str(e) for e in errors))
+
+
+def _short(value: Any) -> str:
+    """A number for an error message: a huge integer is named by its size, not printed whole."""
+    if isinstance(value, int) and abs(value) >= 10**18:
+        return f"a {len(str(abs(value)))}-digit number"
+    return repr(value)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing aliases (an alias bomb expands to billions of nodes while
+    being read) and nesting deeper than MAX_YAML_DEPTH (Python's recursion would give out)."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise _Refused(mark, "aliases (*name) are not allowed in a spec: write the value out")
+        self.depth += 1
+        try:
+            if self.depth > MAX_YAML_DEPTH:
+                raise _Refused(self.peek_event().start_mark, f"nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+class _Refused(Exception):
+    def __init__(self, mark: Any, message: str) -> None:
+        super().__init__(message)
+        self.mark = mark
+        self.message = message
+
+
+def load_yaml(text: str, *, where: str = "document") -> Any:
+    """YAML text to Python, or SpecError naming the line: bounded in size, depth and aliases."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError([FieldError(where, f"is {len(text)} characters; the limit is {MAX_SPEC_BYTES}")])
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)
+    except _Refused as exc:
+        line = f"line {exc.mark.line + 1}" if exc.mark is not None else where
+        raise SpecError([FieldError(line, exc.message)]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}" if mark is not None else where
+        raise SpecError([FieldError(line, f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
+        raise SpecError([FieldError(where, f"cannot be read: {str(exc)[:200]}")]) from None
 
 
 class _Checker:
@@ -165,8 +249,13 @@ class _Checker:
         if minimum is not None and value < minimum:
             self.fail(where, f"must be at least {minimum}, got {value!r}")
             return default
-        if maximum is not None and value > maximum:
-            self.fail(where, f"must be at most {maximum}, got {value!r}")
+        ceiling = maximum if maximum is not None else NUMBER_CEILING
+        if value > ceiling:
+            shown = maximum if maximum is not None else f"{NUMBER_CEILING:g}"
+            self.fail(where, f"must be at most {shown}, got {_short(value)}")
+            return default
+        if minimum is None and not positive and value < -NUMBER_CEILING:
+            self.fail(where, f"must be at least {-NUMBER_CEILING:g}, got {_short(value)}")
             return default
         return int(value) if integer else float(value)
 
@@ -218,19 +307,18 @@ def _check_args(c: _Checker, raw: Any, path: str, max_model_len: int | None) -> 
     return out
 
 
-def parse_spec(text: str) -> dict[str, Any]:
+def parse_spec(text: str, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Parse and validate a YAML spec; return the normalised spec or raise SpecError."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "document"
-        raise SpecError([FieldError(where, f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
-    return validate_spec(raw)
+    return validate_spec(load_yaml(text), limits=limits)
 
 
-def validate_spec(raw: Any) -> dict[str, Any]:
-    """Validate a spec already loaded into Python; return it normalised."""
+def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """Validate a spec already loaded into Python; return it normalised.
+
+    Every number has an upper bound, and the plan's size (runs and engine-hours)
+    is computed from the counts and checked against ``limits`` before anything
+    is expanded.
+    """
     c = _Checker()
     top = c.mapping(raw, "spec")
     if not top:
@@ -252,7 +340,9 @@ def validate_spec(raw: Any) -> dict[str, Any]:
 
     controls = c.mapping(top.get("controls"), "controls")
     c.unknown(controls, CONTROL_KEYS, "controls")
-    max_model_len = c.number(controls, "max_model_len", "controls", positive=True, integer=True)
+    max_model_len = c.number(
+        controls, "max_model_len", "controls", positive=True, integer=True, maximum=MAX_TOKENS
+    )
     generation = c.mapping(controls.get("generation"), "controls.generation", required=False)
     spec["controls"] = {
         "dtype": c.text(controls, "dtype", "controls", required=False) or "auto",
@@ -263,6 +353,7 @@ def validate_spec(raw: Any) -> dict[str, Any]:
             required=False,
             positive=True,
             integer=True,
+            maximum=MAX_PARALLEL,
             default=1,
         ),
         "max_model_len": max_model_len,
@@ -270,12 +361,20 @@ def validate_spec(raw: Any) -> dict[str, Any]:
             controls, "gpu_memory_utilization", "controls", required=False, positive=True, maximum=1.0
         ),
         "kv_cache_memory_bytes": c.number(
-            controls, "kv_cache_memory_bytes", "controls", required=False, positive=True, integer=True
+            controls,
+            "kv_cache_memory_bytes",
+            "controls",
+            required=False,
+            positive=True,
+            integer=True,
+            maximum=MAX_KV_BYTES,
         ),
         "enable_prefix_caching": c.boolean(controls, "enable_prefix_caching", "controls", default=False),
         "speculative_decoding": c.boolean(controls, "speculative_decoding", "controls", default=False),
-        "seed": c.number(controls, "seed", "controls", required=False, integer=True, default=0),
-        "generation": generation,
+        "seed": c.number(
+            controls, "seed", "controls", required=False, integer=True, minimum=0, maximum=MAX_SEED, default=0
+        ),
+        "generation": _check_generation(c, generation),
     }
     if spec["controls"]["speculative_decoding"]:
         c.fail(
@@ -351,18 +450,37 @@ def validate_spec(raw: Any) -> dict[str, Any]:
             contract_raw = c.mapping(cls.get("contract"), f"{path}.contract")
             c.unknown(contract_raw, set(CONTRACT_KEYS), f"{path}.contract")
             contract = {
-                "ttft_p99_ms": c.number(contract_raw, "ttft_p99_ms", f"{path}.contract", positive=True),
-                "e2e_p99_ms": c.number(contract_raw, "e2e_p99_ms", f"{path}.contract", positive=True),
-                "max_stall_ms": c.number(contract_raw, "max_stall_ms", f"{path}.contract", positive=True),
+                "ttft_p99_ms": c.number(
+                    contract_raw, "ttft_p99_ms", f"{path}.contract", positive=True, maximum=MAX_LATENCY_MS
+                ),
+                "e2e_p99_ms": c.number(
+                    contract_raw, "e2e_p99_ms", f"{path}.contract", positive=True, maximum=MAX_LATENCY_MS
+                ),
+                "max_stall_ms": c.number(
+                    contract_raw, "max_stall_ms", f"{path}.contract", positive=True, maximum=MAX_LATENCY_MS
+                ),
                 "error_rate": c.number(
                     contract_raw, "error_rate", f"{path}.contract", minimum=0.0, maximum=1.0
                 ),
             }
             entry = {
                 "name": name,
-                "input_tokens": c.number(cls, "input_tokens", path, positive=True, integer=True),
-                "output_tokens": c.number(cls, "output_tokens", path, positive=True, integer=True),
-                "priority": c.number(cls, "priority", path, required=False, integer=True, default=0),
+                "input_tokens": c.number(
+                    cls, "input_tokens", path, positive=True, integer=True, maximum=MAX_TOKENS
+                ),
+                "output_tokens": c.number(
+                    cls, "output_tokens", path, positive=True, integer=True, maximum=MAX_TOKENS
+                ),
+                "priority": c.number(
+                    cls,
+                    "priority",
+                    path,
+                    required=False,
+                    integer=True,
+                    minimum=-MAX_PRIORITY,
+                    maximum=MAX_PRIORITY,
+                    default=0,
+                ),
                 "shared_prefix_tokens": c.number(
                     cls, "shared_prefix_tokens", path, required=False, minimum=0, integer=True, default=0
                 ),
@@ -415,7 +533,7 @@ def validate_spec(raw: Any) -> dict[str, Any]:
                     f"names unknown class {cls_name!r} (known: {', '.join(sorted(class_names))})",
                 )
                 continue
-            w = c.number(weights, cls_name, path, minimum=0.0)
+            w = c.number(weights, cls_name, path, minimum=0.0, maximum=1.0)
             if w is not None:
                 clean[cls_name] = w
         if weights and len(clean) == len(weights) and abs(sum(clean.values()) - 1.0) > WEIGHT_TOLERANCE:
@@ -424,7 +542,10 @@ def validate_spec(raw: Any) -> dict[str, Any]:
     rates_raw = c.mapping(workload.get("rates"), "workload.rates", required=not probing)
     if "rates" in workload and not rates_raw and isinstance(workload.get("rates"), Mapping):
         c.fail("workload.rates", "must name at least one rate")
-    rates = {name: c.number(rates_raw, name, "workload.rates", positive=True) for name in rates_raw}
+    rates = {
+        name: c.number(rates_raw, name, "workload.rates", positive=True, maximum=MAX_RATE_RPS)
+        for name in rates_raw
+    }
     mixture_rates = _check_mixture_rates(c, workload.get("mixture_rates"), mixtures, rates, probing)
     arrival = c.mapping(workload.get("arrival"), "workload.arrival", required=False) or {"process": "poisson"}
     c.unknown(arrival, {"process", "cv", "trace_sha256"}, "workload.arrival")
@@ -441,7 +562,7 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         c.fail("workload.arrival.trace_sha256", f"only applies to process: trace, not {process!r}")
     cv = None
     if process == "gamma":
-        cv = c.number(arrival, "cv", "workload.arrival", positive=True)
+        cv = c.number(arrival, "cv", "workload.arrival", positive=True, maximum=MAX_CV)
     elif "cv" in arrival:
         c.fail("workload.arrival.cv", f"only applies to the gamma process, not {process!r}")
     rates_source = workload.get("rates_source", "manual")
@@ -470,12 +591,18 @@ def validate_spec(raw: Any) -> dict[str, Any]:
             **({"cv": cv} if cv is not None else {}),
             **({"trace_sha256": trace_sha} if trace_sha else {}),
         },
-        "repeats": c.number(workload, "repeats", "workload", positive=True, integer=True),
-        "seed": c.number(workload, "seed", "workload", integer=True),
-        "warmup_s": c.number(workload, "warmup_s", "workload", minimum=0.0),
-        "observation_s": c.number(workload, "observation_s", "workload", positive=True),
-        "drain_deadline_s": c.number(workload, "drain_deadline_s", "workload", positive=True),
-        "max_dispatch_lag_ms": c.number(workload, "max_dispatch_lag_ms", "workload", positive=True),
+        "repeats": c.number(
+            workload, "repeats", "workload", positive=True, integer=True, maximum=MAX_REPEATS
+        ),
+        "seed": c.number(workload, "seed", "workload", integer=True, minimum=0, maximum=MAX_SEED),
+        "warmup_s": c.number(workload, "warmup_s", "workload", minimum=0.0, maximum=MAX_WINDOW_S),
+        "observation_s": c.number(workload, "observation_s", "workload", positive=True, maximum=MAX_WINDOW_S),
+        "drain_deadline_s": c.number(
+            workload, "drain_deadline_s", "workload", positive=True, maximum=MAX_WINDOW_S
+        ),
+        "max_dispatch_lag_ms": c.number(
+            workload, "max_dispatch_lag_ms", "workload", positive=True, maximum=MAX_WINDOW_S * 1000
+        ),
         # Also replay each (cell, mixture, rate) once on constant spacing: uniform vs bursty.
         "uniform_companion": c.boolean(workload, "uniform_companion", "workload", default=False),
     }
@@ -489,10 +616,88 @@ def validate_spec(raw: Any) -> dict[str, Any]:
         spec["scenarios"] = _check_scenarios(c, top.get("scenarios"), set(seen))
     if "analysis" in top:
         spec["analysis"] = _check_analysis(c, top.get("analysis"), set(rates))
+    _check_counts(c, spec)
+    if not c.errors:
+        _check_plan_size(c, spec, limits)
 
     if c.errors:
         raise SpecError(c.errors)
     return spec
+
+
+def _check_counts(c: _Checker, spec: Mapping[str, Any]) -> None:
+    """How many of each list the plan multiplies: cells, classes, mixtures, rates."""
+    w = spec.get("workload") or {}
+    for path, count, limit in (
+        ("candidates", 1 + len(spec.get("candidates") or []), MAX_CELLS),
+        ("classes", len(spec.get("classes") or []), MAX_CLASSES),
+        ("workload.mixtures", len(w.get("mixtures") or {}), MAX_MIXTURES),
+        ("workload.rates", len(w.get("rates") or {}), MAX_RATES),
+    ):
+        if count > limit:
+            c.fail(path, f"{count} is too many; at most {limit}")
+
+
+def plan_size(spec: Mapping[str, Any], limits: SpecLimits = DEFAULT_LIMITS) -> tuple[int, float]:
+    """(runs, engine-hours) a validated spec plans, from its counts alone (nothing is expanded).
+
+    Sweep runs = cells x mixtures x rates x repeats; the uniform companions add
+    cells x mixtures x rates; each failure scenario at most one run per cell.
+    A run costs its windows plus ``limits.run_overhead_s``.
+    """
+    w = spec["workload"]
+    cells = 1 + len(spec["candidates"])
+    points = cells * len(w["mixtures"]) * len(w["rates"])
+    runs = points * int(w["repeats"])
+    if w.get("uniform_companion"):
+        runs += points
+    runs += cells * len(spec.get("scenarios") or {})
+    per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"])
+    return runs, runs * (per_run + limits.run_overhead_s) / 3600.0
+
+
+def _check_plan_size(c: _Checker, spec: Mapping[str, Any], limits: SpecLimits) -> None:
+    runs, hours = plan_size(spec, limits)
+    if runs > limits.max_runs:
+        c.fail(
+            "workload.repeats",
+            f"the plan would have {runs} runs; the limit is {limits.max_runs} (TAILTUNE_MAX_RUNS): "
+            "fewer cells, mixtures, rates or repeats",
+        )
+    if hours > limits.max_engine_hours:
+        c.fail(
+            "workload.observation_s",
+            f"the plan would take about {hours:,.0f} engine-hours; the limit is {limits.max_engine_hours:g} "
+            "(TAILTUNE_MAX_ENGINE_HOURS): shorter windows or a smaller plan",
+        )
+
+
+# controls.generation: the sampling settings every request carries (recorded and compared).
+GENERATION_KEYS: dict[str, tuple[type, float, float]] = {
+    "temperature": (float, 0.0, 100.0),
+    "top_p": (float, 0.0, 1.0),
+    "top_k": (int, -1, 1_000_000),
+    "min_p": (float, 0.0, 1.0),
+    "seed": (int, 0, MAX_SEED),
+    "repetition_penalty": (float, 0.0, 100.0),
+    "presence_penalty": (float, -2.0, 2.0),
+    "frequency_penalty": (float, -2.0, 2.0),
+}
+GENERATION_FLAGS = ("ignore_eos",)
+
+
+def _check_generation(c: _Checker, data: Mapping[str, Any]) -> dict[str, Any]:
+    """Known sampling keys only, each a bounded number (or a flag): checked like every other section."""
+    path = "controls.generation"
+    c.unknown(data, set(GENERATION_KEYS) | set(GENERATION_FLAGS), path)
+    out: dict[str, Any] = {}
+    for key, (kind, low, high) in GENERATION_KEYS.items():
+        if key in data:
+            out[key] = c.number(data, key, path, integer=kind is int, minimum=low, maximum=high)
+    for key in GENERATION_FLAGS:
+        if key in data:
+            out[key] = c.boolean(data, key, path, default=False)
+    return out
 
 
 def _check_analysis(c: _Checker, raw: Any, rate_names: set[str]) -> dict[str, Any]:
@@ -550,7 +755,7 @@ def _check_mixture_rates(
                     f"names unknown rate {rate_name!r} (known: {', '.join(sorted(rates))})",
                 )
                 continue
-            value = c.number(per, rate_name, path, positive=True)
+            value = c.number(per, rate_name, path, positive=True, maximum=MAX_RATE_RPS)
             if value is not None:
                 clean[rate_name] = value
         out[mix_name] = clean
@@ -565,7 +770,15 @@ def _check_calibration(c: _Checker, raw: Any) -> dict[str, Any]:
     d = CALIBRATION_DEFAULTS
     out: dict[str, Any] = {
         "enabled": c.boolean(data, "enabled", path, default=True),
-        "start_rps": c.number(data, "start_rps", path, required=False, positive=True, default=d["start_rps"]),
+        "start_rps": c.number(
+            data,
+            "start_rps",
+            path,
+            required=False,
+            positive=True,
+            maximum=MAX_RATE_RPS,
+            default=d["start_rps"],
+        ),
         "tolerance": c.number(
             data, "tolerance", path, required=False, positive=True, maximum=0.99, default=d["tolerance"]
         ),
@@ -579,12 +792,26 @@ def _check_calibration(c: _Checker, raw: Any) -> dict[str, Any]:
             maximum=50,
             default=d["max_steps"],
         ),
-        "warmup_s": c.number(data, "warmup_s", path, required=False, minimum=0.0, default=d["warmup_s"]),
+        "warmup_s": c.number(
+            data, "warmup_s", path, required=False, minimum=0.0, maximum=MAX_WINDOW_S, default=d["warmup_s"]
+        ),
         "observation_s": c.number(
-            data, "observation_s", path, required=False, positive=True, default=d["observation_s"]
+            data,
+            "observation_s",
+            path,
+            required=False,
+            positive=True,
+            maximum=MAX_WINDOW_S,
+            default=d["observation_s"],
         ),
         "drain_deadline_s": c.number(
-            data, "drain_deadline_s", path, required=False, positive=True, default=d["drain_deadline_s"]
+            data,
+            "drain_deadline_s",
+            path,
+            required=False,
+            positive=True,
+            maximum=MAX_WINDOW_S,
+            default=d["drain_deadline_s"],
         ),
         "min_accepted_share": c.number(
             data,

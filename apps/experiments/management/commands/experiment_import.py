@@ -5,7 +5,7 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.experiments.services import experiment_create
+from apps.experiments.services import experiment_create, spec_limits
 from apps.experiments.spec import SpecError, parse_spec
 
 
@@ -19,9 +19,13 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         path = Path(options["file"])
         try:
-            text = path.read_text()
+            text = path.read_bytes().decode("utf-8")
         except OSError as exc:
             raise CommandError(f"{path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CommandError(
+                f"{path}: byte {exc.start}: the file is not UTF-8 text; nothing saved"
+            ) from None
         owner = None
         if options["owner"]:
             try:
@@ -29,7 +33,7 @@ class Command(BaseCommand):
             except get_user_model().DoesNotExist:
                 raise CommandError(f"--owner: no user named {options['owner']!r}") from None
         try:
-            spec = parse_spec(text)
+            spec = parse_spec(text, limits=spec_limits())
             experiment = experiment_create(spec=spec, owner=owner)
         except SpecError as exc:
             raise CommandError(

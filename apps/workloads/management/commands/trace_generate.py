@@ -13,6 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from apps.experiments.services import spec_limits
 from apps.experiments.spec import SpecError, parse_spec
 from apps.workloads.generate import GenerateError, generate_trace
 from apps.workloads.prompts import PromptError
@@ -48,7 +49,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         spec_path: Path = options["spec"]
         try:
-            spec = parse_spec(spec_path.read_text())
+            spec = parse_spec(spec_path.read_text(), limits=spec_limits())
         except OSError as exc:
             raise CommandError(f"{spec_path}: {exc.strerror}") from None
         except SpecError as exc:
