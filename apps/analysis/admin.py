@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from apps.accounts.readonly import ReadOnlyAdmin
 from apps.analysis.models import Decision
 
 
 @admin.register(Decision)
-class DecisionAdmin(admin.ModelAdmin):
-    list_display = ("experiment", "outcome", "chosen_cell", "updated_at")
+class DecisionAdmin(ReadOnlyAdmin):
+    """Recomputed from the records, never edited, added or deleted by hand."""
 
-    def has_change_permission(self, request, obj=None):
-        return False  # recomputed from the records, never edited by hand
+    list_display = ("experiment", "outcome", "chosen_cell", "updated_at")

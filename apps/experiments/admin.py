@@ -2,21 +2,36 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from apps.accounts.readonly import ReadOnlyAdmin
 from apps.experiments.models import Experiment, RequestClass, ServerConfig, Workload
 
 
-class ServerConfigInline(admin.TabularInline):
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ServerConfigInline(ReadOnlyInline):
     model = ServerConfig
-    extra = 0
 
 
-class RequestClassInline(admin.TabularInline):
+class RequestClassInline(ReadOnlyInline):
     model = RequestClass
-    extra = 0
 
 
+# Experiments are evidence: the admin reads them, superusers included. Owners, cells, classes
+# and workloads change only through the audited services, never by hand here (an owner edited
+# here could approve their own experiment).
 @admin.register(Experiment)
-class ExperimentAdmin(admin.ModelAdmin):
+class ExperimentAdmin(ReadOnlyAdmin):
     list_display = ("id", "name", "owner", "status", "created_at")
     list_filter = ("status",)
     search_fields = ("name",)
@@ -24,5 +39,5 @@ class ExperimentAdmin(admin.ModelAdmin):
 
 
 @admin.register(Workload)
-class WorkloadAdmin(admin.ModelAdmin):
+class WorkloadAdmin(ReadOnlyAdmin):
     list_display = ("experiment", "arrival_process", "repeats", "seed")

@@ -26,13 +26,25 @@ def test_it_shows_the_experiment_list_after_login(client) -> None:
 
 
 @pytest.mark.django_db
-def test_it_creates_the_first_admin_once_and_prints_its_password() -> None:
+def test_it_creates_the_first_admin_once_with_its_password_in_a_private_file(tmp_path) -> None:
+    from django.contrib.auth import authenticate
+
+    from apps.accounts.roles import APPROVER, EXPERIMENTER, has_role
+
+    secret = tmp_path / "pw"
     out = io.StringIO()
-    call_command("ensure_admin", stdout=out)
-    assert "Log in as admin / " in out.getvalue()
+    call_command("ensure_admin", "--password-file", str(secret), stdout=out)
+    password = secret.read_text().strip()
+    assert str(secret) in out.getvalue() and password not in out.getvalue()
+    assert secret.stat().st_mode & 0o777 == 0o600
+    admin = authenticate(username="admin", password=password)
+    assert admin is not None and admin.is_superuser
+    # An administrator, not an approver of everything: four eyes hold for admins too.
+    assert has_role(admin, EXPERIMENTER) and not has_role(admin, APPROVER)
     again = io.StringIO()
-    call_command("ensure_admin", stdout=again)
+    call_command("ensure_admin", "--password-file", str(secret), stdout=again)
     assert "exists already" in again.getvalue()
+    assert secret.read_text().strip() == password
 
 
 @pytest.mark.django_db

@@ -144,3 +144,31 @@ def test_it_rejects_without_a_manifest(analysed_experiment, approver) -> None:  
     assert (approval.verdict, approval.chosen_cell) == ("rejected", "B0")
     assert not RollbackManifest.objects.exists()
     assert AuditEvent.objects.filter(action="experiment.rejected", actor=approver).exists()
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_superuser_who_is_not_an_approver(analysed_experiment, django_user_model) -> None:  # type: ignore[no-untyped-def]
+    root = django_user_model.objects.create_superuser("root", password="pw-root-123")
+    with pytest.raises(PermissionDenied, match="only approvers"):
+        experiment_approve(experiment=analysed_experiment, approver=root, chosen_cell="B0", reason="admin")
+    assert not Approval.objects.exists()
+
+
+@pytest.mark.django_db
+def test_it_keeps_the_admin_from_editing_an_experiment_or_its_decision(
+    client, analysed_experiment, django_user_model
+) -> None:  # type: ignore[no-untyped-def]
+    # An owner changed in the admin would let the author approve; a decision edited there would
+    # change the evidence. Superusers read these in the admin and change nothing.
+    root = django_user_model.objects.create_superuser("root", password="pw-root-123")
+    client.force_login(root)
+    pk = analysed_experiment.pk
+    page = client.get(f"/admin/experiments/experiment/{pk}/change/")
+    assert page.status_code == 200 and 'name="_save"' not in page.content.decode()
+    response = client.post(f"/admin/experiments/experiment/{pk}/change/", {"owner": root.pk, "name": "mine"})
+    assert response.status_code == 403
+    assert client.post(f"/admin/experiments/experiment/{pk}/delete/", {"post": "yes"}).status_code == 403
+    decision = analysed_experiment.decision
+    assert client.post(f"/admin/analysis/decision/{decision.pk}/delete/", {"post": "yes"}).status_code == 403
+    analysed_experiment.refresh_from_db()
+    assert analysed_experiment.owner != root and Experiment.objects.filter(pk=pk).exists()

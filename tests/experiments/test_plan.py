@@ -14,7 +14,7 @@ from tests.conftest import SEED_SPEC
 
 def _import(path: str) -> Experiment:
     out = io.StringIO()
-    call_command("experiment_import", path, stdout=out)
+    call_command("experiment_import", path, "--owner", "admin", stdout=out)
     return Experiment.objects.get(pk=int(out.getvalue().strip()))
 
 

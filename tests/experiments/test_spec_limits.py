@@ -78,7 +78,9 @@ def test_it_caps_the_runs_and_engine_hours_of_a_plan():
 
 def test_it_caps_the_number_of_cells():
     spec = copy.deepcopy(SMALL_SPEC)
-    spec["candidates"] = [{"id": f"C{i}", "args": {"max_num_seqs": 1 + i}} for i in range(spec_module.MAX_CELLS)]
+    spec["candidates"] = [
+        {"id": f"C{i}", "args": {"max_num_seqs": 1 + i}} for i in range(spec_module.MAX_CELLS)
+    ]
     assert "too many" in _errors(spec)["candidates"]
 
 
@@ -112,7 +114,11 @@ def test_it_checks_controls_generation_like_everything_else():
     assert errors["controls.generation.bogus"] == "unknown field"
     assert errors["controls.generation.top_p"] == "must be at most 1.0, got 2.0"
     spec["controls"]["generation"] = {"temperature": 0, "ignore_eos": True, "seed": 7}
-    assert validate_spec(spec)["controls"]["generation"] == {"temperature": 0.0, "seed": 7, "ignore_eos": True}
+    assert validate_spec(spec)["controls"]["generation"] == {
+        "temperature": 0.0,
+        "seed": 7,
+        "ignore_eos": True,
+    }
 
 
 @pytest.mark.django_db
@@ -135,11 +141,11 @@ def test_it_answers_a_hostile_upload_with_a_field_error(client, author, body: by
 
 
 @pytest.mark.django_db
-def test_it_refuses_a_non_utf8_file_on_the_command_line(tmp_path: Path):
+def test_it_refuses_a_non_utf8_file_on_the_command_line(tmp_path: Path, admin_user: Any):
     path = tmp_path / "bad.yaml"
     path.write_bytes(dump_spec(SMALL_SPEC).encode() + b"# \xff\n")
     with pytest.raises(CommandError, match="not UTF-8"):
-        call_command("experiment_import", str(path))
+        call_command("experiment_import", str(path), "--owner", "admin")
     assert Experiment.objects.count() == 0
 
 
@@ -152,7 +158,9 @@ yaml_scalars = st.one_of(
 )
 yaml_values = st.recursive(
     yaml_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 

@@ -124,7 +124,7 @@ def test_it_exits_nonzero_and_saves_nothing_from_the_command(
     file = tmp_path / "bad.yaml"
     file.write_text(dump_spec(spec))
     with pytest.raises(CommandError) as info:
-        call_command("experiment_import", str(file))
+        call_command("experiment_import", str(file), "--owner", "admin")
     assert field in str(info.value)
     assert Experiment.objects.count() == 0
     assert ServerConfig.objects.count() == 0
@@ -135,10 +135,22 @@ def test_it_exits_nonzero_and_saves_nothing_from_the_command(
 @pytest.mark.django_db
 def test_it_names_an_unknown_owner(tmp_path) -> None:
     spec = copy.deepcopy(SMALL_SPEC)
-    spec["owner"] = "nobody"
     file = tmp_path / "spec.yaml"
     file.write_text(dump_spec(spec))
-    with pytest.raises(CommandError, match="owner: no user named 'nobody'"):
+    with pytest.raises(CommandError, match="--owner: no user named 'nobody'"):
+        call_command("experiment_import", str(file), "--owner", "nobody")
+    assert Experiment.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_it_never_takes_the_author_from_the_file(tmp_path, admin_user) -> None:
+    # The file names a user; without --owner that name could make anyone the author (and so
+    # keep them from approving, or let a colleague's name stand for one's own work).
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["owner"] = "admin"
+    file = tmp_path / "spec.yaml"
+    file.write_text(dump_spec(spec))
+    with pytest.raises(CommandError, match="--owner"):
         call_command("experiment_import", str(file))
     assert Experiment.objects.count() == 0
 

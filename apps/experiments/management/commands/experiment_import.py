@@ -14,7 +14,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("file", help="path to the YAML spec (see docs/SPEC.md)")
-        parser.add_argument("--owner", help="username that owns the experiment (default: the spec's owner)")
+        parser.add_argument(
+            "--owner",
+            required=True,
+            help="username that owns (authors) the experiment; the file's own owner field is not trusted, "
+            "since the author can never approve",
+        )
 
     def handle(self, *args, **options):
         path = Path(options["file"])
@@ -26,12 +31,10 @@ class Command(BaseCommand):
             raise CommandError(
                 f"{path}: byte {exc.start}: the file is not UTF-8 text; nothing saved"
             ) from None
-        owner = None
-        if options["owner"]:
-            try:
-                owner = get_user_model().objects.get(username=options["owner"])
-            except get_user_model().DoesNotExist:
-                raise CommandError(f"--owner: no user named {options['owner']!r}") from None
+        try:
+            owner = get_user_model().objects.get(username=options["owner"])
+        except get_user_model().DoesNotExist:
+            raise CommandError(f"--owner: no user named {options['owner']!r}") from None
         try:
             spec = parse_spec(text, limits=spec_limits())
             experiment = experiment_create(spec=spec, owner=owner)
