@@ -123,3 +123,20 @@ def to_json(doc: Mapping[str, Any]) -> str:
 
 def to_yaml(doc: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(doc), sort_keys=True, default_flow_style=False, allow_unicode=True)
+
+
+def render(doc: Mapping[str, Any], fmt: str) -> bytes:
+    """The file's bytes in one of the two forms, UTF-8."""
+    return (to_yaml(doc) if fmt == "yaml" else to_json(doc)).encode("utf-8")
+
+
+def files(content: Mapping[str, Any], sha256: str) -> dict[str, Any]:
+    """The model fields of both files: their bytes and each one's sha256 (what `sha256sum` prints)."""
+    # Plain JSON values first (choices and other str subclasses become str), as the column stores them.
+    doc = json.loads(to_json(document(content, sha256)))
+    out: dict[str, Any] = {}
+    for fmt in ("json", "yaml"):
+        body = render(doc, fmt)
+        out[f"{fmt}_bytes"] = body
+        out[f"{fmt}_sha256"] = hashlib.sha256(body).hexdigest()
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -33,7 +35,13 @@ class RollbackManifest(models.Model):
     )
     approval = models.OneToOneField(Approval, on_delete=models.PROTECT, related_name="manifest")
     content = models.JSONField()
-    sha256 = models.CharField(max_length=64)
+    sha256 = models.CharField(max_length=64)  # of the content's canonical JSON (embedded in each file)
+    # The files exactly as served, written once at approval: `sha256sum` of a download equals the
+    # digest shown beside it, whatever a JSON column does to numbers on the way in and out.
+    json_bytes = models.BinaryField(default=b"")
+    yaml_bytes = models.BinaryField(default=b"")
+    json_sha256 = models.CharField(max_length=64, blank=True, default="")
+    yaml_sha256 = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -48,6 +56,16 @@ class RollbackManifest(models.Model):
 
     def delete(self, *args, **kwargs):
         raise ValidationError("an approved rollback manifest is immutable")
+
+    def file(self, fmt: str) -> tuple[bytes, str]:
+        """(bytes, their sha256) of the YAML or JSON file; rows from before the stored files are
+        rendered from the content (and hashed as served)."""
+        from apps.approvals import manifest as mf
+
+        stored = bytes(self.yaml_bytes if fmt == "yaml" else self.json_bytes)
+        if not stored:
+            stored = mf.render(mf.document(self.content, self.sha256), fmt)
+        return stored, hashlib.sha256(stored).hexdigest()
 
 
 class AuditEvent(models.Model):

@@ -201,7 +201,7 @@ def experiment_approve(
     )
     sha = mf.content_sha256(content)
     manifest = RollbackManifest.objects.create(
-        experiment=experiment, approval=approval, content=content, sha256=sha
+        experiment=experiment, approval=approval, content=content, sha256=sha, **mf.files(content, sha)
     )
     experiment.status = Experiment.Status.APPROVED
     experiment.status_reason = f"approved {chosen_cell} by {approver.get_username()}"

@@ -10,7 +10,6 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
-from apps.approvals import manifest as mf
 from apps.approvals.models import AuditEvent, RollbackManifest
 from apps.approvals.services import ApprovalError, experiment_approve, experiment_reject
 from apps.experiments import selectors
@@ -105,10 +104,11 @@ def manifest_download(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
     if fmt not in ("yaml", "json"):
         raise Http404("the manifest comes as .yaml or .json")
     manifest = get_object_or_404(RollbackManifest, experiment_id=pk)
-    doc = mf.document(manifest.content, manifest.sha256)
-    body = mf.to_yaml(doc) if fmt == "yaml" else mf.to_json(doc)
+    body, file_sha = manifest.file(fmt)
     response = HttpResponse(body, content_type="application/yaml" if fmt == "yaml" else "application/json")
     response["Content-Disposition"] = f'attachment; filename="rollback-manifest-{pk}.{fmt}"'
+    # What `sha256sum` of the download prints; the content digest inside the file is apart.
+    response["X-Manifest-File-Sha256"] = file_sha
     response["X-Manifest-Sha256"] = manifest.sha256
     return response
 

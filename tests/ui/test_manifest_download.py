@@ -39,3 +39,48 @@ def test_it_has_no_manifest_before_approval(client, viewer, analysed_experiment)
     client.force_login(viewer)
     assert client.get(f"/experiments/{analysed_experiment.pk}/manifest.json").status_code == 404
     assert client.get(f"/experiments/{analysed_experiment.pk}/manifest.xml").status_code == 404
+
+
+@pytest.mark.django_db
+def test_it_serves_the_bytes_whose_sha256_the_page_shows(
+    client, viewer, approver, analysed_experiment
+) -> None:  # type: ignore[no-untyped-def]
+    import hashlib
+
+    from apps.approvals.models import RollbackManifest
+
+    stored = experiment_approve(
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell=analysed_experiment.decision.chosen_cell,
+        reason="ok",
+    )
+    client.force_login(viewer)
+    page = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
+    fresh = RollbackManifest.objects.get(pk=stored.pk)  # read back from the database
+    for fmt in ("yaml", "json"):
+        response = client.get(f"/experiments/{analysed_experiment.pk}/manifest.{fmt}")
+        digest = hashlib.sha256(response.content).hexdigest()  # what `sha256sum` prints
+        assert digest == response["X-Manifest-File-Sha256"] == getattr(fresh, f"{fmt}_sha256")
+        assert f'data-fmt="{fmt}">{digest}</code>' in page
+        assert bytes(getattr(fresh, f"{fmt}_bytes")) == response.content
+    # The floats of the evidence come back from Postgres as they went in.
+    doc = json.loads(client.get(f"/experiments/{analysed_experiment.pk}/manifest.json").content)
+    assert mf.verify(doc) and doc == mf.document(stored.content, stored.sha256)
+
+
+@pytest.mark.django_db
+def test_it_keeps_a_float_that_a_json_column_would_round(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    from apps.approvals.models import RollbackManifest
+
+    stored = experiment_approve(
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell=analysed_experiment.decision.chosen_cell,
+        reason="ok",
+    )
+    before = bytes(RollbackManifest.objects.get(pk=stored.pk).json_bytes)
+    # Whatever the JSON column returns for the content, the served file is the stored bytes.
+    RollbackManifest.objects.filter(pk=stored.pk).update(content={"tampered": 0.30000000000000004})
+    body, _ = RollbackManifest.objects.get(pk=stored.pk).file("json")
+    assert body == before
