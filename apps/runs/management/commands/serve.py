@@ -14,6 +14,18 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 
+def web_argv(addr: str, port: int, workers: int) -> list[str]:
+    """gunicorn, a production WSGI server, on config.wsgi; whitenoise serves the static files."""
+    return [
+        sys.executable, "-m", "gunicorn", "config.wsgi:application",
+        "--bind", f"{addr}:{port}",
+        "--workers", str(workers),
+        "--threads", "4",  # pages poll small partials; threads keep a slow poll from blocking others
+        "--graceful-timeout", "10",
+        "--access-logfile", "-",
+    ]  # fmt: skip
+
+
 def worker_argv(queues: list[str]) -> list[str]:
     return [
         sys.executable, "-m", "celery", "-A", "workers.celery", "worker",
@@ -31,9 +43,11 @@ class Command(BaseCommand):
         parser.add_argument("--addr", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-worker", action="store_true", help="serve the web only")
+        parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
 
     def handle(self, *args, **options):
         call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
         call_command("ensure_admin")
         from apps.runs.hosts import host_register_local
 
@@ -41,10 +55,7 @@ class Command(BaseCommand):
         procs: list[subprocess.Popen[bytes]] = []
         if not options["no_worker"]:
             procs.append(subprocess.Popen(worker_argv([settings.CELERY_TASK_DEFAULT_QUEUE, host.queue])))
-        web = [
-            sys.executable, "manage.py", "runserver", f"{options['addr']}:{options['port']}",
-            "--noreload", "--insecure",  # --insecure: serve static files with DEBUG off
-        ]  # fmt: skip
+        web = web_argv(options["addr"], options["port"], options["web_workers"])
         procs.append(subprocess.Popen(web, cwd=settings.BASE_DIR))
         db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         self.stdout.write(
@@ -79,5 +90,5 @@ class Command(BaseCommand):
 
 
 def _name(args: Any) -> Any:
-    """The subcommand of a child's argv (``manage.py <name>``), or the argv itself."""
-    return args[4] if isinstance(args, (list, tuple)) and len(args) > 4 else args
+    """The program of a child's argv (``python -m <name> ...``), or the argv itself."""
+    return args[2] if isinstance(args, (list, tuple)) and len(args) > 2 else args
