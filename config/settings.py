@@ -156,13 +156,14 @@ STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-# `manage.py serve` runs collectstatic, which also writes gzip copies; until then (tests, a fresh
-# checkout) whitenoise serves straight from the static folders.
+# `manage.py serve` runs collectstatic (which also writes gzip copies) before the web server starts;
+# whitenoise then serves the collected files. Until a first collectstatic (tests, a fresh checkout)
+# it serves straight from the static folders.
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
-WHITENOISE_USE_FINDERS = True
+WHITENOISE_USE_FINDERS = not any(STATIC_ROOT.iterdir())
 
 # --- Behind a TLS-terminating proxy (docs: README "Production") ------------
 # TAILTUNE_HTTPS=true: cookies only over HTTPS, HSTS, and redirects to HTTPS, trusting the proxy's
