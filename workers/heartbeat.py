@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 
 from celery.signals import worker_ready, worker_shutdown
@@ -31,16 +30,19 @@ def recover_host() -> list[int]:
 
     host = host_register_local()
     reaped: list[int] = []
-    # The pool process that ran the last run may have outlived its killed parent.
+    # The pool process that ran the last run may have outlived its killed parent. Its pid is
+    # signalled only while it still names that process (same start time): a pid reused since
+    # by an unrelated process is left alone.
     if host.worker_pid and host.worker_pid != os.getpid():
-        try:
-            os.kill(host.worker_pid, signal.SIGKILL)
-            reaped.append(host.worker_pid)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if host.worker_pid_start is None:
+            log.warning("worker pid %s was recorded without its start time: not signalled", host.worker_pid)
+        else:
+            reaped += reap_pids([[host.worker_pid, host.worker_pid_start]], grace_s=0.0)
     if host.server_pids:
         reaped += reap_pids(host.server_pids)
-    Host.objects.filter(pk=host.pk).update(server_pids=[], worker_pid=None, current_run=None)
+    Host.objects.filter(pk=host.pk).update(
+        server_pids=[], worker_pid=None, worker_pid_start=None, current_run=None
+    )
     for run in Run.objects.filter(host=host, status__in=Run.ACTIVE).select_related("experiment"):
         log.warning("run %s was %s when this host's worker died: failing it", run.pk, run.status)
         run_requeue_once(run=run, reason=f"worker lost mid-run on host {host.name} (was {run.status})")

@@ -42,6 +42,7 @@ from apps.runs.models import Host, Run
 from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
 from apps.workloads.services import tokenizer_dir, trace_load
 from workers.engine.launcher import HostConfig
+from workers.engine.procs import proc_info
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
 from workers.replay.isolated import run_replay_isolated
 from workers.replay.records import RequestRecord
@@ -150,11 +151,14 @@ def run_execute(*, run_pk: int) -> str:
             run.pk, Run.Status.FAILED, f"host {host.name} is serving run {holder}; one candidate at a time"
         )
         return Run.Status.FAILED
-    Host.objects.filter(pk=host.pk).update(worker_pid=os.getpid())
+    me = proc_info(os.getpid())
+    Host.objects.filter(pk=host.pk).update(
+        worker_pid=os.getpid(), worker_pid_start=me.start_ticks if me is not None else None
+    )
     try:
         return _execute(run, host)
     finally:
-        Host.objects.filter(pk=host.pk).update(server_pids=[], worker_pid=None)
+        Host.objects.filter(pk=host.pk).update(server_pids=[], worker_pid=None, worker_pid_start=None)
         host_release(host=host, run=run)
         experiment_check_finished(experiment_id=run.experiment_id)
 

@@ -28,6 +28,9 @@ class Host(models.Model):
     image_digest = models.CharField(max_length=300, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     worker_pid = models.IntegerField(null=True, blank=True)
+    # The worker's start time (clock ticks since boot, /proc/<pid>/stat field 22): a recovering
+    # worker signals the recorded pid only while it still belongs to that process.
+    worker_pid_start = models.BigIntegerField(null=True, blank=True)
     # Lease: the run this host is serving now; claimed with a conditional update.
     current_run = models.OneToOneField(
         "runs.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="leased_host"
