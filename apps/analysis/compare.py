@@ -137,9 +137,8 @@ class CompareOptions:
         opts = cls(min_effect_abs=abs_, **data)
         if opts.resamples < MIN_RESAMPLES:
             raise ValueError(f"resamples must be at least {MIN_RESAMPLES}")
-        for name in ("confidence",):
-            if not 0.5 < getattr(opts, name) < 1:
-                raise ValueError(f"{name} must be in (0.5, 1)")
+        if not 0.5 < opts.confidence < 1:
+            raise ValueError("confidence must be in (0.5, 1)")
         for name in ("family_alpha", "contract_alpha"):
             if not 0 < getattr(opts, name) < 0.5:
                 raise ValueError(f"{name} must be in (0, 0.5)")
@@ -296,6 +295,15 @@ def _q(values: np.ndarray, p: float) -> float:
     return float(np.quantile(values, p, method="inverted_cdf")) if values.size else math.nan
 
 
+def material_threshold(metric: str, reference: float, options: CompareOptions) -> float:
+    """The smallest difference that counts as material: the metric's absolute minimum effect,
+    or the relative one of B0's value (``reference``) when that is larger."""
+    threshold = options.min_effect_abs.get(metric, 0.0)
+    if math.isfinite(reference):
+        threshold = max(threshold, options.min_effect_rel * abs(reference))
+    return threshold
+
+
 def judge(
     metric: str,
     cand: Rows,
@@ -336,9 +344,7 @@ def judge(
     point = float(diffs[0])
     b0, b0_lo = float(base.hi[0]), float(base.lo[0])
     reference = b0 if math.isfinite(b0) else b0_lo
-    threshold = options.min_effect_abs.get(metric, 0.0)
-    if math.isfinite(reference):
-        threshold = max(threshold, options.min_effect_rel * abs(reference))
+    threshold = material_threshold(metric, reference, options)
     improvement, harm = -float(h_better[0]), float(h_worse[0])
     worse = bool(judged and p_worse <= a2 and harm > threshold)
     margin = options.noninferiority_margin_rel * abs(reference) if math.isfinite(reference) else math.nan

@@ -182,13 +182,14 @@ def acceptance_check(
     for mix, rate, rep in agreed:
         points[(mix, rate)].append(int(rep))
     agg = {(a["cell"], a["mixture"], a["rate"], a["class"]): a for a in aggregates}
+    # Every class of a (cell, mixture, rate) pools the same done repeats.
+    done_repeats = {(a["cell"], a["mixture"], a["rate"]): sorted(set(a["repeats"])) for a in aggregates}
     limits = {str(c["name"]): float(c.get("error_rate", 0.0)) for c in classes}
     out: dict[str, Any] = {}
     for cell in (c["cell_id"] for c in cells):
         failures: list[dict[str, Any]] = []
         for (mix, rate), reps in sorted(points.items()):
-            present = [a for (c, m, r, _), a in agg.items() if (c, m, r) == (cell, mix, rate)]
-            done_reps = sorted(set(present[0]["repeats"])) if present else []
+            done_reps = done_repeats.get((cell, mix, rate), [])
             missing = sorted(set(reps) - set(done_reps))
             if missing:
                 failures.append(

@@ -212,10 +212,7 @@ def _power(
         b0 = result.b0[metric]
         se = math.sqrt(2.0) * result.b0_se[metric]
         mde = inference.detectable(se, alpha=options.family_alpha, family=family_m)
-        threshold = options.min_effect_abs.get(metric, 0.0)
-        if math.isfinite(b0):
-            threshold = max(threshold, options.min_effect_rel * b0)
-        effect = max(mde, threshold)
+        effect = max(mde, compare.material_threshold(metric, b0, options))
         entry.update(
             b0=b0,
             se_diff_ms=se,

@@ -303,7 +303,7 @@ def build_report(
         options=opts.compare,
     )
 
-    # 7. The other checks, findings.
+    # 6. The other checks, findings.
     checks = {
         "validity": validity,
         "acceptance": acceptance,

@@ -8,6 +8,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from apps.approvals import manifest as mf
+
 
 class Approval(models.Model):
     class Verdict(models.TextChoices):
@@ -60,8 +62,6 @@ class RollbackManifest(models.Model):
     def file(self, fmt: str) -> tuple[bytes, str]:
         """(bytes, their sha256) of the YAML or JSON file; rows from before the stored files are
         rendered from the content (and hashed as served)."""
-        from apps.approvals import manifest as mf
-
         stored = bytes(self.yaml_bytes if fmt == "yaml" else self.json_bytes)
         if not stored:
             stored = mf.render(mf.document(self.content, self.sha256), fmt)

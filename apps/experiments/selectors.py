@@ -22,10 +22,9 @@ from apps.analysis.inference import PlannedPoint, planned_power
 from apps.analysis.models import Decision
 from apps.experiments.models import Experiment
 from apps.experiments.plan import expand_plan
+from apps.experiments.spec import RUN_OVERHEAD_S
 from apps.runs.models import MetricSample, RequestRecord, Run
 
-# Start and stop of a server around each run (seconds): the planning estimate.
-RUN_OVERHEAD_S = 60.0
 LIVE_RECORD_LIMIT = 5000
 LOG_TAIL_LINES = 40
 HISTOGRAM_BUCKETS = 40

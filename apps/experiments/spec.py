@@ -102,6 +102,10 @@ MAX_CV = 1000.0
 NUMBER_CEILING = 1e15
 
 
+# Start and stop of a server around each run (seconds): the plan's estimates and its cap.
+RUN_OVERHEAD_S = 60.0
+
+
 @dataclass(frozen=True)
 class SpecLimits:
     """The caps on a whole plan; the service reads them from settings (TAILTUNE_MAX_RUNS, ...)."""
@@ -109,7 +113,7 @@ class SpecLimits:
     max_runs: int = 10_000
     max_engine_hours: float = 2_000.0
     # Engine time a run costs beyond its windows (start, confirm, warm-up, stop).
-    run_overhead_s: float = 60.0
+    run_overhead_s: float = RUN_OVERHEAD_S
 
 
 DEFAULT_LIMITS = SpecLimits()

@@ -171,31 +171,26 @@ def test_it_states_the_power_of_the_design_per_class():
         assert 0.05 <= p["detectable_rel"] < 1.0
 
 
-def test_it_estimates_the_power_before_the_plan_starts():
+def _planned_80_20(rate_rps: float) -> dict[str, inference.PlannedPoint]:
+    """The planned power of an 80/20 mixture, 3 repeats of 60 s, three candidates, by class."""
     points = inference.planned_power(
         classes=[{"name": "short"}, {"name": "long"}],
         mixtures={"80-20": {"short": 0.8, "long": 0.2}},
-        rates={"r": 8.0},
+        rates={"r": rate_rps},
         repeats=3,
         observation_s=60.0,
         candidates=3,
         alpha=0.05,
         primary={"short": "ttft_p99_ms", "long": "e2e_p99_ms"},
     )
-    by = {p.cls: p for p in points}
+    return {p.cls: p for p in points}
+
+
+def test_it_estimates_the_power_before_the_plan_starts():
+    by = _planned_80_20(8.0)
     assert by["short"].requests == 1152 and by["short"].level == "p99"
     assert by["long"].requests == 288 and by["long"].level == "p95"
     assert by["long"].metric == "e2e_p95_ms"
     # Ten times the requests: about a third of the detectable change.
-    more = inference.planned_power(
-        classes=[{"name": "short"}, {"name": "long"}],
-        mixtures={"80-20": {"short": 0.8, "long": 0.2}},
-        rates={"r": 80.0},
-        repeats=3,
-        observation_s=60.0,
-        candidates=3,
-        alpha=0.05,
-        primary={"short": "ttft_p99_ms", "long": "e2e_p99_ms"},
-    )
-    short10 = next(p for p in more if p.cls == "short")
+    short10 = _planned_80_20(80.0)["short"]
     assert short10.detectable_rel == pytest.approx(by["short"].detectable_rel / 10**0.5, rel=1e-6)

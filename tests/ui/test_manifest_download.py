@@ -9,16 +9,18 @@ from apps.approvals import manifest as mf
 from apps.approvals.services import experiment_approve
 
 
+def _approve(experiment, approver):  # type: ignore[no-untyped-def]
+    """Approve the analysed experiment's proposal; returns its rollback manifest."""
+    return experiment_approve(
+        experiment=experiment, approver=approver, chosen_cell=experiment.decision.chosen_cell, reason="ok"
+    )
+
+
 @pytest.mark.django_db
 def test_it_downloads_the_same_manifest_as_yaml_and_json(
     client, viewer, approver, analysed_experiment
 ) -> None:  # type: ignore[no-untyped-def]
-    stored = experiment_approve(
-        experiment=analysed_experiment,
-        approver=approver,
-        chosen_cell=analysed_experiment.decision.chosen_cell,
-        reason="ok",
-    )
+    stored = _approve(analysed_experiment, approver)
     client.force_login(viewer)
     as_json = client.get(f"/experiments/{analysed_experiment.pk}/manifest.json")
     as_yaml = client.get(f"/experiments/{analysed_experiment.pk}/manifest.yaml")
@@ -49,12 +51,7 @@ def test_it_serves_the_bytes_whose_sha256_the_page_shows(
 
     from apps.approvals.models import RollbackManifest
 
-    stored = experiment_approve(
-        experiment=analysed_experiment,
-        approver=approver,
-        chosen_cell=analysed_experiment.decision.chosen_cell,
-        reason="ok",
-    )
+    stored = _approve(analysed_experiment, approver)
     client.force_login(viewer)
     page = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
     fresh = RollbackManifest.objects.get(pk=stored.pk)  # read back from the database
@@ -73,12 +70,7 @@ def test_it_serves_the_bytes_whose_sha256_the_page_shows(
 def test_it_keeps_a_float_that_a_json_column_would_round(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
     from apps.approvals.models import RollbackManifest
 
-    stored = experiment_approve(
-        experiment=analysed_experiment,
-        approver=approver,
-        chosen_cell=analysed_experiment.decision.chosen_cell,
-        reason="ok",
-    )
+    stored = _approve(analysed_experiment, approver)
     before = bytes(RollbackManifest.objects.get(pk=stored.pk).json_bytes)
     # Whatever the JSON column returns for the content, the served file is the stored bytes.
     RollbackManifest.objects.filter(pk=stored.pk).update(content={"tampered": 0.30000000000000004})
