@@ -281,7 +281,7 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
         arrival["trace_sha256"] = w.imported_trace_sha256
     extra = {
         key: experiment.spec[key]
-        for key in ("scenarios", "calibration", "analysis")
+        for key in ("scenarios", "calibration", "analysis", "recovery")
         if (experiment.spec or {}).get(key)
     }
     return {

@@ -60,7 +60,7 @@ CORE_SECTIONS = frozenset(
         "workload",
     }
 )
-OPTIONAL_SECTIONS = frozenset({"scenarios", "calibration", "analysis"})
+OPTIONAL_SECTIONS = frozenset({"scenarios", "calibration", "analysis", "recovery"})
 TOP_KEYS = CORE_SECTIONS | OPTIONAL_SECTIONS
 WORKLOAD_KEYS = {
     "mixtures",
@@ -620,6 +620,8 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         spec["scenarios"] = _check_scenarios(c, top.get("scenarios"), set(seen))
     if "analysis" in top:
         spec["analysis"] = _check_analysis(c, top.get("analysis"), set(rates))
+    if "recovery" in top:
+        spec["recovery"] = _check_recovery(c, top.get("recovery"), spec["workload"], set(mixtures), set(rates))
     _check_counts(c, spec)
     if not c.errors:
         _check_plan_size(c, spec, limits)
@@ -646,8 +648,9 @@ def plan_size(spec: Mapping[str, Any], limits: SpecLimits = DEFAULT_LIMITS) -> t
     """(runs, engine-hours) a validated spec plans, from its counts alone (nothing is expanded).
 
     Sweep runs = cells x mixtures x rates x repeats; the uniform companions add
-    cells x mixtures x rates; each failure scenario at most one run per cell.
-    A run costs its windows plus ``limits.run_overhead_s``.
+    cells x mixtures x rates; each failure scenario at most one run per cell; the
+    rollback rehearsal (on unless ``recovery.rehearse`` is false) one run that starts
+    two servers. A run costs its windows plus ``limits.run_overhead_s`` per server start.
     """
     w = spec["workload"]
     cells = 1 + len(spec["candidates"])
@@ -657,7 +660,12 @@ def plan_size(spec: Mapping[str, Any], limits: SpecLimits = DEFAULT_LIMITS) -> t
         runs += points
     runs += cells * len(spec.get("scenarios") or {})
     per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"])
-    return runs, runs * (per_run + limits.run_overhead_s) / 3600.0
+    hours = runs * (per_run + limits.run_overhead_s) / 3600.0
+    if (spec.get("recovery") or {}).get("rehearse", True):
+        # The rollback rehearsal of the proposed cell: one run, two servers started.
+        runs += 1
+        hours += (per_run + 2 * limits.run_overhead_s) / 3600.0
+    return runs, hours
 
 
 def _check_plan_size(c: _Checker, spec: Mapping[str, Any], limits: SpecLimits) -> None:
@@ -717,6 +725,23 @@ def _check_analysis(c: _Checker, raw: Any, rate_names: set[str]) -> dict[str, An
     except (TypeError, ValueError) as exc:
         c.fail("analysis", str(exc))
         return {}
+
+
+def _check_recovery(
+    c: _Checker, raw: Any, workload: Mapping[str, Any], mixtures: set[str], rates: set[str]
+) -> dict[str, Any]:
+    """The rollback rehearsal (apps/experiments/recovery.py), checked against the trace's windows."""
+    from apps.experiments.recovery import check_recovery
+
+    options, problems = check_recovery(
+        raw, warmup_s=workload.get("warmup_s"), observation_s=workload.get("observation_s")
+    )
+    for path, message in problems:
+        c.fail(path, message)
+    for key, known in (("mixture", mixtures), ("rate", rates)):
+        if options[key] is not None and known and options[key] not in known:
+            c.fail(f"recovery.{key}", f"names unknown {key} {options[key]!r}")
+    return options
 
 
 CALIBRATION_DEFAULTS: dict[str, Any] = {

@@ -22,7 +22,7 @@ _RECORD_COLUMNS = (
     "run_id", "index", "request_class", "warmup", "priority", "input_tokens", "expected_output_tokens",
     "planned_ns", "sent", "sent_ns", "admission_delay_ns", "first_token_ns", "last_token_ns", "end_ns",
     "output_tokens", "prompt_tokens", "chunks", "max_gap_ns", "chunk_gaps", "token_gaps", "http_status",
-    "error_kind", "error", "finish_reason", "cancelled", "unfinished",
+    "error_kind", "error", "finish_reason", "cancelled", "unfinished", "cut", "backend",
 )  # fmt: skip
 _JSON_COLUMNS = {"chunk_gaps", "token_gaps"}
 
@@ -55,6 +55,8 @@ def _row(run_pk: int, rec: Observed) -> dict[str, Any]:
         "finish_reason": rec.finish_reason,
         "cancelled": rec.cancelled,
         "unfinished": rec.unfinished,
+        "cut": rec.cut,
+        "backend": rec.backend,
     }
 
 
@@ -101,11 +103,15 @@ def _copy_ignore_conflicts(
         return cursor.rowcount
 
 
-def metric_samples_ingest(*, run_pk: int, samples: Sequence[dict[str, Any]]) -> int:
-    """Store scraped /metrics samples (dicts with MetricSample's field names)."""
+def metric_samples_ingest(*, run_pk: int, samples: Sequence[dict[str, Any]], server: str = "") -> int:
+    """Store scraped /metrics samples (dicts with MetricSample's field names).
+
+    ``server`` says whose: "" the run's own server, "b0" a rehearsal's standby B0.
+    """
     objs = [
         MetricSample(
             run_id=run_pk,
+            server=server,
             t_ns=s["t_ns"],
             phase=s["phase"],
             epoch=s.get("epoch", 0),

@@ -188,6 +188,10 @@ class RequestRecord(models.Model):
     finish_reason = models.CharField(max_length=32, null=True)
     cancelled = models.BooleanField(default=False)
     unfinished = models.BooleanField(default=False)
+    # Recovery rehearsals (workers/replay/rehearsal.py): cut at the drain deadline after the
+    # switch, and the server that answered; False and "" for every other run.
+    cut = models.BooleanField(default=False)
+    backend = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "index"], name="uniq_record_per_run_index")]
@@ -216,6 +220,8 @@ class MetricSample(models.Model):
     value = models.FloatField(null=True)
     # For histograms: {"buckets": [[le, cumulative_count], ...], "sum": s, "count": n}
     histogram = models.JSONField(null=True)
+    # Whose /metrics: "" the run's own server; "b0" the standby B0 of a recovery rehearsal.
+    server = models.CharField(max_length=16, blank=True, default="")
 
     class Meta:
         indexes = [models.Index(fields=["run", "name"])]

@@ -69,7 +69,8 @@ def test_it_names_a_huge_integer_by_its_size():
 def test_it_caps_the_runs_and_engine_hours_of_a_plan():
     spec = _spec(repeats=50)
     runs, hours = plan_size(validate_spec(spec))
-    assert runs == 2 * len(spec["workload"]["mixtures"]) * len(spec["workload"]["rates"]) * 50
+    # + 1: the rollback rehearsal of the proposed cell (recovery.rehearse defaults to true)
+    assert runs == 2 * len(spec["workload"]["mixtures"]) * len(spec["workload"]["rates"]) * 50 + 1
     errors = _errors(spec, limits=SpecLimits(max_runs=runs - 1))
     assert "TAILTUNE_MAX_RUNS" in errors["workload.repeats"]
     errors = _errors(spec, limits=SpecLimits(max_engine_hours=hours / 2))

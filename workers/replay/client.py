@@ -105,6 +105,8 @@ class ReplayResult:
     # The longest time the event loop could not run during the replay (None: not measured,
     # e.g. sharded). A stall holds back sends and stamps every frame read after it late.
     loop_stall_max_ms: float | None = None
+    # A recovery rehearsal's own facts (workers/replay/rehearsal.py): the switch, B0 ready, cuts.
+    rehearsal: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """Everything but the records, JSON-ready (for Run.summary and logs)."""
@@ -132,6 +134,8 @@ def run_replay(
     extra_body: dict[str, Any] | None = None,
     processes: int = 1,
     transport: str = "raw",
+    origin_ns: int | None = None,
+    rehearsal: dict[str, Any] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` (canonical trace request objects, in arrival order) and wait for the result.
 
@@ -145,6 +149,11 @@ def run_replay(
     loop and the same origin on the shared monotonic clock, for rates one
     event loop cannot keep on schedule. Children are plain subprocesses, so
     this also works inside a daemonic Celery worker process.
+
+    ``origin_ns`` fixes the origin on the monotonic clock (``time.perf_counter_ns``, shared by
+    every process of the host), so a caller can act at planned offsets too. ``rehearsal``
+    turns the run into a recovery rehearsal (:mod:`workers.replay.rehearsal`): requests move to
+    B0 at the switch and streams still open on the candidate are cut at the drain deadline.
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {sorted(ENDPOINTS)}, not {endpoint!r}")
@@ -173,6 +182,8 @@ def run_replay(
         "extra_body": extra_body or {},
         "transport": transport,
     }
+    if processes > 1 and (origin_ns is not None or rehearsal is not None):
+        raise ValueError("origin_ns and rehearsal need processes=1")
     if processes > 1:
         from workers.replay.shard import run_sharded
 
@@ -186,7 +197,17 @@ def run_replay(
             on_progress=on_progress,
             stop=stop or threading.Event(),
         )
-    replay = _Replay(requests, **options, stop=stop or threading.Event())
+    replay: _Replay
+    if rehearsal is not None:
+        from workers.replay.rehearsal import RehearsalReplay
+
+        if processes != 1 or transport != "raw" or max_concurrency is not None:
+            raise ValueError("a recovery rehearsal runs in one process on the raw transport, uncapped")
+        replay = RehearsalReplay(
+            requests, **options, stop=stop or threading.Event(), origin_ns=origin_ns, rehearsal=rehearsal
+        )
+    else:
+        replay = _Replay(requests, **options, stop=stop or threading.Event(), origin_ns=origin_ns)
     batcher = _Batcher(replay, on_batch=on_batch, on_progress=on_progress, interval_s=batch_interval_s)
     batcher.start()
     started = perf_ns()
@@ -198,7 +219,10 @@ def run_replay(
     duration_s = (perf_ns() - started) / 1e9
     if batcher.error is not None:
         raise batcher.error
-    return _result(replay, tolerance_ms=max_dispatch_lag_ms, duration_s=duration_s)
+    result = _result(replay, tolerance_ms=max_dispatch_lag_ms, duration_s=duration_s)
+    if rehearsal is not None:
+        result.rehearsal = replay.facts()  # type: ignore[attr-defined]
+    return result
 
 
 def request_body(request: dict[str, Any], *, model: str, endpoint: str, extra_body: dict[str, Any]) -> bytes:
@@ -446,6 +470,21 @@ class _Replay:
             record.unfinished = True
             record.end_ns = now - self.origin_ns
 
+    # -- hooks a recovery rehearsal (workers/replay/rehearsal.py) overrides -------------------
+
+    def _pool_for(self, record: RequestRecord) -> rawhttp.Pool:
+        """The connection pool this request is sent on (one server, so one pool)."""
+        return self._pool
+
+    async def _before_send(self, record: RequestRecord) -> bool:
+        """Wait, if this request must, before it is sent; True when it waited (admission delay)."""
+        return False
+
+    def _on_response(
+        self, record: RequestRecord, response: aiohttp.ClientResponse | rawhttp.Response
+    ) -> None:
+        """Called once the response's status (and headers) arrived."""
+
     def _headers(self, record: RequestRecord) -> dict[str, str]:
         return {
             "Content-Type": "application/json",
@@ -463,7 +502,7 @@ class _Replay:
         except Exception:  # the stream task records the error
             return None
         sent = perf_ns()
-        response = self._pool.send_nowait(self.path, body, self._headers(record))
+        response = self._pool_for(record).send_nowait(self.path, body, self._headers(record))
         if response is not None:
             record.sent = True
             record.sent_ns = sent - self.origin_ns
@@ -496,11 +535,12 @@ class _Replay:
                     body = request_body(
                         request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body
                     )
-                    response = await self._pool.post(self.path, body, self._headers(record))
+                    response = await self._pool_for(record).post(self.path, body, self._headers(record))
             else:
                 if semaphore is not None:
                     await semaphore.acquire()
                     acquired = True
+                held = await self._before_send(record)
                 body = request_body(
                     request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body
                 )
@@ -508,14 +548,15 @@ class _Replay:
                 sent = perf_ns()
                 record.sent = True
                 record.sent_ns = sent - origin
-                record.admission_delay_ns = sent - dispatched if semaphore is not None else 0
+                record.admission_delay_ns = sent - dispatched if semaphore is not None or held else 0
                 self.sent_count += 1
                 if session is None:
-                    response = await self._pool.post(self.path, body, headers)
+                    response = await self._pool_for(record).post(self.path, body, headers)
                 else:
                     response = await session.post(self.url, data=body, headers=headers)
             assert response is not None
             record.http_status = response.status
+            self._on_response(record, response)
             if response.status != 200:
                 if isinstance(response, rawhttp.Response):
                     raw = await response.read_body(_ERROR_TEXT_LIMIT * 4)

@@ -80,6 +80,8 @@ class Response:
         self.pool = pool
         self.conn = conn
         self.status = 0
+        # Header names in lower case, values as sent (set with ``status``).
+        self.headers: dict[str, str] = {}
         # Sent on a kept-alive connection (which the server may have just closed).
         self.reused = False
         self.last_data_ns = perf_ns()
@@ -230,6 +232,7 @@ class Response:
         headers = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
+            self.headers[name.strip().lower()] = value.strip()
             headers[name.strip().lower()] = value.strip().lower()
         self.status = status
         self._keep_alive = parts[0] == "HTTP/1.1" and headers.get("connection") != "close"

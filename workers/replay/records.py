@@ -118,6 +118,12 @@ class RequestRecord:
     unfinished: bool = False
     sent: bool = True
     priority: int = 0
+    # Recovery rehearsals only: the stream was open on the candidate at the drain deadline
+    # after the switch and the client cut it there (also ``unfinished``: it never ended).
+    cut: bool = False
+    # Recovery rehearsals only: which server answered ("candidate", "b0", a router's
+    # header value, or "unknown"); empty for every other run.
+    backend: str = ""
 
     @property
     def ok(self) -> bool:
@@ -126,6 +132,7 @@ class RequestRecord:
             and self.error_kind is None
             and not self.cancelled
             and not self.unfinished
+            and not self.cut
             and self.http_status == 200
         )
 
