@@ -39,11 +39,13 @@ from apps.experiments.models import Experiment
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_ingest
 from apps.runs.models import Host, Run
+from apps.runs.rehearsal import REHEARSAL
 from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
 from apps.workloads.services import tokenizer_dir, trace_load
 from workers.engine.launcher import HostConfig
 from workers.engine.procs import proc_info
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
+from workers.rehearsal import rehearsal_execute
 from workers.replay.isolated import run_replay_isolated
 from workers.replay.records import RequestRecord
 
@@ -98,7 +100,7 @@ def _set_phase(run_pk: int, status: str) -> None:
 class _Watcher(threading.Thread):
     """Polls for a cancel and advances the phase by the trace's windows."""
 
-    def __init__(self, run: Run, stop: threading.Event, server: EngineServer) -> None:
+    def __init__(self, run: Run, stop: threading.Event, server: EngineServer | None) -> None:
         super().__init__(name=f"run-{run.pk}-watch", daemon=True)
         self.run_pk = run.pk
         self.stop_event = stop
@@ -116,7 +118,7 @@ class _Watcher(threading.Thread):
                 if _is_cancelled(self.run_pk):
                     self.cancelled = True
                     self.stop_event.set()
-                    if self.origin is None:
+                    if self.origin is None and self.server is not None:
                         self.server.stop()  # still starting: do not wait for it
                     return
                 if self.origin is not None:
@@ -168,23 +170,46 @@ def _execute(run: Run, host: Host) -> str:
     log_path = Path(settings.DATA_DIR) / "runs" / str(run.run_id) / "server.log"
     Run.objects.filter(pk=run.pk).update(log_path=str(log_path))
     stop = threading.Event()
-    try:
-        server = EngineServer(
-            model=str(tokenizer_dir(experiment.model_path)),
-            cell_args=run.cell.args,
-            controls=run_controls(experiment),
-            host=host_config(host),
-            log_path=log_path,
-        )
-    except ValueError as exc:  # LaunchError: a disallowed flag, refused before anything starts
-        _finish(run.pk, Run.Status.FAILED, f"refused before start: {exc}")
-        return Run.Status.FAILED
-    watcher = _Watcher(run, stop, server)
+    model = str(tokenizer_dir(experiment.model_path))
+    if run.scenario == REHEARSAL:
+        watcher = _Watcher(run, stop, None)
+
+        def body() -> tuple[str, str, dict[str, Any]]:
+            return rehearsal_execute(
+                run,
+                host,
+                model=model,
+                controls=run_controls(experiment),
+                host_config=host_config(host),
+                log_dir=log_path.parent,
+                stop=stop,
+                watcher=watcher,
+            )
+    else:
+        try:
+            server = EngineServer(
+                model=model,
+                cell_args=run.cell.args,
+                controls=run_controls(experiment),
+                host=host_config(host),
+                log_path=log_path,
+            )
+        except ValueError as exc:  # LaunchError: a disallowed flag, refused before anything starts
+            _finish(run.pk, Run.Status.FAILED, f"refused before start: {exc}")
+            return Run.Status.FAILED
+        watcher = _Watcher(run, stop, server)
+
+        def body() -> tuple[str, str, dict[str, Any]]:
+            with server:
+                outcome = _with_server(run, host, server, watcher, stop)
+                server.stop()  # the server is gone before the run says it is finished
+            return outcome
+
     watcher.start()
     try:
-        with server:
-            status, reason, fields = _with_server(run, host, server, watcher, stop)
-            server.stop()  # the server is gone before the run says it is finished
+        status, reason, fields = body()
+    except ValueError as exc:  # LaunchError from a rehearsal's servers: refused before anything starts
+        status, reason, fields = Run.Status.FAILED, f"refused before start: {exc}", {}
     except RunCancelled:
         status, reason, fields = Run.Status.CANCELLED, "cancelled before the replay started", {}
     except EngineError as exc:

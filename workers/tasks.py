@@ -49,8 +49,13 @@ def execute_run(*, run_pk: int) -> str:
 @shared_task(name="tailtune.analyse_experiment", acks_late=True)
 def analyse_experiment(*, experiment_pk: int) -> str:
     from apps.analysis.services import experiment_analyse
+    from apps.runs.rehearsal import rehearsal_due
     from apps.runs.services import experiment_mark_analysed
 
     decision = experiment_analyse(experiment_id=experiment_pk)
+    # The proposed cell's rollback is rehearsed before anyone approves it (check 4); the
+    # experiment stays running until the rehearsal ends, and is then analysed again.
+    if decision.chosen_cell and rehearsal_due(experiment_id=experiment_pk, chosen_cell=decision.chosen_cell):
+        return f"{decision.outcome} {decision.chosen_cell}: rehearsing its rollback".strip()
     experiment_mark_analysed(experiment_id=experiment_pk)
     return f"{decision.outcome} {decision.chosen_cell}".strip()

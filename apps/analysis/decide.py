@@ -253,7 +253,7 @@ def acceptance_check(
 # (apps/runs/calibration.py) and the uniform-spacing companions of the sweep's traces.
 CALIBRATION_SCENARIO = "calibration"
 UNIFORM_SCENARIO = "uniform"
-NOT_FAILURE_SCENARIOS = frozenset({CALIBRATION_SCENARIO, UNIFORM_SCENARIO})
+NOT_FAILURE_SCENARIOS = frozenset({CALIBRATION_SCENARIO, UNIFORM_SCENARIO, "rehearsal"})
 
 
 def scenario_check(
@@ -309,20 +309,68 @@ def scenario_check(
     return {"status": status, "runs": listed}
 
 
-def recovery_check(rollback: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The rollback manifest exists and names a baseline (it is written at approval, after analysis)."""
+REHEARSAL_SCENARIO = "rehearsal"
+
+
+def recovery_check(
+    rollback: Mapping[str, Any] | None,
+    *,
+    chosen_cell: str | None = None,
+    baseline: str | None = None,
+    rehearse: bool = True,
+    rehearsal: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Check 4: the rollback to B0, rehearsed for real (apps/analysis/rehearsal.py).
+
+    ``rehearsal`` is the latest rehearsal of the chosen cell: {"run", "status", "reason",
+    "measures"}. Statuses: ``not needed`` (B0 stays: nothing to roll back), ``pending`` (not
+    run yet), ``not rehearsed`` (the spec turned it off), ``fail`` (the rehearsal failed, or
+    B0 did not recover in time, a class broke its error budget after it, or a request is
+    unaccounted for), ``pass``. The manifest's existence is reported beside it.
+    """
     rb = dict(rollback or {})
-    exists = bool(rb.get("exists"))
-    baseline = rb.get("baseline") or None
-    if exists and baseline:
-        return {"status": "pass", "manifest": True, "baseline": baseline}
-    reason = "no rollback manifest yet" if not exists else "the manifest names no baseline"
-    return {
-        "status": "pending" if not exists else "fail",
-        "manifest": exists,
-        "baseline": baseline,
-        "reason": reason,
+    out: dict[str, Any] = {"manifest": bool(rb.get("exists")), "baseline": rb.get("baseline") or baseline}
+    if chosen_cell is None or chosen_cell == baseline:
+        return {
+            **out,
+            "status": "not needed",
+            "reason": "the decision keeps B0: there is no change to roll back",
+        }
+    out["cell"] = chosen_cell
+    if rehearsal is None:
+        if not rehearse:
+            return {
+                **out,
+                "status": "not rehearsed",
+                "reason": "the spec turned the rollback rehearsal off (recovery.rehearse: false)",
+            }
+        return {
+            **out,
+            "status": "pending",
+            "reason": f"the rollback of {chosen_cell} has not been rehearsed yet",
+        }
+    out["run"] = rehearsal.get("run")
+    status = rehearsal.get("status")
+    if status in ("queued", "starting", "warming", "measuring", "draining"):
+        return {**out, "status": "pending", "reason": f"the rehearsal of {chosen_cell} is {status}"}
+    measures = rehearsal.get("measures")
+    if status != "done" or not measures:
+        return {
+            **out,
+            "status": "fail",
+            "reason": f"the rehearsal ended {status}: {rehearsal.get('reason') or 'no measures'}",
+        }
+    out["measures"] = {
+        k: measures.get(k)
+        for k in ("time_to_recover_s", "max_recovery_s", "cut", "surge", "standby", "switch_at_s")
     }
+    if measures["passed"]:
+        return {
+            **out,
+            "status": "pass",
+            "reason": f"B0 recovered {measures['time_to_recover_s']:g} s after the switch",
+        }
+    return {**out, "status": "fail", "reason": "; ".join(measures["problems"])}
 
 
 # --- findings -------------------------------------------------------------

@@ -16,6 +16,9 @@ Inputs (dicts, as the service builds them from the models):
 - token_hists / chunk_hists: (run key, class) -> merged cohort GapHistogram,
   when the caller merged them already (else they come from the table).
 - rollback: {"exists": bool, "baseline": str | None}.
+- rehearsals: cell -> its latest rollback rehearsal {"run", "status", "reason", "measures"}
+  (measures from apps/analysis/rehearsal.py); rehearse: whether the spec asks for one.
+  Check 4 judges the chosen cell's rehearsal; rehearsal runs are not in ``runs``.
 
 The output is JSON-serialisable: no NaN or infinity anywhere (a value that
 is not a finite number is null, with a flag saying why).
@@ -136,6 +139,8 @@ def build_report(
     rollback: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | ReportOptions | None = None,
     scenario_verdicts: Mapping[str, Mapping[str, Any]] | None = None,
+    rehearsals: Mapping[str, Mapping[str, Any]] | None = None,
+    rehearse: bool = True,
 ) -> dict[str, Any]:
     """Per-run metrics, pooled aggregates, paired comparisons, checks, findings and the decision.
 
@@ -308,7 +313,13 @@ def build_report(
         "validity": validity,
         "acceptance": acceptance,
         "failure_scenarios": decide.scenario_check(run_results, scenario_verdicts),
-        "recovery": decide.recovery_check(rollback),
+        "recovery": decide.recovery_check(
+            rollback,
+            chosen_cell=decision.get("chosen_cell"),
+            baseline=baseline,
+            rehearse=rehearse,
+            rehearsal=(rehearsals or {}).get(str(decision.get("chosen_cell"))),
+        ),
     }
     found = decide.findings(
         cells=cells,
@@ -339,6 +350,8 @@ def build_report(
         "findings": found,
         "statistics": statistics,
         "decision": decision,
+        # The latest rollback rehearsal of each cell that had one (apps/analysis/rehearsal.py).
+        "rehearsals": dict(rehearsals or {}),
         "charts": charts(
             cell_ids=cell_ids, aggregates=aggregates, comparisons=comparisons, run_results=run_results
         ),

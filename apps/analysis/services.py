@@ -237,7 +237,12 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
     """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     inputs = _experiment_inputs(experiment)
-    runs = list(experiment.runs.select_related("cell").order_by("plan_position", "id"))
+    from apps.experiments.recovery import recovery_options
+    from apps.runs.rehearsal import REHEARSAL, rehearsal_inputs
+
+    runs = list(
+        experiment.runs.exclude(scenario=REHEARSAL).select_related("cell").order_by("plan_position", "id")
+    )
     run_inputs = _run_inputs(runs)
     done = [r for r in run_inputs if r["status"] == Run.Status.DONE]
     table = _load_table(done)
@@ -253,6 +258,8 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         rollback=_rollback(experiment),
         options=options,
         scenario_verdicts=_scenario_verdicts(experiment_id),
+        rehearsals=rehearsal_inputs(experiment=experiment),
+        rehearse=bool(recovery_options(experiment.spec or {})["rehearse"]),
     )
 
 

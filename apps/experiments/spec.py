@@ -621,7 +621,9 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
     if "analysis" in top:
         spec["analysis"] = _check_analysis(c, top.get("analysis"), set(rates))
     if "recovery" in top:
-        spec["recovery"] = _check_recovery(c, top.get("recovery"), spec["workload"], set(mixtures), set(rates))
+        spec["recovery"] = _check_recovery(
+            c, top.get("recovery"), spec["workload"], set(mixtures), set(rates)
+        )
     _check_counts(c, spec)
     if not c.errors:
         _check_plan_size(c, spec, limits)

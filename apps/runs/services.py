@@ -306,6 +306,6 @@ def experiment_check_finished(*, experiment_id: int) -> bool:
 
 def experiment_mark_analysed(*, experiment_id: int) -> None:
     Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).update(
-        status=Experiment.Status.ANALYSED, updated_at=timezone.now()
+        status=Experiment.Status.ANALYSED, status_reason="", updated_at=timezone.now()
     )
     audit_record(action="experiment.analysed", experiment=Experiment.objects.get(pk=experiment_id))

@@ -1,0 +1,289 @@
+"""What a recovery rehearsal measured, and check 4's rule. Pure: no Django.
+
+Input: the rehearsal run's records (dicts with the record's scalar fields),
+B0's /metrics samples (``t_ns`` from the replay's origin), each class's
+contract, and the rehearsal's times. Every latency here is measured from the
+request's **planned arrival**, so the time a request was held while a cold B0
+started is part of it, as a user would feel it.
+
+- **Accounting**: every planned request is exactly one of ok, cut (open on the
+  candidate at the drain deadline after the switch), rejected (an HTTP error
+  answer), errored (no answer: connect, timeout, protocol), cancelled,
+  unfinished (still open at the run's deadline) or not sent; ``unaccounted`` is
+  the planned count minus the records there are (0, or the run lost data).
+- **After the switch**: per class, the arrivals at or after the switch: who
+  served them, and TTFT / E2E / max-stall p99 (nearest rank; a request that got
+  no first token, or did not finish, counts as above any limit) against the
+  class's contract.
+- **Surge**: B0's peak ``num_requests_waiting`` and ``kv_cache_usage_perc``
+  after the switch, and its preemptions after it.
+- **Time to recover**: rolling windows of ``window_s`` seconds of arrival time,
+  ending every second from the switch to the end of the trace (each window
+  starts no earlier than the switch). A window holds when every class's p99
+  TTFT in it is within the class's contract (an empty window holds). The time
+  to recover is from the switch to the start of the first window from which
+  every later window holds; None ("did not recover") when the last one does not.
+- **Check 4** passes when the time to recover is at most ``max_recovery_s``, no
+  class's error share among the arrivals from ``switch + max_recovery_s`` on is
+  above its error budget, and nothing is unaccounted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+OUTCOMES = ("ok", "cut", "rejected", "errored", "cancelled", "unfinished", "not_sent")
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+REQUEST_SUCCESS = "vllm:request_success_total"
+
+
+def outcome(r: Mapping[str, Any]) -> str:
+    """The one accounting bucket of a record (see the module docstring)."""
+    if not r.get("sent", True):
+        return "not_sent"
+    if r.get("cut"):
+        return "cut"
+    if r.get("http_status") is not None and r["http_status"] != 200:
+        return "rejected"
+    if r.get("error_kind") is not None:
+        return "errored"
+    if r.get("cancelled"):
+        return "cancelled"
+    if r.get("unfinished"):
+        return "unfinished"
+    if r.get("http_status") == 200:
+        return "ok"
+    return "errored"
+
+
+def _p99(values: Sequence[float]) -> float:
+    """Nearest-rank p99 (inf when it lands on a request without the measure)."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(0.99 * len(ordered))) - 1]
+
+
+def _ms(x: float) -> float | None:
+    return None if math.isinf(x) else round(x, 3)
+
+
+def _latencies(r: Mapping[str, Any]) -> tuple[float, float, float]:
+    """(TTFT, E2E, max stall) in ms from the planned arrival; inf where the request has none."""
+    planned = r["planned_ns"]
+    first = r.get("first_token_ns")
+    ttft = (first - planned) / 1e6 if first is not None else math.inf
+    ok = outcome(r) == "ok"
+    e2e = (r["end_ns"] - planned) / 1e6 if ok and r.get("end_ns") is not None else math.inf
+    gap = r.get("max_gap_ns")
+    stall = 0.0 if ok and gap is None else (gap / 1e6 if gap is not None and ok else math.inf)
+    return ttft, e2e, stall
+
+
+def _series(samples: Iterable[Mapping[str, Any]], name: str) -> list[tuple[float, float]]:
+    by_t: dict[int, float] = defaultdict(float)
+    for s in samples:
+        if s["name"] == name and s.get("value") is not None and s["kind"] == "gauge":
+            by_t[s["t_ns"]] += float(s["value"])
+    return [(t / 1e9, v) for t, v in sorted(by_t.items())]
+
+
+def _counter_delta(samples: Iterable[Mapping[str, Any]], name: str, since_s: float) -> float | None:
+    by_t: dict[int, float] = defaultdict(float)
+    for s in samples:
+        if (
+            s["name"] in (name, name.removesuffix("_total"))
+            and s["kind"] == "counter"
+            and s.get("value") is not None
+        ):
+            by_t[s["t_ns"]] += float(s["value"])
+    points = sorted(by_t.items())
+    before = [v for t, v in points if t / 1e9 <= since_s]
+    after = [v for t, v in points if t / 1e9 > since_s]
+    if not after:
+        return None
+    start = before[-1] if before else 0.0  # a cold B0 starts counting at zero
+    return max(0.0, after[-1] - start)
+
+
+def recovery_time(
+    arrivals: Mapping[str, Sequence[tuple[float, float]]],
+    limits: Mapping[str, float],
+    *,
+    switch_s: float,
+    end_s: float,
+    window_s: float,
+    step_s: float = 1.0,
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """(seconds from the switch to recovery or None, the windows judged).
+
+    ``arrivals``: class -> [(arrival s, TTFT ms or inf)] of post-switch arrivals.
+    """
+    ends = []
+    k = 1
+    while switch_s + k * step_s < end_s + step_s:
+        ends.append(min(switch_s + k * step_s, end_s))
+        k += 1
+    windows = []
+    for end in ends:
+        start = max(switch_s, end - window_s)
+        worst: dict[str, float | None] = {}
+        holds = True
+        for cls, points in arrivals.items():
+            inside = [ttft for t, ttft in points if start <= t < end or (end == end_s and t == end)]
+            if not inside:
+                continue
+            p99 = _p99(inside)
+            worst[cls] = _ms(p99)
+            if cls in limits and p99 > limits[cls]:
+                holds = False
+        windows.append(
+            {"start_s": round(start, 3), "end_s": round(end, 3), "holds": holds, "ttft_p99_ms": worst}
+        )
+    if not windows or not windows[-1]["holds"]:
+        return None, windows
+    first_good = len(windows) - 1
+    while first_good > 0 and windows[first_good - 1]["holds"]:
+        first_good -= 1
+    return round(float(windows[first_good]["start_s"]) - switch_s, 3), windows
+
+
+def rehearsal_measures(
+    *,
+    records: Sequence[Mapping[str, Any]],
+    planned: int,
+    b0_samples: Sequence[Mapping[str, Any]],
+    classes: Sequence[Mapping[str, Any]],
+    switch_s: float,
+    cut_s: float,
+    end_s: float,
+    window_s: float,
+    max_recovery_s: float,
+) -> dict[str, Any]:
+    """Everything the results page, the manifest and check 4 say about one rehearsal."""
+    contract = {c["name"]: c for c in classes}
+    accounting: dict[str, dict[str, int]] = {name: dict.fromkeys(OUTCOMES, 0) for name in contract}
+    total = dict.fromkeys(OUTCOMES, 0)
+    after: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        bucket = outcome(r)
+        accounting.setdefault(r["request_class"], dict.fromkeys(OUTCOMES, 0))[bucket] += 1
+        total[bucket] += 1
+        if r["planned_ns"] / 1e9 >= switch_s:
+            after[r["request_class"]].append(r)
+    unaccounted = planned - len(records)
+
+    per_class = {}
+    arrivals: dict[str, list[tuple[float, float]]] = {}
+    for name in contract:
+        rows = after.get(name, [])
+        lat = [_latencies(r) for r in rows]
+        arrivals[name] = [(r["planned_ns"] / 1e9, ttft) for r, (ttft, _e, _s) in zip(rows, lat, strict=True)]
+        c = contract[name]
+        late = [r for r in rows if r["planned_ns"] / 1e9 >= switch_s + max_recovery_s]
+        late_bad = sum(1 for r in late if outcome(r) != "ok")
+        entry: dict[str, Any] = {
+            "arrivals": len(rows),
+            "served_by": dict(sorted(_count(r.get("backend") or "unknown" for r in rows).items())),
+            "ok": sum(1 for r in rows if outcome(r) == "ok"),
+            "cut": accounting[name]["cut"],
+            "cut_share": (accounting[name]["cut"] / sum(accounting[name].values()))
+            if sum(accounting[name].values())
+            else 0.0,
+            "after_recovery_window": {
+                "arrivals": len(late),
+                "not_ok": late_bad,
+                "error_share": late_bad / len(late) if late else None,
+                "error_budget": c.get("error_rate"),
+                "within": (late_bad / len(late) <= float(c["error_rate"]))
+                if late and c.get("error_rate") is not None
+                else True,
+            },
+        }
+        for key, i, limit_key in (
+            ("ttft_p99_ms", 0, "ttft_p99_ms"),
+            ("e2e_p99_ms", 1, "e2e_p99_ms"),
+            ("max_stall_p99_ms", 2, "max_stall_ms"),
+        ):
+            values = [x[i] for x in lat]
+            p99 = _p99(values) if values else None
+            limit = c.get(limit_key)
+            entry[key] = {
+                "value": None if p99 is None else _ms(p99),
+                "censored": p99 is not None and math.isinf(p99),
+                "limit": limit,
+                "within": None if p99 is None or limit is None else p99 <= float(limit),
+            }
+        per_class[name] = entry
+
+    limits = {n: float(c["ttft_p99_ms"]) for n, c in contract.items() if c.get("ttft_p99_ms") is not None}
+    recovered_s, windows = recovery_time(arrivals, limits, switch_s=switch_s, end_s=end_s, window_s=window_s)
+
+    after_samples = [s for s in b0_samples if s["t_ns"] / 1e9 >= switch_s]
+    waiting = _series(b0_samples, WAITING)
+    kv = _series(b0_samples, KV_USAGE)
+    surge = {
+        "peak_waiting": max((v for t, v in _series(after_samples, WAITING)), default=None),
+        "peak_kv_usage": max((v for t, v in _series(after_samples, KV_USAGE)), default=None),
+        "preemptions": _counter_delta(b0_samples, PREEMPTIONS, switch_s),
+        "b0_requests_succeeded": _counter_delta(b0_samples, REQUEST_SUCCESS, switch_s),
+    }
+    everyone: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in records:
+        everyone[r["request_class"]].append((r["planned_ns"] / 1e9, _latencies(r)[0]))
+    timeline = _timeline(everyone)
+    problems = []
+    if recovered_s is None:
+        problems.append("B0 did not recover: the last window still breaks a class's TTFT contract")
+    elif recovered_s > max_recovery_s:
+        problems.append(
+            f"B0 recovered after {recovered_s:g} s, more than max_recovery_s ({max_recovery_s:g} s)"
+        )
+    for name, entry in per_class.items():
+        w = entry["after_recovery_window"]
+        if not w["within"]:
+            problems.append(
+                f"{name}: {w['not_ok']} of {w['arrivals']} arrivals after the recovery window failed "
+                f"({w['error_share']:.1%} > error budget {float(w['error_budget']):.1%})"
+            )
+    if unaccounted:
+        problems.append(f"{unaccounted} planned requests have no record")
+    return {
+        "switch_at_s": switch_s,
+        "cut_at_s": cut_s,
+        "end_s": end_s,
+        "window_s": window_s,
+        "max_recovery_s": max_recovery_s,
+        "time_to_recover_s": recovered_s,
+        "recovered": recovered_s is not None,
+        "planned": planned,
+        "accounting": {"total": total, "classes": accounting, "unaccounted": unaccounted},
+        "cut": total["cut"],
+        "classes": per_class,
+        "surge": surge,
+        "windows": windows,
+        "timeline": {**timeline, "b0_waiting": waiting, "b0_kv_usage": kv},
+        "passed": not problems,
+        "problems": problems,
+    }
+
+
+def _count(values: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for v in values:
+        out[v] += 1
+    return out
+
+
+def _timeline(arrivals: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, Any]:
+    """Per-second TTFT p99 per class by arrival second: [mid-second, p99 ms or None if censored, n]."""
+    out: dict[str, list[list[Any]]] = {}
+    for cls, points in sorted(arrivals.items()):
+        by_second: dict[int, list[float]] = defaultdict(list)
+        for t, ttft in points:
+            by_second[math.floor(t)].append(ttft)
+        out[cls] = [[s + 0.5, _ms(_p99(v)), len(v)] for s, v in sorted(by_second.items())]
+    return {"ttft_p99_ms_per_second": out}

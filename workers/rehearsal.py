@@ -1,0 +1,355 @@
+"""Execute one rollback rehearsal on this host: the candidate and B0 side by side.
+
+Steps of :func:`rehearsal_execute` (called by the run pipeline for a run whose
+``scenario`` is "rehearsal"; the claim, lease and finish are the pipeline's):
+
+1. Split the host between two servers (:func:`split_host`): on the CPU engine
+   each gets its own cores (``VLLM_CPU_OMP_THREADS_BIND``); on a GPU host with
+   two or more devices each gets half of ``TAILTUNE_DEVICES``; with one device
+   each gets half of the frozen ``gpu_memory_utilization``. The split is
+   recorded in the run's summary.
+2. Start the candidate (confirm its args, warm it up). Warm standby: start,
+   confirm and warm B0 too, before the replay. Cold standby: B0 is started
+   only at the switch, by a timer on the shared monotonic clock.
+3. Replay the frozen trace (workers/replay/rehearsal.py) with a fixed origin:
+   at ``switch_at_s`` new requests go to B0 (or, with a router, the switch
+   command runs and every request goes to ``route_url``); streams still open
+   on the candidate at the drain deadline after the switch are cut.
+4. Scrape both servers' /metrics every second (B0's samples are stored with
+   ``server = "b0"``, times from the replay's origin, as the records' are).
+5. Both servers are stopped whatever happens. A switch command that exits
+   non-zero (or times out) stops the replay and fails the run with its stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from django.db import close_old_connections
+from django.utils import timezone
+
+from apps.experiments.models import ServerConfig
+from apps.experiments.recovery import recovery_options
+from apps.runs.ingest import metric_samples_ingest, records_ingest
+from apps.runs.models import Host, Run
+from apps.workloads.services import trace_load
+from workers.engine.launcher import HostConfig
+from workers.engine.scrape import Scraper
+from workers.engine.server import EngineError, EngineFailed, EngineServer, read_tail
+from workers.replay.isolated import run_replay_isolated
+from workers.replay.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+# Time between fixing the replay's origin and the origin itself: the replay's own process
+# must be up and its plan built before the first planned send.
+ORIGIN_LEAD_S = 3.0
+SWITCH_COMMAND_TIMEOUT_S = 60.0
+SCRAPE_INTERVAL_S = 1.0
+
+
+class SwitchFailed(Exception):
+    pass
+
+
+def split_host(
+    host: HostConfig, controls: dict[str, Any], *, cpus: list[int] | None = None
+) -> tuple[tuple[HostConfig, dict[str, Any]], tuple[HostConfig, dict[str, Any]], str]:
+    """((candidate host, controls), (B0 host, controls), how the host was split)."""
+    devices = [d for d in host.devices.split(",") if d]
+    if len(devices) >= 2:
+        half = len(devices) // 2
+        a, b = ",".join(devices[:half]), ",".join(devices[half:])
+        return (
+            (dataclasses.replace(host, devices=a), dict(controls)),
+            (dataclasses.replace(host, devices=b), dict(controls)),
+            f"devices {a} for the candidate, {b} for B0",
+        )
+    if len(devices) == 1:
+        share = dict(controls)
+        note = f"device {devices[0]} shared"
+        if share.get("gpu_memory_utilization"):
+            share["gpu_memory_utilization"] = round(float(share["gpu_memory_utilization"]) / 2, 4)
+            note += f": each server gets gpu_memory_utilization {share['gpu_memory_utilization']}"
+        return (host, share), (host, dict(share)), note
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        both = ",".join(map(str, cpus))
+        return (
+            (
+                dataclasses.replace(host, extra_env={**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": both}),
+                dict(controls),
+            ),
+            (
+                dataclasses.replace(host, extra_env={**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": both}),
+                dict(controls),
+            ),
+            f"one core ({both}) shared by both servers",
+        )
+    half = len(cpus) // 2
+    a, b = ",".join(map(str, cpus[:half])), ",".join(map(str, cpus[half:]))
+    return (
+        (
+            dataclasses.replace(host, extra_env={**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": a}),
+            dict(controls),
+        ),
+        (
+            dataclasses.replace(host, extra_env={**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": b}),
+            dict(controls),
+        ),
+        f"cores {a} for the candidate, {b} for B0",
+    )
+
+
+def _since(origin_ns: int) -> float:
+    return round((time.perf_counter_ns() - origin_ns) / 1e9, 3)
+
+
+def _sleep_until(target_ns: int, stop: threading.Event) -> bool:
+    """Sleep until the monotonic time ``target_ns``; False if ``stop`` came first."""
+    while (delay := (target_ns - time.perf_counter_ns()) / 1e9) > 0:
+        if stop.wait(min(delay, 0.2)):
+            return False
+    return True
+
+
+def rehearsal_execute(
+    run: Run,
+    host: Host,
+    *,
+    model: str,
+    controls: dict[str, Any],
+    host_config: HostConfig,
+    log_dir: Path,
+    stop: threading.Event,
+    watcher: Any,
+) -> tuple[str, str, dict[str, Any]]:
+    """Steps 1-5 (see the module docstring); returns (status, reason, run fields)."""
+    experiment = run.experiment
+    options = recovery_options(experiment.spec or {})
+    b0_cell = experiment.cells.get(role=ServerConfig.Role.BASELINE)
+    (cand_host, cand_controls), (b0_host, b0_controls), split_note = split_host(host_config, controls)
+    ports = options.get("ports") or {}
+    candidate = EngineServer(
+        model=model,
+        cell_args=run.cell.args,
+        controls=cand_controls,
+        host=cand_host,
+        log_path=log_dir / "server.log",
+        port=ports.get("candidate"),
+    )
+    b0 = EngineServer(
+        model=model,
+        cell_args=b0_cell.args,
+        controls=b0_controls,
+        host=b0_host,
+        log_path=log_dir / "b0.log",
+        port=ports.get("b0"),
+    )
+    watcher.server = candidate
+    cold = options["standby"] == "cold"
+    facts: dict[str, Any] = {
+        "standby": options["standby"],
+        "split": split_note,
+        "candidate_url": candidate.base_url,
+        "b0_url": b0.base_url,
+        "b0_cell": b0_cell.cell_id,
+    }
+
+    def track() -> None:
+        Host.objects.filter(pk=host.pk).update(server_pids=candidate.tracked_pids() + b0.tracked_pids())
+
+    with candidate, b0:
+        warm_error: list[BaseException] = []
+
+        def start_b0_warm() -> None:
+            try:
+                b0.start()
+                b0.confirm()
+                b0.warm_up(n=4)
+            except EngineError as exc:  # re-raised in the worker's thread below
+                warm_error.append(EngineFailed(f"B0 (warm standby): {exc.reason}", log_tail=exc.log_tail))
+            except BaseException as exc:
+                warm_error.append(exc)
+
+        b0_thread = None
+        if not cold:
+            b0_thread = threading.Thread(target=start_b0_warm, name=f"run-{run.pk}-b0", daemon=True)
+            b0_thread.start()
+        candidate.start()
+        track()
+        Run.objects.filter(pk=run.pk).update(server_pid=candidate.pgid)
+        run_facts = candidate.confirm()
+        Run.objects.filter(pk=run.pk).update(**run_facts.run_fields())
+        candidate.warm_up(n=4)
+        if b0_thread is not None:
+            b0_thread.join()
+            track()
+            if warm_error:
+                raise warm_error[0]
+        if watcher.cancelled:
+            return Run.Status.CANCELLED, "cancelled before the replay started", {}
+        Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE).update(status=Run.Status.WARMING)
+        return _replay(run, host, candidate, b0, options, facts, stop, watcher, cold=cold, track=track)
+
+
+def _replay(
+    run: Run,
+    host: Host,
+    candidate: EngineServer,
+    b0: EngineServer,
+    options: dict[str, Any],
+    facts: dict[str, Any],
+    stop: threading.Event,
+    watcher: Any,
+    *,
+    cold: bool,
+    track: Any,
+) -> tuple[str, str, dict[str, Any]]:
+    trace = trace_load(sha256=run.trace_sha256)
+    requests = [r.to_json() for r in trace.requests]
+    switch_s = float(options["switch_at_s"])
+    router = options.get("route_url")
+    origin_ns = time.perf_counter_ns() + round(ORIGIN_LEAD_S * 1e9)
+    switch_ns = origin_ns + round(switch_s * 1e9)
+    clock = lambda: time.perf_counter_ns() - origin_ns  # noqa: E731 - times from the replay's origin
+    cand_scraper = Scraper(candidate.base_url, interval_s=SCRAPE_INTERVAL_S, clock=clock)
+    b0_scraper = Scraper(b0.base_url, interval_s=SCRAPE_INTERVAL_S, clock=clock)
+    side_errors: list[str] = []
+    done = threading.Event()
+
+    def at_switch() -> None:
+        try:
+            if not _sleep_until(switch_ns, done):
+                return
+            if router:
+                _run_switch_command(options["switch_command"], candidate, b0, facts, origin_ns)
+            if cold:
+                facts["b0_started_at_s"] = _since(origin_ns)
+                b0.start()
+                facts["b0_healthy_at_s"] = _since(origin_ns)
+                track()
+                b0_scraper.start_during()
+                b0.confirm()
+        except SwitchFailed as exc:
+            side_errors.append(str(exc))
+            stop.set()
+        except EngineError as exc:
+            side_errors.append(f"B0 did not start at the switch: {exc.reason}")
+            facts["b0_log_tail"] = exc.log_tail
+        except Exception as exc:
+            side_errors.append(f"at the switch: {type(exc).__name__}: {exc}")
+        finally:
+            close_old_connections()
+
+    switcher = threading.Thread(target=at_switch, name=f"run-{run.pk}-switch", daemon=True)
+    sent = 0
+
+    def on_batch(batch: list[RequestRecord]) -> None:
+        nonlocal sent
+        try:
+            records_ingest(run_pk=run.pk, records=batch)
+            sent += sum(1 for r in batch if r.sent)
+            Run.objects.filter(pk=run.pk).update(requests_sent=sent, updated_at=timezone.now())
+        finally:
+            close_old_connections()
+
+    for scraper in (cand_scraper, b0_scraper):
+        if scraper is b0_scraper and cold:
+            continue
+        with contextlib.suppress(Exception):
+            scraper.scrape("before")
+        scraper.start_during()
+    switcher.start()
+    watcher.origin = time.monotonic() + ORIGIN_LEAD_S
+    try:
+        result = run_replay_isolated(
+            requests,
+            base_url=router or candidate.base_url,
+            model=candidate.served_model_name,
+            run_id=str(run.run_id),
+            warmup_s=run.warmup_seconds,
+            observation_s=run.observation_seconds,
+            drain_deadline_s=run.drain_deadline_seconds,
+            max_dispatch_lag_ms=run.experiment.workload.max_dispatch_lag_ms,
+            on_batch=on_batch,
+            stop=stop,
+            origin_ns=origin_ns,
+            rehearsal={
+                "switch_at_s": switch_s,
+                "cut_after_s": run.drain_deadline_seconds,
+                "b0_url": None if router else b0.base_url,
+                "wait_for_b0": cold,
+                "backend_header": options.get("backend_header"),
+            },
+        )
+    finally:
+        done.set()
+        switcher.join(timeout=SWITCH_COMMAND_TIMEOUT_S + 5)
+        for who, scraper in (("", cand_scraper), ("b0", b0_scraper)):
+            scraper.stop_during()
+            with contextlib.suppress(Exception):
+                scraper.scrape("after")
+            scraper.close()
+            metric_samples_ingest(run_pk=run.pk, samples=scraper.samples, server=who)
+
+    summary = result.summary()
+    summary["rehearsal"] = {**facts, **(result.rehearsal or {})}
+    summary["scrape_errors"] = (cand_scraper.errors + b0_scraper.errors)[:20]
+    summary["servers"] = {"candidate": candidate.tracked_pids(), "b0": b0.tracked_pids()}
+    fields = {
+        "dispatch_lag_p50_ms": result.dispatch_lag_p50_ms,
+        "dispatch_lag_p99_ms": result.dispatch_lag_p99_ms,
+        "dispatch_lag_max_ms": result.dispatch_lag_max_ms,
+        "achieved_rate_rps": result.achieved_rate_rps,
+        "summary": summary,
+        "requests_sent": result.sent,
+        "log_tail": read_tail(candidate.log_path) + "\n--- B0 ---\n" + read_tail(b0.log_path),
+    }
+    if side_errors and any("switch command" in e for e in side_errors):
+        return Run.Status.FAILED, "; ".join(side_errors), fields
+    if watcher.cancelled or result.stopped:
+        return Run.Status.CANCELLED, "cancelled mid-run; partial records kept", fields
+    for who, server in (("candidate", candidate), ("B0", b0)):
+        death = server.failure() if server.proc is not None else None
+        if death is not None:
+            return Run.Status.FAILED, f"{who}: {death}", fields
+    if side_errors:
+        return Run.Status.FAILED, "; ".join(side_errors), fields
+    if not result.valid:
+        return Run.Status.INVALID, result.invalid_reason, fields
+    return Run.Status.DONE, "", fields
+
+
+def _run_switch_command(
+    argv: list[str], candidate: EngineServer, b0: EngineServer, facts: dict[str, Any], origin_ns: int
+) -> None:
+    """Run the team's switch command (an argv list, no shell); SwitchFailed unless it exits 0."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    env.update({"TAILTUNE_CANDIDATE_URL": candidate.base_url, "TAILTUNE_B0_URL": b0.base_url})
+    facts["switch_command_started_at_s"] = _since(origin_ns)
+    try:
+        done = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=SWITCH_COMMAND_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        raise SwitchFailed(
+            f"the switch command did not finish in {SWITCH_COMMAND_TIMEOUT_S:g} s: {stderr[-1000:]}"
+        ) from None
+    except OSError as exc:
+        raise SwitchFailed(f"the switch command could not start: {exc}") from None
+    facts["switch_command_exit"] = done.returncode
+    facts["switch_command_ended_at_s"] = _since(origin_ns)
+    if done.returncode != 0:
+        raise SwitchFailed(
+            f"the switch command exited with status {done.returncode}: {done.stderr.strip()[-2000:]}"
+        )
