@@ -71,7 +71,22 @@ def build_app(backends: dict[str, str], start: str) -> web.Application:
     return app
 
 
+def switch(url: str, to: str) -> int:
+    """``python -m tests.support_router switch URL NAME``: the switch command a spec names."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/switch?to={to}", method="POST"), timeout=10)
+    except urllib.error.HTTPError as exc:
+        print(f"router refused the switch: {exc.read().decode()}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "switch":
+        return switch(argv[1], argv[2])
     port = int(argv[0])
     backends = dict(item.split("=", 1) for item in argv[1:])
     app = build_app(backends, start=next(iter(backends)))

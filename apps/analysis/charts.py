@@ -680,3 +680,106 @@ def run_gauges(*, series: Mapping[str, Sequence[tuple[float, float]]]) -> dict[s
         "range": [0, 100],
     }
     return {"data": data, "layout": layout}
+
+
+def rehearsal_timeline(*, measures: Mapping[str, Any], class_names: Sequence[str]) -> dict[str, Any]:
+    """A rollback rehearsal over time: per-second TTFT p99 per class (by arrival second), B0's
+    waiting requests and KV use, the switch and the drain deadline as vertical lines.
+
+    A second whose p99 landed on a request without a first token is drawn as an "x" at the
+    top of its class's line (censored: above every drawn value)."""
+    colours = class_colours(class_names)
+    timeline = measures.get("timeline") or {}
+    per_second = timeline.get("ttft_p99_ms_per_second") or {}
+    finite = [p[1] for pts in per_second.values() for p in pts if p[1] is not None]
+    top = max(finite, default=1000.0) * 1.1
+    data: list[dict[str, Any]] = []
+    for name in class_names:
+        pts = per_second.get(name) or []
+        if not pts:
+            continue
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": f"{name} TTFT p99",
+                "x": [p[0] for p in pts if p[1] is not None],
+                "y": [p[1] for p in pts if p[1] is not None],
+                "customdata": [p[2] for p in pts if p[1] is not None],
+                "hovertemplate": f"{name}<br>%{{x:.0f}} s: %{{y:.0f}} ms (n=%{{customdata}})<extra></extra>",
+                "line": {"color": colours[name]},
+            }
+        )
+        censored = [p[0] for p in pts if p[1] is None]
+        if censored:
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": f"{name}: no first token",
+                    "x": censored,
+                    "y": [top] * len(censored),
+                    "marker": {"symbol": "x", "size": 10, "color": colours[name]},
+                    "hovertemplate": f"{name}<br>%{{x:.0f}} s: a request got no first token<extra></extra>",
+                }
+            )
+    for key, label, colour in (
+        ("b0_waiting", "B0 waiting requests", "#d62728"),
+        ("b0_kv_usage", "B0 KV cache (%)", "#2ca02c"),
+    ):
+        pts = timeline.get(key) or []
+        if pts:
+            scale = 100.0 if key == "b0_kv_usage" else 1.0
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "name": label,
+                    "x": [p[0] for p in pts],
+                    "y": [p[1] * scale for p in pts],
+                    "yaxis": "y2",
+                    "line": {"color": colour, "dash": "dot"},
+                }
+            )
+    shapes = []
+    annotations = []
+    for x, label in ((measures.get("switch_at_s"), "switch"), (measures.get("cut_at_s"), "drain deadline")):
+        if x is None:
+            continue
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": x,
+                "x1": x,
+                "y0": 0,
+                "y1": 1,
+                "line": {"dash": "dash", "color": "#555"},
+            }
+        )
+        annotations.append(
+            {
+                "x": x,
+                "y": 1,
+                "xref": "x",
+                "yref": "paper",
+                "text": label,
+                "showarrow": False,
+                "yanchor": "bottom",
+            }
+        )
+    layout = _layout(
+        "Rollback rehearsal: TTFT p99 per class, B0's queue and KV cache",
+        "time since the trace's start (s)",
+        "TTFT p99 (ms)",
+        shapes=shapes,
+        annotations=annotations,
+    )
+    layout["yaxis2"] = {
+        "title": {"text": "B0 waiting (count) / KV (%)"},
+        "overlaying": "y",
+        "side": "right",
+        "rangemode": "tozero",
+    }
+    return {"data": data, "layout": layout}

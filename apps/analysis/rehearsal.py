@@ -127,7 +127,7 @@ def recovery_time(
     while switch_s + k * step_s < end_s + step_s:
         ends.append(min(switch_s + k * step_s, end_s))
         k += 1
-    windows = []
+    windows: list[dict[str, Any]] = []
     for end in ends:
         start = max(switch_s, end - window_s)
         worst: dict[str, float | None] = {}

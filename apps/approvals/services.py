@@ -144,6 +144,47 @@ def _evidence(experiment: Experiment, decision: Decision) -> dict[str, Any]:
     }
 
 
+# Check 4 results an approver may override only with a typed reason.
+UNPROVEN_RECOVERY = frozenset({"fail", "not rehearsed", "pending"})
+
+
+def _recovery_evidence(
+    decision: Decision, check4: Mapping[str, Any], *, chosen_cell: str, baseline: str, override: str
+) -> dict[str, Any]:
+    """Check 4 as the manifest states it: the rehearsal's run and what it measured, or why none."""
+    if chosen_cell == baseline:
+        return {"check": "not needed", "reason": "B0 stays: there is no change to roll back"}
+    out: dict[str, Any] = {"check": check4.get("status"), "reason": check4.get("reason")}
+    rehearsal = ((decision.report or {}).get("rehearsals") or {}).get(chosen_cell) or {}
+    measures = rehearsal.get("measures") or {}
+    if rehearsal:
+        out["run"] = rehearsal.get("run")
+    if measures:
+        out.update(
+            {
+                "standby": measures.get("standby"),
+                "switch_at_s": measures.get("switch_at_s"),
+                "time_to_recover_s": measures.get("time_to_recover_s"),
+                "max_recovery_s": measures.get("max_recovery_s"),
+                "surge": measures.get("surge"),
+                "cut_streams": measures.get("cut"),
+                "unaccounted": (measures.get("accounting") or {}).get("unaccounted"),
+                # The deadline and thresholds the rehearsal exercised are the baseline record's.
+                "exercised": {
+                    "drain_deadline_s": round(
+                        float(measures["cut_at_s"]) - float(measures["switch_at_s"]), 3
+                    ),
+                    "abort_thresholds": "baseline.abort_thresholds (each class's contract)",
+                },
+            }
+        )
+    if out["check"] == "not rehearsed":
+        out["not_rehearsed"] = True
+    if override and out["check"] in UNPROVEN_RECOVERY:
+        out["override_reason"] = override
+    return out
+
+
 @transaction.atomic
 def experiment_approve(
     *,
@@ -153,6 +194,7 @@ def experiment_approve(
     reason: str,
     deployment_revision: str = "",
     route_target: str = "",
+    recovery_override: str = "",
 ) -> RollbackManifest:
     """Approve the decision's proposed cell or B0, and freeze the rollback manifest.
 
@@ -172,6 +214,13 @@ def experiment_approve(
         raise ApprovalError(
             f"choose the decision's proposal or B0 ({', '.join(sorted(allowed))}), not {chosen_cell!r}"
         )
+    check4 = dict((decision.checks or {}).get("recovery") or {})
+    override = recovery_override.strip()
+    if chosen_cell != b0.cell_id and check4.get("status") in UNPROVEN_RECOVERY and not override:
+        raise ApprovalError(
+            f"check 4 (recovery) is {check4.get('status')}: {check4.get('reason', '')}. To approve "
+            f"{chosen_cell} anyway, type why in the check 4 override reason"
+        )
     now = timezone.now()
     baseline = _baseline_record(
         experiment, b0, deployment_revision=deployment_revision.strip(), route_target=route_target.strip()
@@ -180,10 +229,14 @@ def experiment_approve(
     if chosen_cell != b0.cell_id:
         cand = _cell_record(experiment, cells[chosen_cell])
         candidate = {"cell_id": chosen_cell, "effective_args": cand["effective_args"]}
+    evidence = _evidence(experiment, decision)
+    evidence["recovery"] = _recovery_evidence(
+        decision, check4, chosen_cell=chosen_cell, baseline=b0.cell_id, override=override
+    )
     content = mf.build_manifest(
         baseline=baseline,
         candidate=candidate,
-        evidence=_evidence(experiment, decision),
+        evidence=evidence,
         approval={
             "verdict": Approval.Verdict.APPROVED,
             "approver": approver.get_username(),
@@ -211,7 +264,13 @@ def experiment_approve(
         actor=approver,
         experiment=experiment,
         target=chosen_cell,
-        detail={"reason": reason.strip(), "manifest_sha256": sha, "decision": decision.outcome},
+        detail={
+            "reason": reason.strip(),
+            "manifest_sha256": sha,
+            "decision": decision.outcome,
+            "check_4": check4.get("status"),
+            **({"check_4_override": override} if override and chosen_cell != b0.cell_id else {}),
+        },
     )
     return manifest
 

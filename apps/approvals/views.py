@@ -33,6 +33,14 @@ class ApproveForm(forms.Form):
     route_target = forms.CharField(
         required=False, max_length=200, help_text="Where traffic goes (service, route or pool name)."
     )
+    recovery_override = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Check 4 override reason",
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Required to approve a candidate whose rollback rehearsal failed, is pending or was "
+        "not rehearsed; it goes into the audit log and the manifest.",
+    )
 
     def __init__(self, *args, choices: list[tuple[str, str]], **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -78,6 +86,7 @@ def experiment_approve_page(request: HttpRequest, pk: int) -> HttpResponse:
                         reason=data["reason"],
                         deployment_revision=data["deployment_revision"],
                         route_target=data["route_target"],
+                        recovery_override=data["recovery_override"],
                     )
                     messages.success(
                         request,
@@ -94,7 +103,12 @@ def experiment_approve_page(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "approvals/approve.html",
-        {"experiment": experiment, "decision": decision, "form": form},
+        {
+            "experiment": experiment,
+            "decision": decision,
+            "form": form,
+            "check4": (decision.checks or {}).get("recovery") or {},
+        },
         status=200 if request.method != "POST" else 400,
     )
 

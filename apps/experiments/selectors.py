@@ -110,10 +110,13 @@ class PlanEstimate:
     power: tuple[PlannedPoint, ...] = ()
     # The rates the figure used are provisional until B0's capacity probe freezes them.
     provisional_rates: bool = False
+    # The rollback rehearsal of the proposed cell (None: recovery.rehearse is false): its
+    # windows plus two server starts.
+    rehearsal_s: float | None = None
 
     @property
     def gpu_hours(self) -> float:
-        return self.runs * self.seconds_per_run / 3600.0
+        return (self.runs * self.seconds_per_run + (self.rehearsal_s or 0.0)) / 3600.0
 
 
 def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
@@ -149,6 +152,7 @@ def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
         seconds_per_run=per_run,
         power=tuple(power),
         provisional_rates=bool((spec.get("calibration") or {}).get("enabled")),
+        rehearsal_s=per_run + RUN_OVERHEAD_S if (spec.get("recovery") or {}).get("rehearse", True) else None,
     )
 
 

@@ -13,6 +13,7 @@ urlpatterns = [
     path("experiments/<int:pk>/progress.json", views.experiment_progress_json, name="progress"),
     path("experiments/<int:pk>/start/", views.experiment_start, name="start"),
     path("experiments/<int:pk>/cancel/", views.experiment_cancel, name="cancel"),
+    path("experiments/<int:pk>/rehearse/", views.experiment_rehearse, name="rehearse"),
     path("experiments/<int:pk>/goodput/", views.experiment_goodput, name="goodput"),
     path("experiments/<int:pk>/results/", views.experiment_results, name="results"),
     path("experiments/<int:pk>/spec.yaml", views.experiment_spec, name="spec"),

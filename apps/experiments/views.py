@@ -34,6 +34,7 @@ from apps.experiments.services import experiment_create, experiment_create_with_
 from apps.experiments.spec import SpecError, dump_spec
 from apps.runs.calibration import GoodputRequestError, goodput_capacity_request, offered_load
 from apps.runs.models import Run
+from apps.runs.rehearsal import rehearsal_cost_s
 from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
 
 
@@ -293,6 +294,25 @@ def experiment_start(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
+def experiment_rehearse(request: HttpRequest, pk: int) -> HttpResponse:
+    """Rehearse the rollback of one candidate to B0 now (check 4); the cost was shown beside the button."""
+    from apps.runs.rehearsal import RehearsalError, rehearsal_start
+
+    experiment = _experiment(request, pk)
+    if not selectors.can_operate(request.user, experiment):
+        raise PermissionDenied("only the experiment's author can start a rehearsal")
+    try:
+        run = rehearsal_start(experiment=experiment, cell_id=request.POST.get("cell", ""), actor=request.user)
+    except RehearsalError as exc:
+        messages.error(request, f"Rehearsal not started: {exc}")
+        return redirect(reverse("experiments:results", args=[experiment.pk]) + "#rehearsal")
+    messages.success(
+        request, f"Rehearsing the rollback of {run.cell.cell_id} to B0: the results update when it ends."
+    )
+    return redirect("experiments:detail", pk=experiment.pk)
+
+
+@require_POST
 def experiment_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _experiment(request, pk)
     if not selectors.can_operate(request.user, experiment):
@@ -415,8 +435,18 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
     uniform = charts.uniform_vs_bursty(
         runs=report.get("runs", []), classes=class_names, cells=cells, url_for_cell=url_for_cell
     )
+    rehearsals = report.get("rehearsals") or {}
+    rehearsal_figures = [
+        (cell, entry, charts.rehearsal_timeline(measures=entry["measures"], class_names=class_names))
+        for cell, entry in sorted(rehearsals.items())
+        if entry.get("measures")
+    ]
     context.update(
         {
+            "rehearsals": rehearsals,
+            "rehearsal_figures": rehearsal_figures,
+            "rehearsal_cells": [c for c in cells if c != baseline],
+            "rehearsal_cost_s": rehearsal_cost_s(experiment),
             "report": report,
             "cells": cells,
             "baseline": baseline,

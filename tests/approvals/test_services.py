@@ -172,3 +172,84 @@ def test_it_keeps_the_admin_from_editing_an_experiment_or_its_decision(
     assert client.post(f"/admin/analysis/decision/{decision.pk}/delete/", {"post": "yes"}).status_code == 403
     analysed_experiment.refresh_from_db()
     assert analysed_experiment.owner != root and Experiment.objects.filter(pk=pk).exists()
+
+
+def _proposing_c1_with_check_4(experiment: Experiment, check: dict) -> None:
+    from apps.analysis.models import Decision
+
+    decision = Decision.objects.get(experiment=experiment)
+    decision.outcome, decision.chosen_cell = "retune", "C1"
+    decision.checks = {**decision.checks, "recovery": check}
+    decision.save()
+    experiment.refresh_from_db()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "check",
+    [
+        {"status": "fail", "reason": "B0 recovered after 75 s, more than max_recovery_s (60 s)"},
+        {"status": "not rehearsed", "reason": "the spec turned the rollback rehearsal off"},
+        {"status": "pending", "reason": "the rollback of C1 has not been rehearsed yet"},
+    ],
+    ids=["failed", "not-rehearsed", "pending"],
+)
+def test_approving_a_candidate_whose_rollback_is_unproven_needs_a_typed_reason(
+    analysed_experiment, approver, check
+) -> None:  # type: ignore[no-untyped-def]
+    _proposing_c1_with_check_4(analysed_experiment, check)
+    with pytest.raises(ApprovalError, match=f"check 4 \\(recovery\\) is {check['status']}"):
+        experiment_approve(
+            experiment=analysed_experiment, approver=approver, chosen_cell="C1", reason="faster"
+        )
+    assert not Approval.objects.exists() and not RollbackManifest.objects.exists()
+    # Keeping B0 needs no override: there is nothing to roll back.
+    manifest = experiment_approve(
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="C1",
+        reason="faster",
+        recovery_override="the router drains in 5 s in production; cold start measured separately",
+    )
+    recovery = manifest.content["evidence"]["recovery"]
+    assert recovery["check"] == check["status"]
+    assert recovery["override_reason"].startswith("the router drains")
+    assert recovery.get("not_rehearsed", False) == (check["status"] == "not rehearsed")
+    event = AuditEvent.objects.get(experiment=analysed_experiment, action="experiment.approved")
+    assert event.detail["check_4"] == check["status"]
+    assert event.detail["check_4_override"].startswith("the router drains")
+
+
+@pytest.mark.django_db
+def test_a_passed_rehearsal_goes_into_the_manifest_without_an_override(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    from apps.analysis.models import Decision
+
+    measures = {
+        "standby": "cold",
+        "switch_at_s": 40.0,
+        "cut_at_s": 60.0,
+        "time_to_recover_s": 31.5,
+        "max_recovery_s": 60.0,
+        "surge": {"peak_waiting": 12.0, "peak_kv_usage": 0.8, "preemptions": 0.0},
+        "cut": 3,
+        "accounting": {"unaccounted": 0},
+    }
+    _proposing_c1_with_check_4(
+        analysed_experiment, {"status": "pass", "reason": "B0 recovered 31.5 s after the switch"}
+    )
+    decision = Decision.objects.get(experiment=analysed_experiment)
+    decision.report = {
+        **decision.report,
+        "rehearsals": {"C1": {"run": "run-uuid", "status": "done", "measures": measures}},
+    }
+    decision.save()
+    analysed_experiment.refresh_from_db()
+    manifest = experiment_approve(
+        experiment=analysed_experiment, approver=approver, chosen_cell="C1", reason="ok"
+    )
+    recovery = manifest.content["evidence"]["recovery"]
+    assert recovery["check"] == "pass" and recovery["run"] == "run-uuid"
+    assert (recovery["standby"], recovery["time_to_recover_s"], recovery["cut_streams"]) == ("cold", 31.5, 3)
+    assert recovery["surge"]["peak_waiting"] == 12.0
+    assert recovery["exercised"]["drain_deadline_s"] == 20.0
+    assert "override_reason" not in recovery

@@ -174,6 +174,37 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     decision = experiment.decision
     assert decision.outcome in erin.inner_text("#decision")
     shot(erin, "j3-results")
+
+    # The rollback rehearsal: queued after the analysis when the decision proposes C1, else
+    # started from the results page, which states its engine time first. Its timeline chart
+    # (per-second TTFT p99 per class, B0's queue and KV, the switch and the deadline) follows.
+    if "C1" not in (decision.report.get("rehearsals") or {}):
+        assert "s of engine time" in erin.inner_text("#rehearse-form")
+        erin.select_option("#rehearse-form select[name=cell]", "C1")
+        erin.click("#rehearse-form button[type=submit]")
+        erin.wait_for_selector("#experiment-status")
+        deadline = time.monotonic() + RUNS_TIMEOUT_MS / 1000
+        while time.monotonic() < deadline:
+            experiment.refresh_from_db()
+            if (
+                experiment.status == "analysed"
+                and experiment.runs.filter(
+                    scenario="rehearsal", status__in=["done", "failed", "invalid"]
+                ).exists()
+            ):
+                break
+            time.sleep(3)
+    rehearsal = experiment.runs.get(scenario="rehearsal")
+    assert rehearsal.status == "done", (rehearsal.reason, rehearsal.log_tail[-2000:])
+    assert experiment.status == "analysed", experiment.status_reason
+    erin.goto(f"/experiments/{experiment.pk}/results/#rehearsal")
+    erin.wait_for_selector("[data-chart=rehearsal-timeline-C1] .main-svg")
+    figure = json.loads(erin.inner_text("#rehearsal-timeline-C1"))
+    names = {trace["name"] for trace in figure["data"]}
+    assert {"short TTFT p99", "long TTFT p99"} <= names, names
+    assert [shape["x0"] for shape in figure["layout"]["shapes"]] == [6.0, 6.0 + 30]  # switch, deadline
+    assert "Recovery (check 4)" in erin.inner_text("#check-4")
+    shot(erin, "j3b-rehearsal")
     assert erin.goto(f"/experiments/{experiment.pk}/approve/").status == 403  # the author
 
     vera = new_page()
@@ -185,6 +216,8 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     ada.goto(f"/experiments/{experiment.pk}/approve/")
     ada.check(f"input[name=chosen_cell][value={decision.chosen_cell or 'B0'}]")
     ada.fill("#id_reason", "journey approval")
+    # A rehearsal that did not pass on this shared CPU needs a typed override to approve C1.
+    ada.fill("#id_recovery_override", "journey: rehearsal reviewed")
     ada.click("#do-approve")
     ada.wait_for_selector("#experiment-status")
     assert ada.inner_text("#experiment-status") == "approved"

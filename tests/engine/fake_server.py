@@ -5,7 +5,8 @@ vLLM it runs a child process (its "engine core"), logs a ``non-default args``
 line and serves /health, /v1/models, /metrics (cache_config_info) and
 /version. FAKE_SERVER_MODE chooses: ok, die (log an error and exit 1), hang
 (never listen), stubborn (ignore SIGTERM, so must be SIGKILLed, child too),
-liar (log a max_num_seqs one higher than asked).
+liar (log a max_num_seqs one higher than asked). In every mode that serves, POST
+/v1/completions streams ``max_tokens`` tokens, 5 ms apart, as vLLM does with usage stats.
 """
 
 from __future__ import annotations
@@ -73,10 +74,38 @@ def main() -> int:
             self.end_headers()
             self.wfile.write((body or "").encode())
 
+        def do_POST(self) -> None:
+            # A streamed completion of max_tokens tokens, 5 ms apart, with usage on every frame.
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if self.path != "/v1/completions":
+                self.send_response(404)
+                self.end_headers()
+                return
+            tokens = int(body.get("max_tokens") or 8)
+            prompt = body.get("prompt") or []
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for i in range(1, tokens + 1):
+                time.sleep(0.005)
+                frame = {
+                    "choices": [
+                        {"index": 0, "text": "x", "finish_reason": "length" if i == tokens else None}
+                    ],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": i},
+                }
+                self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
         def log_message(self, *args: object) -> None:
             pass
 
-    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    delay = float(os.environ.get("FAKE_SERVER_START_DELAY", "0") or 0)
+    time.sleep(delay)  # a slow start, before it listens
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
     return 0
 
 

@@ -1,0 +1,116 @@
+"""A rehearsal through the team's router, on fake servers (starts in milliseconds).
+
+The router is the tests' own (tests/support_router.py). The pipeline runs the
+spec's switch command at the switch and reads the backend from the router's
+header; a switch command that exits non-zero fails the rehearsal with its
+stderr, and both servers are stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.experiments.models import Experiment
+from apps.experiments.services import experiment_create
+from apps.runs.hosts import host_register_local
+from apps.runs.models import Host, RequestRecord, Run
+from apps.runs.rehearsal import rehearsal_start
+from apps.runs.services import experiment_freeze_and_enqueue
+from tests.experiments.factories import UserFactory, small_spec
+from workers.engine.launcher import free_port
+from workers.engine.procs import alive_pids
+from workers.pipeline import run_execute
+
+FAKE = Path(__file__).resolve().parents[1] / "engine" / "fake_server.py"
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def router() -> Iterator[dict[str, Any]]:
+    ports = {"candidate": free_port(), "b0": free_port()}
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support_router",
+            str(port),
+            f"candidate=http://127.0.0.1:{ports['candidate']}",
+            f"b0=http://127.0.0.1:{ports['b0']}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    yield {"url": f"http://127.0.0.1:{port}", "ports": ports}
+    proc.terminate()
+    proc.wait(5)
+
+
+def _rehearse(monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str) -> Run:
+    monkeypatch.setattr("workers.tasks.execute_run.apply_async", lambda kwargs, queue: None)
+    monkeypatch.setenv("TAILTUNE_VLLM_COMMAND", json.dumps([sys.executable, str(FAKE)]))
+    spec = small_spec()
+    spec["workload"] = {
+        **spec["workload"],
+        "rates": {"near": 4.0},
+        "warmup_s": 1,
+        "observation_s": 4,
+        "drain_deadline_s": 3,
+    }
+    spec["recovery"] = {
+        "standby": "warm",
+        "switch_at_s": 2.5,
+        "switch_command": [sys.executable, "-m", "tests.support_router", "switch", router["url"], to],
+        "route_url": router["url"],
+        "backend_header": "X-Served-By",
+        "ports": router["ports"],
+    }
+    owner = UserFactory(roles=["experimenter"])
+    experiment = experiment_create(spec=spec, owner=owner)
+    host_register_local()
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
+    experiment_freeze_and_enqueue(experiment_id=experiment.pk)
+    experiment.runs.filter(scenario="").update(status=Run.Status.DONE)
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.ANALYSED)
+    run = rehearsal_start(experiment=experiment, cell_id="C1", actor=owner)
+    run_execute(run_pk=run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def test_the_switch_command_runs_at_the_switch_and_the_backend_header_is_recorded(monkeypatch, router):
+    run = _rehearse(monkeypatch, router, "b0")
+    assert run.status == "done", run.reason
+    facts = run.summary["rehearsal"]
+    assert facts["mode"] == "router" and facts["switch_command_exit"] == 0
+    assert 2.5 <= facts["switch_command_started_at_s"] < 3.5
+    records = list(RequestRecord.objects.filter(run=run).order_by("planned_ns"))
+    assert len(records) == run.requests_planned
+    backends = [r.backend for r in records]
+    assert set(backends) == {"candidate", "b0"}
+    # Before the command ran, the router sent everything to the candidate; after it finished, to B0.
+    for r in records:
+        if r.sent_ns < facts["switch_command_started_at_s"] * 1e9:
+            assert r.backend == "candidate", r.index
+        if r.sent_ns > facts["switch_command_ended_at_s"] * 1e9:
+            assert r.backend == "b0", r.index
+    assert not alive_pids(run.summary["servers"]["candidate"] + run.summary["servers"]["b0"])
+
+
+def test_a_switch_command_that_fails_fails_the_rehearsal_with_its_stderr_and_stops_both_servers(
+    monkeypatch, router
+):
+    run = _rehearse(monkeypatch, router, "nowhere")
+    assert run.status == "failed"
+    assert "switch command exited with status 1" in run.reason
+    assert "unknown backend 'nowhere'" in run.reason  # the command's own stderr
+    assert not alive_pids(run.summary["servers"]["candidate"] + run.summary["servers"]["b0"])
+    assert Host.objects.get(name=run.host.name).server_pids == []
