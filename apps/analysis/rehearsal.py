@@ -20,7 +20,10 @@ started is part of it, as a user would feel it.
 - **Time to recover**: rolling windows of ``window_s`` seconds of arrival time,
   ending every second from the switch to the end of the trace (each window
   starts no earlier than the switch). A window holds when every class's p99
-  TTFT in it is within the class's contract (an empty window holds). The time
+  TTFT in it is within the class's contract (an empty window holds). A request
+  that got no first token counts as over the limit, unless the run ended
+  (``deadline_s``) before it had waited as long as the limit: then it shows
+  nothing either way and is left out of the windows. The time
   to recover is from the switch to the start of the first window from which
   every later window holds; None ("did not recover") when the last one does not.
 - **Check 4** passes when the time to recover is at most ``max_recovery_s``, no
@@ -81,6 +84,20 @@ def _latencies(r: Mapping[str, Any]) -> tuple[float, float, float]:
     gap = r.get("max_gap_ns")
     stall = 0.0 if ok and gap is None else (gap / 1e6 if gap is not None and ok else math.inf)
     return ttft, e2e, stall
+
+
+def _undetermined(r: Mapping[str, Any], ttft: float, limit: float | None, deadline_s: float | None) -> bool:
+    """A request with no first token whose wait was cut short by the run's own end.
+
+    All we know is TTFT > (end - arrival). When that bound is below the class's limit the
+    request shows neither a breach nor a kept contract, so the rolling windows leave it out
+    (the same one-sided rule the paired comparison uses for censored values); when the
+    bound reaches the limit it is a breach."""
+    if not math.isinf(ttft) or limit is None or deadline_s is None:
+        return False
+    ended = r.get("end_ns")
+    waited_ms = ((ended if ended is not None else deadline_s * 1e9) - r["planned_ns"]) / 1e6
+    return waited_ms < float(limit) and r.get("error_kind") is None and r.get("http_status") in (None, 200)
 
 
 def _series(samples: Iterable[Mapping[str, Any]], name: str) -> list[tuple[float, float]]:
@@ -162,6 +179,7 @@ def rehearsal_measures(
     end_s: float,
     window_s: float,
     max_recovery_s: float,
+    deadline_s: float | None = None,
 ) -> dict[str, Any]:
     """Everything the results page, the manifest and check 4 say about one rehearsal."""
     contract = {c["name"]: c for c in classes}
@@ -180,8 +198,14 @@ def rehearsal_measures(
     arrivals: dict[str, list[tuple[float, float]]] = {}
     for name in contract:
         rows = after.get(name, [])
+        c = contract[name]
         lat = [_latencies(r) for r in rows]
-        arrivals[name] = [(r["planned_ns"] / 1e9, ttft) for r, (ttft, _e, _s) in zip(rows, lat, strict=True)]
+        limit = c.get("ttft_p99_ms")
+        arrivals[name] = [
+            (r["planned_ns"] / 1e9, ttft)
+            for r, (ttft, _e, _s) in zip(rows, lat, strict=True)
+            if not _undetermined(r, ttft, limit, deadline_s)
+        ]
         c = contract[name]
         late = [r for r in rows if r["planned_ns"] / 1e9 >= switch_s + max_recovery_s]
         late_bad = sum(1 for r in late if outcome(r) != "ok")

@@ -306,7 +306,7 @@ def latest_gauges(*, run: Run) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for key, names in GAUGE_NAMES.items():
         sample = (
-            MetricSample.objects.filter(run=run, name__in=names, value__isnull=False)
+            MetricSample.objects.filter(run=run, server="", name__in=names, value__isnull=False)
             .order_by("-t_ns", "-id")
             .values_list("value", flat=True)
             .first()
@@ -319,7 +319,7 @@ def gauge_series(*, run: Run, limit: int = 20_000) -> dict[str, list[tuple[float
     """Each gauge's [(t_s, value)] in time order, label sets summed per scrape."""
     wanted = {name: key for key, names in GAUGE_NAMES.items() for name in names}
     rows = (
-        MetricSample.objects.filter(run=run, name__in=list(wanted), value__isnull=False)
+        MetricSample.objects.filter(run=run, server="", name__in=list(wanted), value__isnull=False)
         .order_by("t_ns", "id")
         .values_list("name", "t_ns", "value")[:limit]
     )

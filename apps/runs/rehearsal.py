@@ -197,6 +197,7 @@ def rehearsal_inputs(*, experiment: Experiment) -> dict[str, dict[str, Any]]:
                 end_s=run.warmup_seconds + run.observation_seconds,
                 window_s=float(options["window_s"]),
                 max_recovery_s=float(options["max_recovery_s"]),
+                deadline_s=run.warmup_seconds + run.observation_seconds + run.drain_deadline_seconds,
             )
             measures["standby"] = facts.get("standby")
             measures["client"] = facts

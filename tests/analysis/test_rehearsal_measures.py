@@ -150,3 +150,15 @@ def test_check_4_statuses_before_and_without_a_rehearsal():
     }
     check = recovery_check(None, chosen_cell="C1", baseline="B0", rehearsal=failed)
     assert check["status"] == "fail" and "switch command" in check["reason"]
+
+
+def test_a_request_the_run_ended_on_before_its_limit_shows_nothing_either_way():
+    # The run ends at 31 s. A short request arriving at 30.8 s got no first token: it waited
+    # 200 ms < its 500 ms limit, so it is left out of the windows; one that waited 600 ms breaks.
+    records = [rec(i, i * 0.5) for i in range(60)]
+    records.append(rec(60, 30.8, ttft_ms=None, unfinished=True, end_ns=None))
+    m = _measures(records, end_s=31.0, deadline_s=31.0)
+    assert m["time_to_recover_s"] == 0.0, m["windows"][-3:]
+    records[-1] = rec(60, 30.4, ttft_ms=None, unfinished=True, end_ns=None)
+    m = _measures(records, end_s=31.0, deadline_s=31.0)
+    assert m["time_to_recover_s"] is None
