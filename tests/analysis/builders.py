@@ -148,6 +148,8 @@ def build(
     samples: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
     options: Mapping[str, Any] | None = None,
     rollback: Mapping[str, Any] | None = None,
+    rehearsals: Mapping[str, Mapping[str, Any]] | None = None,
+    rehearse: bool = True,
 ) -> dict[str, Any]:
     """Build every run of the plan, call behaviour(cell, mixture, rate, repeat, class, index) per request."""
     runs: list[dict[str, Any]] = []
@@ -212,6 +214,8 @@ def build(
         table=RecordTable.from_records(records),
         samples=sample_map,
         rollback=rollback,
+        rehearsals=rehearsals,
+        rehearse=rehearse,
         options=options,
     )
 

@@ -181,10 +181,26 @@ def test_it_lists_failure_scenario_runs_apart_from_the_sweep():
     assert listed[1]["classes"]["long"]["unfinished"] == 12
 
 
-def test_it_passes_recovery_only_with_a_manifest_naming_a_baseline():
-    assert build(Plan(), healthy)["checks"]["recovery"]["status"] == "pending"
-    ok = build(Plan(), healthy, rollback={"exists": True, "baseline": "B0"})
-    assert ok["checks"]["recovery"]["status"] == "pass"
+def test_check_4_is_measured_by_the_rehearsal_not_by_the_manifest():
+    kept = build(Plan(), healthy, rollback={"exists": True, "baseline": "B0"})
+    assert kept["decision"]["chosen_cell"] == "B0"
+    assert kept["checks"]["recovery"]["status"] == "not needed"
+    assert kept["checks"]["recovery"]["manifest"] is True
+    # A retune: a manifest alone proves nothing; the proposed cell's rehearsal decides.
+    retune = build(Plan(), slow_short_b0, rollback={"exists": True, "baseline": "B0"})
+    assert retune["decision"]["chosen_cell"] == "C1"
+    assert retune["checks"]["recovery"]["status"] == "pending"
+    assert build(Plan(), slow_short_b0, rehearse=False)["checks"]["recovery"]["status"] == "not rehearsed"
+    measures = {"passed": True, "problems": [], "time_to_recover_s": 4.0, "max_recovery_s": 60.0, "cut": 2}
+    passed = build(
+        Plan(), slow_short_b0, rehearsals={"C1": {"run": "r1", "status": "done", "measures": measures}}
+    )
+    assert passed["checks"]["recovery"]["status"] == "pass"
+    assert passed["rehearsals"]["C1"]["run"] == "r1"
+    other = build(
+        Plan(), slow_short_b0, rehearsals={"C2": {"run": "r2", "status": "done", "measures": measures}}
+    )
+    assert other["checks"]["recovery"]["status"] == "pending"  # C2's rehearsal says nothing about C1
 
 
 def test_it_judges_only_the_agreed_rates():

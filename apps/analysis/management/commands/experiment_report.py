@@ -53,7 +53,10 @@ class Command(BaseCommand):
         d = report["decision"]
         self.stdout.write(f"decision: {d['outcome']} {d['chosen_cell']}\nrule: {d['rule']}")
         for name, check in report["checks"].items():
-            self.stdout.write(f"check {name}: {check['status']}")
+            line = f"check {name}: {check['status']}"
+            if name == "recovery" and check.get("reason"):
+                line += f" ({check['reason']})"
+            self.stdout.write(line)
         for f in report["findings"]:
             self.stdout.write(f"finding: {f['title']} ({len(f['evidence'])} pieces of evidence)")
         st = report.get("statistics") or {}
