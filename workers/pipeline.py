@@ -42,7 +42,7 @@ from apps.runs.models import Host, Run
 from apps.runs.rehearsal import REHEARSAL
 from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
 from apps.workloads.services import tokenizer_dir, trace_load
-from workers.engine.launcher import HostConfig
+from workers.engine.launcher import HostConfig, LaunchError
 from workers.engine.procs import proc_info
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
 from workers.rehearsal import rehearsal_execute
@@ -208,7 +208,7 @@ def _execute(run: Run, host: Host) -> str:
     watcher.start()
     try:
         status, reason, fields = body()
-    except ValueError as exc:  # LaunchError from a rehearsal's servers: refused before anything starts
+    except LaunchError as exc:  # a rehearsal's servers: a disallowed flag, refused before anything starts
         status, reason, fields = Run.Status.FAILED, f"refused before start: {exc}", {}
     except RunCancelled:
         status, reason, fields = Run.Status.CANCELLED, "cancelled before the replay started", {}

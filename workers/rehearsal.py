@@ -109,6 +109,17 @@ def split_host(
     )
 
 
+class _Both:
+    """What the run's cancel watcher stops: both servers (each stop() is idempotent)."""
+
+    def __init__(self, *servers: EngineServer) -> None:
+        self.servers = servers
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
 def _since(origin_ns: int) -> float:
     return round((time.perf_counter_ns() - origin_ns) / 1e9, 3)
 
@@ -154,7 +165,7 @@ def rehearsal_execute(
         log_path=log_dir / "b0.log",
         port=ports.get("b0"),
     )
-    watcher.server = candidate
+    watcher.server = _Both(candidate, b0)  # a cancel while starting stops both
     cold = options["standby"] == "cold"
     facts: dict[str, Any] = {
         "standby": options["standby"],
@@ -184,12 +195,18 @@ def rehearsal_execute(
         if not cold:
             b0_thread = threading.Thread(target=start_b0_warm, name=f"run-{run.pk}-b0", daemon=True)
             b0_thread.start()
-        candidate.start()
-        track()
-        Run.objects.filter(pk=run.pk).update(server_pid=candidate.pgid)
-        run_facts = candidate.confirm()
-        Run.objects.filter(pk=run.pk).update(**run_facts.run_fields())
-        candidate.warm_up(n=4)
+        try:
+            candidate.start()
+            track()
+            Run.objects.filter(pk=run.pk).update(server_pid=candidate.pgid)
+            run_facts = candidate.confirm()
+            Run.objects.filter(pk=run.pk).update(**run_facts.run_fields())
+            candidate.warm_up(n=4)
+        except BaseException:
+            if b0_thread is not None:  # B0 may still be starting: stop it, and wait for its thread
+                b0.stop()
+                b0_thread.join()
+            raise
         if b0_thread is not None:
             b0_thread.join()
             track()
@@ -218,36 +235,47 @@ def _replay(
     requests = [r.to_json() for r in trace.requests]
     switch_s = float(options["switch_at_s"])
     router = options.get("route_url")
-    origin_ns = time.perf_counter_ns() + round(ORIGIN_LEAD_S * 1e9)
-    switch_ns = origin_ns + round(switch_s * 1e9)
-    clock = lambda: time.perf_counter_ns() - origin_ns  # noqa: E731 - times from the replay's origin
+    timing = {"origin_ns": 0}  # fixed just before the replay starts, after the "before" scrapes
+    clock = lambda: time.perf_counter_ns() - timing["origin_ns"]  # noqa: E731 - times from the replay's origin
     cand_scraper = Scraper(candidate.base_url, interval_s=SCRAPE_INTERVAL_S, clock=clock)
     b0_scraper = Scraper(b0.base_url, interval_s=SCRAPE_INTERVAL_S, clock=clock)
     side_errors: list[str] = []
     done = threading.Event()
 
-    def at_switch() -> None:
+    def switch_command() -> None:
         try:
-            if not _sleep_until(switch_ns, done):
+            _run_switch_command(options["switch_command"], candidate, b0, facts, timing["origin_ns"])
+        except SwitchFailed as exc:
+            side_errors.append(str(exc))
+            stop.set()
+
+    def at_switch() -> None:
+        origin_ns = timing["origin_ns"]
+        command = None
+        try:
+            if not _sleep_until(origin_ns + round(switch_s * 1e9), done):
                 return
-            if router:
-                _run_switch_command(options["switch_command"], candidate, b0, facts, origin_ns)
+            if router:  # runs while a cold B0 starts, as both would in an incident
+                command = threading.Thread(
+                    target=switch_command, name=f"run-{run.pk}-switch-command", daemon=True
+                )
+                command.start()
             if cold:
                 facts["b0_started_at_s"] = _since(origin_ns)
                 b0.start()
                 facts["b0_healthy_at_s"] = _since(origin_ns)
                 track()
-                b0_scraper.start_during()
+                if not done.is_set():
+                    b0_scraper.start_during()
                 b0.confirm()
-        except SwitchFailed as exc:
-            side_errors.append(str(exc))
-            stop.set()
         except EngineError as exc:
             side_errors.append(f"B0 did not start at the switch: {exc.reason}")
             facts["b0_log_tail"] = exc.log_tail
         except Exception as exc:
             side_errors.append(f"at the switch: {type(exc).__name__}: {exc}")
         finally:
+            if command is not None:
+                command.join()
             close_old_connections()
 
     switcher = threading.Thread(target=at_switch, name=f"run-{run.pk}-switch", daemon=True)
@@ -266,8 +294,14 @@ def _replay(
         if scraper is b0_scraper and cold:
             continue
         with contextlib.suppress(Exception):
-            scraper.scrape("before")
-        scraper.start_during()
+            scraper.scrape("before")  # on the monotonic clock: moved onto the replay's below
+    origin_ns = time.perf_counter_ns() + round(ORIGIN_LEAD_S * 1e9)
+    timing["origin_ns"] = origin_ns
+    for scraper in (cand_scraper, b0_scraper):
+        for sample in scraper.samples:
+            sample["t_ns"] -= origin_ns
+        if not (scraper is b0_scraper and cold):
+            scraper.start_during()
     switcher.start()
     watcher.origin = time.monotonic() + ORIGIN_LEAD_S
     try:
@@ -293,7 +327,9 @@ def _replay(
         )
     finally:
         done.set()
-        switcher.join(timeout=SWITCH_COMMAND_TIMEOUT_S + 5)
+        if switcher.is_alive() and cold:
+            b0.stop()  # still starting when the replay ended: its start() fails and says so
+        switcher.join()  # bounded: a switch command times out, a stopped B0 ends start()
         for who, scraper in (("", cand_scraper), ("b0", b0_scraper)):
             scraper.stop_during()
             with contextlib.suppress(Exception):

@@ -28,7 +28,9 @@ started is part of it, as a user would feel it.
   every later window holds; None ("did not recover") when the last one does not.
 - **Check 4** passes when the time to recover is at most ``max_recovery_s``, no
   class's error share among the arrivals from ``switch + max_recovery_s`` on is
-  above its error budget, and nothing is unaccounted.
+  above its error budget (when the trace ends before then: among the arrivals
+  from the measured recovery on, or from the switch if it did not recover;
+  ``error_budget_from_s`` says which), and nothing is unaccounted.
 """
 
 from __future__ import annotations
@@ -206,9 +208,6 @@ def rehearsal_measures(
             for r, (ttft, _e, _s) in zip(rows, lat, strict=True)
             if not _undetermined(r, ttft, limit, deadline_s)
         ]
-        c = contract[name]
-        late = [r for r in rows if r["planned_ns"] / 1e9 >= switch_s + max_recovery_s]
-        late_bad = sum(1 for r in late if outcome(r) != "ok")
         entry: dict[str, Any] = {
             "arrivals": len(rows),
             "served_by": dict(sorted(_count(r.get("backend") or "unknown" for r in rows).items())),
@@ -217,15 +216,6 @@ def rehearsal_measures(
             "cut_share": (accounting[name]["cut"] / sum(accounting[name].values()))
             if sum(accounting[name].values())
             else 0.0,
-            "after_recovery_window": {
-                "arrivals": len(late),
-                "not_ok": late_bad,
-                "error_share": late_bad / len(late) if late else None,
-                "error_budget": c.get("error_rate"),
-                "within": (late_bad / len(late) <= float(c["error_rate"]))
-                if late and c.get("error_rate") is not None
-                else True,
-            },
         }
         for key, i, limit_key in (
             ("ttft_p99_ms", 0, "ttft_p99_ms"),
@@ -245,6 +235,27 @@ def rehearsal_measures(
 
     limits = {n: float(c["ttft_p99_ms"]) for n, c in contract.items() if c.get("ttft_p99_ms") is not None}
     recovered_s, windows = recovery_time(arrivals, limits, switch_s=switch_s, end_s=end_s, window_s=window_s)
+
+    # The error budget is judged on the arrivals from switch + max_recovery_s on. When the trace
+    # ends before that, on the arrivals from the measured recovery on (or all post-switch
+    # arrivals, when B0 did not recover), and the measures say so: never on no arrivals at all.
+    judged_from = switch_s + max_recovery_s
+    if not any(r["planned_ns"] / 1e9 >= judged_from for rows in after.values() for r in rows):
+        judged_from = switch_s + (
+            recovered_s if recovered_s is not None and recovered_s <= max_recovery_s else 0.0
+        )
+    for name, entry in per_class.items():
+        late = [r for r in after.get(name, []) if r["planned_ns"] / 1e9 >= judged_from]
+        late_bad = sum(1 for r in late if outcome(r) != "ok")
+        budget = contract[name].get("error_rate")
+        entry["after_recovery_window"] = {
+            "from_s": round(judged_from, 3),
+            "arrivals": len(late),
+            "not_ok": late_bad,
+            "error_share": late_bad / len(late) if late else None,
+            "error_budget": budget,
+            "within": (late_bad / len(late) <= float(budget)) if late and budget is not None else True,
+        }
 
     after_samples = [s for s in b0_samples if s["t_ns"] / 1e9 >= switch_s]
     waiting = _series(b0_samples, WAITING)
@@ -270,7 +281,7 @@ def rehearsal_measures(
         w = entry["after_recovery_window"]
         if not w["within"]:
             problems.append(
-                f"{name}: {w['not_ok']} of {w['arrivals']} arrivals after the recovery window failed "
+                f"{name}: {w['not_ok']} of {w['arrivals']} arrivals from {w['from_s']:g} s on failed "
                 f"({w['error_share']:.1%} > error budget {float(w['error_budget']):.1%})"
             )
     if unaccounted:
@@ -281,6 +292,7 @@ def rehearsal_measures(
         "end_s": end_s,
         "window_s": window_s,
         "max_recovery_s": max_recovery_s,
+        "error_budget_from_s": round(judged_from, 3),
         "time_to_recover_s": recovered_s,
         "recovered": recovered_s is not None,
         "planned": planned,

@@ -216,9 +216,10 @@ def experiment_approve(
         )
     check4 = dict((decision.checks or {}).get("recovery") or {})
     override = recovery_override.strip()
-    if chosen_cell != b0.cell_id and check4.get("status") in UNPROVEN_RECOVERY and not override:
+    unproven = check4.get("status") in UNPROVEN_RECOVERY or not check4.get("status")
+    if chosen_cell != b0.cell_id and unproven and not override:
         raise ApprovalError(
-            f"check 4 (recovery) is {check4.get('status')}: {check4.get('reason', '')}. To approve "
+            f"check 4 (recovery) is {check4.get('status') or 'not measured'}: {check4.get('reason', '')}. To approve "
             f"{chosen_cell} anyway, type why in the check 4 override reason"
         )
     now = timezone.now()

@@ -147,9 +147,13 @@ def check_recovery(
         problems += found
     url = data.get("route_url")
     if url is not None:
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            problems.append(("recovery.route_url", f"must be an http(s) URL, got {url!r}"))
+        try:
+            parts = urlsplit(url) if isinstance(url, str) else None
+            port_ok = parts is not None and (parts.port is None or parts.port > 0)
+        except ValueError:  # a bracket left open, a port out of range
+            parts, port_ok = None, False
+        if parts is None or not port_ok or parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.append(("recovery.route_url", f"must be an http(s) URL with a valid port, got {url!r}"))
         else:
             out["route_url"] = url.rstrip("/")
     if (command is None) != (url is None):

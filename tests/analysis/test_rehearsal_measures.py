@@ -162,3 +162,18 @@ def test_a_request_the_run_ended_on_before_its_limit_shows_nothing_either_way():
     records[-1] = rec(60, 30.4, ttft_ms=None, unfinished=True, end_ns=None)
     m = _measures(records, end_s=31.0, deadline_s=31.0)
     assert m["time_to_recover_s"] is None
+
+
+def test_a_trace_shorter_than_the_recovery_limit_judges_the_budget_from_the_recovery_on():
+    # The trace ends 20 s after the switch but max_recovery_s is 60: the error budget is judged
+    # on the arrivals after the measured recovery, not waved through on no arrivals.
+    records = [rec(i, i * 0.5, ttft_ms=3000.0 if 10 <= i * 0.5 < 14 else 100.0) for i in range(60)]
+    for r in records[40:]:
+        r.update(http_status=503, first_token_ns=None)
+    m = _measures(records, max_recovery_s=60.0)
+    assert (
+        m["error_budget_from_s"] == 10.0 + m["time_to_recover_s"]
+        if m["time_to_recover_s"] is not None
+        else 10.0
+    )
+    assert any("error budget" in p for p in m["problems"]), m["problems"]

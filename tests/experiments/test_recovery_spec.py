@@ -98,3 +98,9 @@ def test_a_router_spec_round_trips_and_the_rehearsal_is_in_the_plan_size():
     runs_on, hours_on = plan_size(spec)
     runs_off, hours_off = plan_size(off)
     assert runs_on == runs_off + 1 and hours_on > hours_off
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://h:99999", "http://h:0"])
+def test_a_broken_route_url_is_a_field_error_not_a_crash(url):
+    errors = _errors({"switch_command": ["curl", "x"], "route_url": url})
+    assert "valid port" in errors["recovery.route_url"]

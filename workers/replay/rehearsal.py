@@ -198,6 +198,8 @@ class RehearsalReplay(_Replay):
             self._open_before.pop(record.index, None)
 
     def _mark_interrupted(self, record: RequestRecord, now: int) -> None:
+        if record.index in self._cutting and record.end_ns is not None and record.error_kind is None:
+            return  # its [DONE] had arrived before the cut reached its task: it finished, it is not cut
         if record.index in self._cutting and record.sent and self._close_reason != "cancelled":
             record.cut = True
             record.unfinished = True

@@ -53,7 +53,7 @@ REQUIRED = (
 )
 SAMPLE_TYPES: dict[str, str] = {
     "t_ns": _INT, "phase": _STR, "epoch": _INT, "name": _STR, "kind": _STR, "value": "number or null",
-    "labels": "object", "histogram": "object or null", "taken_at": "ISO datetime",
+    "labels": "object", "histogram": "object or null", "taken_at": "ISO datetime", "server": _STR,
 }  # fmt: skip
 SAMPLE_REQUIRED = ("t_ns", "phase", "name", "kind")
 RECORD_UPDATE_FIELDS = [f for f in RECORD_TYPES if f not in ("run_id", "index")]
@@ -212,6 +212,8 @@ class Command(BaseCommand):
                 if timezone.is_naive(taken):
                     raise CommandError(f"{path}:{number}: field taken_at needs a time zone")
                 fields["taken_at"] = taken
+            if fields.get("server", "") not in ("", "b0"):
+                raise CommandError(f'{path}:{number}: field server must be "" (the run\'s server) or "b0"')
             if fields.get("epoch", 0) < 0:
                 raise CommandError(f"{path}:{number}: field epoch must not be negative")
             fields.setdefault("labels", {})
