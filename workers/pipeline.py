@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from apps.experiments.models import Experiment
 from apps.runs.hosts import host_register_local
-from apps.runs.ingest import metric_samples_ingest, records_ingest
+from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
 from apps.runs.rehearsal import REHEARSAL
 from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
@@ -47,7 +47,6 @@ from workers.engine.procs import proc_info
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
 from workers.rehearsal import rehearsal_execute
 from workers.replay.isolated import run_replay_isolated
-from workers.replay.records import RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -247,17 +246,7 @@ def _with_server(
 
     trace = trace_load(sha256=run.trace_sha256)
     requests = [r.to_json() for r in trace.requests]
-    sent = 0
-
-    def on_batch(batch: list[RequestRecord]) -> None:
-        nonlocal sent
-        try:
-            records_ingest(run_pk=run.pk, records=batch)
-            sent += sum(1 for r in batch if r.sent)
-            Run.objects.filter(pk=run.pk).update(requests_sent=sent, updated_at=timezone.now())
-        finally:
-            close_old_connections()  # this runs on the replay's batch thread
-
+    on_batch = records_writer(run_pk=run.pk)
     scraper = Scraper(server.base_url, interval_s=2.0)
     try:
         try:

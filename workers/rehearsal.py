@@ -34,18 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from django.db import close_old_connections
-from django.utils import timezone
 
 from apps.experiments.models import ServerConfig
 from apps.experiments.recovery import recovery_options
-from apps.runs.ingest import metric_samples_ingest, records_ingest
+from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
 from apps.workloads.services import trace_load
 from workers.engine.launcher import HostConfig
 from workers.engine.scrape import Scraper
 from workers.engine.server import EngineError, EngineFailed, EngineServer, read_tail
 from workers.replay.isolated import run_replay_isolated
-from workers.replay.records import RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -279,17 +277,7 @@ def _replay(
             close_old_connections()
 
     switcher = threading.Thread(target=at_switch, name=f"run-{run.pk}-switch", daemon=True)
-    sent = 0
-
-    def on_batch(batch: list[RequestRecord]) -> None:
-        nonlocal sent
-        try:
-            records_ingest(run_pk=run.pk, records=batch)
-            sent += sum(1 for r in batch if r.sent)
-            Run.objects.filter(pk=run.pk).update(requests_sent=sent, updated_at=timezone.now())
-        finally:
-            close_old_connections()
-
+    on_batch = records_writer(run_pk=run.pk)
     for scraper in (cand_scraper, b0_scraper):
         if scraper is b0_scraper and cold:
             continue

@@ -10,12 +10,13 @@ which is the same guarantee.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
 
-from apps.runs.models import MetricSample, RequestRecord
+from apps.runs.models import MetricSample, RequestRecord, Run
 from workers.replay.records import RequestRecord as Observed
 
 _RECORD_COLUMNS = (
@@ -101,6 +102,26 @@ def _copy_ignore_conflicts(
             f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM tt_ingest ON CONFLICT ({keys}) DO NOTHING"  # noqa: S608
         )
         return cursor.rowcount
+
+
+def records_writer(*, run_pk: int) -> Callable[[Sequence[Observed]], None]:
+    """The replay's ``on_batch`` for one run: store each batch and count what was sent.
+
+    It runs on the replay's batch thread, so it closes that thread's database connection
+    after each batch.
+    """
+    sent = 0
+
+    def on_batch(batch: Sequence[Observed]) -> None:
+        nonlocal sent
+        try:
+            records_ingest(run_pk=run_pk, records=batch)
+            sent += sum(1 for r in batch if r.sent)
+            Run.objects.filter(pk=run_pk).update(requests_sent=sent, updated_at=timezone.now())
+        finally:
+            close_old_connections()
+
+    return on_batch
 
 
 def metric_samples_ingest(*, run_pk: int, samples: Sequence[dict[str, Any]], server: str = "") -> int:
