@@ -35,11 +35,11 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.experiments.models import Experiment
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
-from apps.runs.rehearsal import REHEARSAL
 from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
 from apps.workloads.services import tokenizer_dir, trace_load
 from workers.engine.launcher import HostConfig, LaunchError
@@ -170,7 +170,7 @@ def _execute(run: Run, host: Host) -> str:
     Run.objects.filter(pk=run.pk).update(log_path=str(log_path))
     stop = threading.Event()
     model = str(tokenizer_dir(experiment.model_path))
-    if run.scenario == REHEARSAL:
+    if run.scenario == REHEARSAL_SCENARIO:
         watcher = _Watcher(run, stop, None)
 
         def body() -> tuple[str, str, dict[str, Any]]:

@@ -21,14 +21,17 @@ import numpy as np
 from django.db import connection, transaction
 
 from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, RecordTable, error_code
+from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
+from apps.analysis.rehearsal import rehearsal_measures
 from apps.analysis.report import build_report
 from apps.analysis.server import COUNTERS, GAUGES
 from apps.experiments.models import Experiment
+from apps.experiments.recovery import recovery_options
 from apps.runs.models import MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
-from workers.replay.records import GapHistogram
+from workers.replay.records import SCALAR_RECORD_FIELDS, GapHistogram
 
 _CHUNK = 50_000
 # Runs per records query: about 130,000 rows at a time at 1,000,000 records over 126 runs.
@@ -237,11 +240,10 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
     """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     inputs = _experiment_inputs(experiment)
-    from apps.experiments.recovery import recovery_options
-    from apps.runs.rehearsal import REHEARSAL, rehearsal_inputs
-
     runs = list(
-        experiment.runs.exclude(scenario=REHEARSAL).select_related("cell").order_by("plan_position", "id")
+        experiment.runs.exclude(scenario=REHEARSAL_SCENARIO)
+        .select_related("cell")
+        .order_by("plan_position", "id")
     )
     run_inputs = _run_inputs(runs)
     done = [r for r in run_inputs if r["status"] == Run.Status.DONE]
@@ -292,3 +294,51 @@ def experiment_analyse(*, experiment_id: int) -> Decision:
         },
     )
     return row
+
+
+def rehearsal_inputs(*, experiment: Experiment) -> dict[str, dict[str, Any]]:
+    """Each cell's latest rehearsal with its measures (when done), for the report and check 4."""
+    options = recovery_options(experiment.spec or {})
+    classes = [
+        {
+            "name": c.name,
+            "ttft_p99_ms": c.ttft_p99_ms,
+            "e2e_p99_ms": c.e2e_p99_ms,
+            "max_stall_ms": c.max_stall_ms,
+            "error_rate": c.error_rate,
+        }
+        for c in experiment.classes.order_by("position")
+    ]
+    out: dict[str, dict[str, Any]] = {}
+    for run in experiment.runs.filter(scenario=REHEARSAL_SCENARIO).select_related("cell").order_by("id"):
+        entry: dict[str, Any] = {
+            "run": str(run.run_id),
+            "status": run.status,
+            "reason": run.reason[:2000],
+            "measures": None,
+        }
+        facts = (run.summary or {}).get("rehearsal") or {}
+        if run.status == Run.Status.DONE and facts:
+            records = list(RecordRow.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS))
+            samples = list(
+                MetricSample.objects.filter(run=run, server="b0").values(
+                    "t_ns", "name", "kind", "value", "labels"
+                )
+            )
+            measures = rehearsal_measures(
+                records=records,
+                planned=run.requests_planned or len(records),
+                b0_samples=samples,
+                classes=classes,
+                switch_s=float(facts["switch_at_s"]),
+                cut_s=float(facts["cut_at_s"]),
+                end_s=run.warmup_seconds + run.observation_seconds,
+                window_s=float(options["window_s"]),
+                max_recovery_s=float(options["max_recovery_s"]),
+                deadline_s=run.warmup_seconds + run.observation_seconds + run.drain_deadline_seconds,
+            )
+            measures["standby"] = facts.get("standby")
+            measures["client"] = facts
+            entry["measures"] = measures
+        out[run.cell.cell_id] = entry
+    return out

@@ -1,10 +1,11 @@
-"""Rollback rehearsals as runs: when one is due, starting one, and what it measured.
+"""Rollback rehearsals as runs: when one is due, and starting one.
 
 A rehearsal is a Run with ``scenario = "rehearsal"`` (apart from the sweep: the
 paired analysis never reads it). It replays one frozen sweep trace (by default
 the first mixture at its highest agreed rate, repeat 1) against the candidate
 and rolls back to B0 mid-way (workers/rehearsal.py runs it; apps/analysis/
-rehearsal.py measures it; check 4 judges it).
+rehearsal.py measures it, from the rows apps/analysis/services.rehearsal_inputs
+reads; check 4 judges it).
 
 - After the analysis, :func:`rehearsal_due` queues the rehearsal of the cell the
   decision proposes, once, unless the spec says ``recovery.rehearse: false``; the
@@ -20,14 +21,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
-from apps.analysis.rehearsal import rehearsal_measures
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.experiments.spec import RUN_OVERHEAD_S
-from apps.runs.models import MetricSample, Run
-from apps.runs.models import RequestRecord as RecordRow
-from workers.replay.records import SCALAR_RECORD_FIELDS
+from apps.runs.models import Run
 
 REHEARSAL = REHEARSAL_SCENARIO
 
@@ -156,51 +154,3 @@ def rehearsal_start(*, experiment: Experiment, cell_id: str, actor: Any) -> Run:
     run = _create(experiment, cell)
     _enqueue(run, experiment, actor=actor, reason="started from the experiment page")
     return run
-
-
-def rehearsal_inputs(*, experiment: Experiment) -> dict[str, dict[str, Any]]:
-    """Each cell's latest rehearsal with its measures (when done), for the report and check 4."""
-    options = recovery_options(experiment.spec or {})
-    classes = [
-        {
-            "name": c.name,
-            "ttft_p99_ms": c.ttft_p99_ms,
-            "e2e_p99_ms": c.e2e_p99_ms,
-            "max_stall_ms": c.max_stall_ms,
-            "error_rate": c.error_rate,
-        }
-        for c in experiment.classes.order_by("position")
-    ]
-    out: dict[str, dict[str, Any]] = {}
-    for run in experiment.runs.filter(scenario=REHEARSAL).select_related("cell").order_by("id"):
-        entry: dict[str, Any] = {
-            "run": str(run.run_id),
-            "status": run.status,
-            "reason": run.reason[:2000],
-            "measures": None,
-        }
-        facts = (run.summary or {}).get("rehearsal") or {}
-        if run.status == Run.Status.DONE and facts:
-            records = list(RecordRow.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS))
-            samples = list(
-                MetricSample.objects.filter(run=run, server="b0").values(
-                    "t_ns", "name", "kind", "value", "labels"
-                )
-            )
-            measures = rehearsal_measures(
-                records=records,
-                planned=run.requests_planned or len(records),
-                b0_samples=samples,
-                classes=classes,
-                switch_s=float(facts["switch_at_s"]),
-                cut_s=float(facts["cut_at_s"]),
-                end_s=run.warmup_seconds + run.observation_seconds,
-                window_s=float(options["window_s"]),
-                max_recovery_s=float(options["max_recovery_s"]),
-                deadline_s=run.warmup_seconds + run.observation_seconds + run.drain_deadline_seconds,
-            )
-            measures["standby"] = facts.get("standby")
-            measures["client"] = facts
-            entry["measures"] = measures
-        out[run.cell.cell_id] = entry
-    return out

@@ -7,17 +7,14 @@ import sys
 import threading
 import urllib.request
 
-import pytest
-
 from tests.replay.helpers import make_requests
 from workers.engine.launcher import free_port
-from workers.replay.client import run_replay
 from workers.replay.mockserver import Behaviour, MockConfig, MockServer
-from workers.replay.rehearsal import CUT_ERROR
+from workers.replay.rehearsal import CUT_ERROR, run_rehearsal
 
 
 def _replay(requests, base_url, rehearsal, **kw):
-    return run_replay(
+    return run_rehearsal(
         requests,
         base_url=base_url,
         model="mock",
@@ -143,12 +140,3 @@ def test_router_mode_records_the_backend_header():
     assert backends[first_b0:] == ["b0"] * (len(backends) - first_b0)
     assert result.rehearsal["mode"] == "router"
     assert all(r.ok for r in result.records)
-
-
-def test_a_rehearsal_refuses_shards_and_a_concurrency_cap():
-    with pytest.raises(ValueError, match="processes=1"):
-        _replay(make_requests(2), "http://127.0.0.1:9", {"switch_at_s": 0.1, "cut_after_s": 1}, processes=2)
-    with pytest.raises(ValueError, match="uncapped"):
-        _replay(
-            make_requests(2), "http://127.0.0.1:9", {"switch_at_s": 0.1, "cut_after_s": 1}, max_concurrency=2
-        )

@@ -135,7 +135,6 @@ def run_replay(
     processes: int = 1,
     transport: str = "raw",
     origin_ns: int | None = None,
-    rehearsal: dict[str, Any] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` (canonical trace request objects, in arrival order) and wait for the result.
 
@@ -151,19 +150,15 @@ def run_replay(
     this also works inside a daemonic Celery worker process.
 
     ``origin_ns`` fixes the origin on the monotonic clock (``time.perf_counter_ns``, shared by
-    every process of the host), so a caller can act at planned offsets too. ``rehearsal``
-    turns the run into a recovery rehearsal (:mod:`workers.replay.rehearsal`): requests move to
-    B0 at the switch and streams still open on the candidate are cut at the drain deadline.
+    every process of the host), so a caller can act at planned offsets too (one process only).
+    A recovery rehearsal drives its own replay through :func:`drive`
+    (:func:`workers.replay.rehearsal.run_rehearsal`).
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {sorted(ENDPOINTS)}, not {endpoint!r}")
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError("max_concurrency must be >= 1 (or None for no cap)")
-    for position, request in enumerate(requests):
-        if endpoint == "chat" and not isinstance(request.get("prompt"), str):
-            raise ValueError(f"request {position}: the chat endpoint needs a text 'prompt'")
-        if request.get("prompt") is None and request.get("prompt_token_ids") is None:
-            raise ValueError(f"request {position}: needs prompt_token_ids or prompt")
+    check_requests(requests, endpoint=endpoint)
     if processes < 1:
         raise ValueError("processes must be >= 1")
     if transport not in ("raw", "aiohttp"):
@@ -182,8 +177,8 @@ def run_replay(
         "extra_body": extra_body or {},
         "transport": transport,
     }
-    if processes > 1 and (origin_ns is not None or rehearsal is not None):
-        raise ValueError("origin_ns and rehearsal need processes=1")
+    if processes > 1 and origin_ns is not None:
+        raise ValueError("origin_ns needs processes=1")
     if processes > 1:
         from workers.replay.shard import run_sharded
 
@@ -197,17 +192,34 @@ def run_replay(
             on_progress=on_progress,
             stop=stop or threading.Event(),
         )
-    replay: _Replay
-    if rehearsal is not None:
-        from workers.replay.rehearsal import RehearsalReplay
+    replay = _Replay(requests, **options, stop=stop or threading.Event(), origin_ns=origin_ns)
+    return drive(
+        replay,
+        on_batch=on_batch,
+        on_progress=on_progress,
+        batch_interval_s=batch_interval_s,
+        tolerance_ms=max_dispatch_lag_ms,
+    )
 
-        if processes != 1 or transport != "raw" or max_concurrency is not None:
-            raise ValueError("a recovery rehearsal runs in one process on the raw transport, uncapped")
-        replay = RehearsalReplay(
-            requests, **options, stop=stop or threading.Event(), origin_ns=origin_ns, rehearsal=rehearsal
-        )
-    else:
-        replay = _Replay(requests, **options, stop=stop or threading.Event(), origin_ns=origin_ns)
+
+def check_requests(requests: Sequence[dict[str, Any]], *, endpoint: str) -> None:
+    """Refuse a request the endpoint cannot send, naming its position."""
+    for position, request in enumerate(requests):
+        if endpoint == "chat" and not isinstance(request.get("prompt"), str):
+            raise ValueError(f"request {position}: the chat endpoint needs a text 'prompt'")
+        if request.get("prompt") is None and request.get("prompt_token_ids") is None:
+            raise ValueError(f"request {position}: needs prompt_token_ids or prompt")
+
+
+def drive(
+    replay: _Replay,
+    *,
+    on_batch: BatchCallback | None,
+    on_progress: ProgressCallback | None,
+    batch_interval_s: float,
+    tolerance_ms: float,
+) -> ReplayResult:
+    """Run one prepared replay on its own event loop, hand its records to ``on_batch``, summarise it."""
     batcher = _Batcher(replay, on_batch=on_batch, on_progress=on_progress, interval_s=batch_interval_s)
     batcher.start()
     started = perf_ns()
@@ -219,10 +231,7 @@ def run_replay(
     duration_s = (perf_ns() - started) / 1e9
     if batcher.error is not None:
         raise batcher.error
-    result = _result(replay, tolerance_ms=max_dispatch_lag_ms, duration_s=duration_s)
-    if rehearsal is not None:
-        result.rehearsal = replay.facts()  # type: ignore[attr-defined]
-    return result
+    return _result(replay, tolerance_ms=tolerance_ms, duration_s=duration_s)
 
 
 def request_body(request: dict[str, Any], *, model: str, endpoint: str, extra_body: dict[str, Any]) -> bytes:

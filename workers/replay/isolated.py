@@ -117,8 +117,13 @@ def _child(path: str) -> int:
             out.write(json.dumps(message) + "\n")
             out.flush()
 
+    run = run_replay
+    if kwargs.get("rehearsal") is not None:
+        from workers.replay.rehearsal import run_rehearsal
+
+        run = run_rehearsal  # type: ignore[assignment]
     try:
-        result = run_replay(
+        result = run(
             requests,
             on_batch=lambda batch: emit({"batch": [r.to_json() for r in batch]}),
             stop=stop,

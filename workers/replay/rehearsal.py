@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,7 +39,15 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from workers.replay import rawhttp
-from workers.replay.client import _raise_fd_limit, _Replay, perf_ns
+from workers.replay.client import (
+    BatchCallback,
+    ReplayResult,
+    _raise_fd_limit,
+    _Replay,
+    check_requests,
+    drive,
+    perf_ns,
+)
 from workers.replay.records import RequestRecord
 
 CUT_ERROR = "cut at the drain deadline after the switch"
@@ -65,6 +74,57 @@ async def health_ok(base_url: str, *, timeout_s: float = 1.0) -> bool:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+
+
+def run_rehearsal(
+    requests: Sequence[dict[str, Any]],
+    *,
+    rehearsal: dict[str, Any],
+    base_url: str,
+    model: str,
+    run_id: str,
+    warmup_s: float,
+    observation_s: float,
+    drain_deadline_s: float,
+    max_dispatch_lag_ms: float,
+    on_batch: BatchCallback | None = None,
+    batch_interval_s: float = 1.0,
+    stop: threading.Event | None = None,
+    origin_ns: int | None = None,
+    connect_timeout_s: float = 10.0,
+    read_timeout_s: float | None = None,
+    extra_body: dict[str, Any] | None = None,
+) -> ReplayResult:
+    """:func:`workers.replay.client.run_replay` for a rehearsal: one process, the raw transport,
+    no concurrency cap; the result's ``rehearsal`` holds the client's facts."""
+    check_requests(requests, endpoint="completions")
+    replay = RehearsalReplay(
+        requests,
+        rehearsal=rehearsal,
+        base_url=base_url,
+        model=model,
+        run_id=run_id,
+        warmup_s=warmup_s,
+        observation_s=observation_s,
+        drain_deadline_s=drain_deadline_s,
+        endpoint="completions",
+        max_concurrency=None,
+        connect_timeout_s=connect_timeout_s,
+        read_timeout_s=read_timeout_s,
+        extra_body=extra_body or {},
+        stop=stop or threading.Event(),
+        transport="raw",
+        origin_ns=origin_ns,
+    )
+    result = drive(
+        replay,
+        on_batch=on_batch,
+        on_progress=None,
+        batch_interval_s=batch_interval_s,
+        tolerance_ms=max_dispatch_lag_ms,
+    )
+    result.rehearsal = replay.facts()
+    return result
 
 
 class RehearsalReplay(_Replay):
