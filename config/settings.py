@@ -50,7 +50,11 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "axes",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "apps.accounts",
+    "apps.api",
     "apps.experiments",
     "apps.workloads",
     "apps.runs",
@@ -240,3 +244,29 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+
+# The REST API (apps/api): Django REST framework, bearer tokens only (no session, so no CSRF
+# for API clients), OpenAPI 3 by drf-spectacular with its Swagger UI served from this
+# process (the sidecar package: no CDN).
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["apps.api.auth.TokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # ?format= is the records endpoint's own parameter (json or jsonl), not content negotiation.
+    "URL_FORMAT_OVERRIDE": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "tailtune API",
+    "DESCRIPTION": "Experiments, their reports, approvals and rollback manifests. "
+    "Authenticate with `Authorization: Bearer <token>` (create one on /accounts/tokens/).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+# Failed API authentications per client address before it is refused (429) for the window.
+API_AUTH_FAILURE_LIMIT = int(os.environ.get("TAILTUNE_API_AUTH_FAILURE_LIMIT", "20"))
+API_AUTH_FAILURE_WINDOW_S = 300

@@ -15,6 +15,8 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz, name="healthz"),
+    path("api/v1/", include("apps.api.urls")),
+    path("accounts/", include("apps.accounts.urls")),
     path("", include("apps.experiments.urls")),
     path("", include("apps.runs.urls")),
     path("", include("apps.approvals.urls")),

@@ -8,7 +8,8 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 
-_OPEN_PREFIXES = ("/accounts/login/", "/static/", "/healthz")
+# /api/ authenticates every call with a bearer token itself (apps/api/auth.py).
+_OPEN_PREFIXES = ("/accounts/login/", "/static/", "/healthz", "/api/")
 
 
 class LoginRequiredEverywhere:

@@ -120,7 +120,10 @@ def test_warm_standby_rolls_back_to_b0_cuts_at_the_deadline_and_accounts_for_eve
     assert cut, [(r.index, r.request_class, r.end_ns) for r in before]
     for r in cut:
         assert r.backend == "candidate" and r.unfinished and r.planned_ns < switch * 1e9
-        assert (switch + 1.5) * 1e9 <= r.end_ns < (switch + 3.5) * 1e9
+        # Never before the deadline; after it by at most the client's own longest stall (two
+        # servers on two cores starve it: measured up to seconds) plus a second.
+        stall_ns = (run.summary.get("loop_stall_max_ms") or 0) * 1e6
+        assert (switch + 1.5) * 1e9 <= r.end_ns < (switch + 2.5) * 1e9 + stall_ns, (r.end_ns, stall_ns)
     # Every planned request is exactly one of the outcomes; nothing unaccounted.
     accounting = measures["accounting"]
     assert accounting["unaccounted"] == 0

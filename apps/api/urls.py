@@ -1,0 +1,22 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.permissions import AllowAny
+
+from apps.api import views
+
+app_name = "api"
+OPEN = {"authentication_classes": [], "permission_classes": [AllowAny]}
+
+urlpatterns = [
+    # The document and its browsable docs are public: they describe the API, they hold no data.
+    path("openapi.json", SpectacularAPIView.as_view(**OPEN), name="openapi"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:openapi", **OPEN), name="docs"),
+    path("experiments", views.ExperimentList.as_view(), name="experiments"),
+    path("experiments/<int:pk>", views.ExperimentDetail.as_view(), name="experiment"),
+    path("experiments/<int:pk>/start", views.ExperimentStart.as_view(), name="start"),
+    path("experiments/<int:pk>/cancel", views.ExperimentCancel.as_view(), name="cancel"),
+    path("experiments/<int:pk>/report", views.ExperimentReport.as_view(), name="report"),
+    path("experiments/<int:pk>/approve", views.ExperimentApprove.as_view(), name="approve"),
+    path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
+    path("runs/<str:run_id>/records", views.RunRecords.as_view(), name="records"),
+]

@@ -1,0 +1,337 @@
+"""The versioned REST API, /api/v1/ (Django REST framework; the OpenAPI document by drf-spectacular).
+
+Every endpoint needs a bearer token (apps/api/auth.py) and acts as the token's
+user with that user's roles; the services are the same the pages call, so the
+rules (four eyes, field errors, nothing half-saved) are the same too. Every
+audit event written during an API call names the token.
+
+Errors are JSON: ``{"detail": ...}``, and for a bad spec ``{"errors": [{"field",
+"message"}]}`` with status 400.
+"""
+
+from __future__ import annotations
+
+import json
+from contextvars import Token
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, ParseError
+from rest_framework.exceptions import PermissionDenied as ApiForbidden
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.models import ApiToken
+from apps.accounts.roles import EXPERIMENTER, VIEWER, has_role
+from apps.approvals.audit import bind_token, unbind_token
+from apps.approvals.models import RollbackManifest
+from apps.approvals.services import ApprovalError, experiment_approve
+from apps.experiments import selectors
+from apps.experiments.models import Experiment
+from apps.experiments.services import experiment_create, spec_limits
+from apps.experiments.spec import SpecError, load_yaml, validate_spec
+from apps.runs.models import RequestRecord, Run
+from workers.replay.records import SCALAR_RECORD_FIELDS
+
+MAX_PAGE_SIZE = 5000
+
+
+class YamlParser(BaseParser):
+    """A spec sent as YAML text (bounded like every spec: apps/experiments/spec.load_yaml)."""
+
+    media_type = "application/yaml"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        raw = stream.read()
+        try:
+            return load_yaml(raw.decode("utf-8"), where="body")
+        except UnicodeDecodeError as exc:
+            raise ParseError(f"the body is not UTF-8 text (byte {exc.start})") from None
+        except SpecError as exc:
+            raise ParseError({"errors": _errors(exc)}) from None
+
+
+def _errors(exc: SpecError) -> list[dict[str, str]]:
+    return [{"field": e.path, "message": e.message} for e in exc.errors]
+
+
+class ApiView(APIView):
+    """Binds the request's token to the audit trail for the length of the call."""
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        name = request.auth.name if isinstance(request.auth, ApiToken) else None
+        self._audit_binding: Token[str | None] | None = bind_token(name)
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        binding = getattr(self, "_audit_binding", None)
+        if binding is not None:
+            unbind_token(binding)
+            self._audit_binding = None
+        return super().finalize_response(request, response, *args, **kwargs)
+
+    def need(self, role: str) -> None:
+        if role == VIEWER:
+            if not selectors.can_read(self.request.user):
+                raise ApiForbidden("this needs the viewer, experimenter or approver role")
+        elif not has_role(self.request.user, role):
+            raise ApiForbidden(f"this needs the {role} role")
+
+    def experiment(self, pk: int) -> Experiment:
+        self.need(VIEWER)
+        return get_object_or_404(Experiment.objects.select_related("owner", "workload"), pk=pk)
+
+
+def _summary(experiment: Experiment) -> dict[str, Any]:
+    progress = selectors.experiment_progress(experiment=experiment)
+    decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
+    return {
+        "id": experiment.pk,
+        "name": experiment.name,
+        "owner": experiment.owner.get_username(),
+        "status": experiment.status,
+        "status_reason": experiment.status_reason,
+        "progress": {
+            "total": progress.total,
+            "finished": progress.finished,
+            "by_status": progress.by_status,
+            "eta_s": progress.eta_s,
+        },
+        "decision": None
+        if decision is None
+        else {"outcome": decision.outcome, "chosen_cell": decision.chosen_cell, "rule": decision.rule},
+    }
+
+
+EXPERIMENT = inline_serializer(
+    "Experiment",
+    {
+        "id": serializers.IntegerField(),
+        "name": serializers.CharField(),
+        "owner": serializers.CharField(),
+        "status": serializers.CharField(),
+        "status_reason": serializers.CharField(),
+        "progress": serializers.DictField(),
+        "decision": serializers.DictField(allow_null=True),
+    },
+)
+EXPERIMENTS = inline_serializer(
+    "ExperimentPage",
+    {"experiments": serializers.ListField(child=serializers.DictField())},
+)
+SPEC_ERRORS = inline_serializer(
+    "SpecErrors",
+    {"errors": serializers.ListField(child=serializers.DictField(child=serializers.CharField()))},
+)
+
+
+class ExperimentList(ApiView):
+    parser_classes = [JSONParser, YamlParser]
+
+    @extend_schema(
+        responses={200: EXPERIMENTS}, summary="Experiments, newest first", operation_id="experiments_list"
+    )
+    def get(self, request: Request) -> Response:
+        self.need(VIEWER)
+        experiments = Experiment.objects.select_related("owner").order_by("-created_at")[:200]
+        return Response({"experiments": [_summary(e) for e in experiments]})
+
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},
+        responses={201: EXPERIMENT, 400: SPEC_ERRORS},
+        summary="Create an experiment from a spec (JSON or YAML); the token's user is its author",
+    )
+    def post(self, request: Request) -> Response:
+        self.need(EXPERIMENTER)
+        try:
+            spec = validate_spec(request.data, limits=spec_limits())
+            experiment = experiment_create(spec=spec, owner=request.user)
+        except SpecError as exc:
+            return Response({"errors": _errors(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(_summary(experiment), status=status.HTTP_201_CREATED)
+
+
+class ExperimentDetail(ApiView):
+    @extend_schema(responses={200: EXPERIMENT}, summary="Status, progress and decision")
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(_summary(self.experiment(pk)))
+
+
+class ExperimentStart(ApiView):
+    @extend_schema(request=None, responses={202: EXPERIMENT, 409: OpenApiTypes.OBJECT}, summary="Start")
+    def post(self, request: Request, pk: int) -> Response:
+        from apps.runs.services import experiment_start
+
+        experiment = self.experiment(pk)
+        if not selectors.can_operate(request.user, experiment):
+            raise ApiForbidden("only the experiment's author can start it")
+        try:
+            experiment_start(experiment=experiment, actor=request.user)
+        except ValueError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        experiment.refresh_from_db()
+        return Response(_summary(experiment), status=status.HTTP_202_ACCEPTED)
+
+
+class ExperimentCancel(ApiView):
+    @extend_schema(request=None, responses={200: EXPERIMENT, 409: OpenApiTypes.OBJECT}, summary="Cancel")
+    def post(self, request: Request, pk: int) -> Response:
+        from apps.runs.services import experiment_cancel
+
+        experiment = self.experiment(pk)
+        if not selectors.can_operate(request.user, experiment):
+            raise ApiForbidden("only the experiment's author can cancel it")
+        if experiment.status != Experiment.Status.RUNNING:
+            return Response(
+                {"detail": f"the experiment is {experiment.status}"}, status=status.HTTP_409_CONFLICT
+            )
+        experiment_cancel(experiment=experiment, actor=request.user)
+        experiment.refresh_from_db()
+        return Response(_summary(experiment))
+
+
+class ExperimentReport(ApiView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 409: OpenApiTypes.OBJECT},
+        summary="The report: the same JSON as `experiment_report --format json`",
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        experiment = self.experiment(pk)
+        decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
+        if decision is None or not decision.report:
+            return Response({"detail": f"no report yet: the experiment is {experiment.status}"}, status=409)
+        return Response(decision.report)
+
+
+APPROVAL = inline_serializer(
+    "Approval",
+    {
+        "chosen_cell": serializers.CharField(),
+        "reason": serializers.CharField(),
+        "recovery_override": serializers.CharField(required=False),
+        "deployment_revision": serializers.CharField(required=False),
+        "route_target": serializers.CharField(required=False),
+    },
+)
+
+
+class ExperimentApprove(ApiView):
+    @extend_schema(
+        request=APPROVAL,
+        responses={201: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 403: OpenApiTypes.OBJECT},
+        summary="Approve (approver, not the author): freezes the rollback manifest",
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        experiment = self.experiment(pk)
+        data = request.data if isinstance(request.data, dict) else {}
+        fields = {
+            k: data.get(k, "")
+            for k in ("chosen_cell", "reason", "recovery_override", "deployment_revision", "route_target")
+        }
+        bad = [k for k, v in fields.items() if not isinstance(v, str)]
+        if bad:
+            return Response(
+                {"errors": [{"field": k, "message": "must be a string"} for k in bad]}, status=400
+            )
+        try:
+            manifest = experiment_approve(experiment=experiment, approver=request.user, **fields)
+        except PermissionDenied as exc:
+            raise ApiForbidden(str(exc)) from None
+        except ApprovalError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(
+            {
+                "experiment": experiment.pk,
+                "chosen_cell": fields["chosen_cell"],
+                "manifest_sha256": manifest.sha256,
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class ExperimentManifest(ApiView):
+    @extend_schema(
+        parameters=[OpenApiParameter("fmt", str, OpenApiParameter.PATH, enum=["json", "yaml"])],
+        responses={
+            (200, "application/json"): OpenApiTypes.OBJECT,
+            (200, "application/yaml"): OpenApiTypes.STR,
+        },
+        summary="The approved rollback manifest, byte for byte as stored (header X-Manifest-File-Sha256)",
+    )
+    def get(self, request: Request, pk: int, fmt: str) -> HttpResponse:
+        self.experiment(pk)
+        if fmt not in ("json", "yaml"):
+            raise NotFound("the manifest comes as json or yaml")
+        manifest = RollbackManifest.objects.filter(experiment_id=pk).first()
+        if manifest is None:
+            raise NotFound("no manifest: the experiment is not approved")
+        body, file_sha = manifest.file(fmt)
+        response = HttpResponse(
+            body, content_type="application/yaml" if fmt == "yaml" else "application/json"
+        )
+        response["X-Manifest-File-Sha256"] = file_sha
+        response["X-Manifest-Sha256"] = manifest.sha256
+        return response
+
+
+class RunRecords(ApiView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("page", int, description="1-based page (JSON form)"),
+            OpenApiParameter("page_size", int, description=f"records per page, at most {MAX_PAGE_SIZE}"),
+            OpenApiParameter(
+                "format", str, enum=["json", "jsonl"], description="jsonl: every record, streamed"
+            ),
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+        summary="A run's request records, paged JSON or streamed JSONL",
+    )
+    def get(self, request: Request, run_id: str) -> Any:
+        self.need(VIEWER)
+        run = Run.objects.filter(run_id=run_id).first() if _uuid(run_id) else None
+        if run is None:
+            raise NotFound(f"no run {run_id}")
+        rows = RequestRecord.objects.filter(run=run).order_by("index")
+        fields = ("index", *[f for f in SCALAR_RECORD_FIELDS if f != "index"])
+        if request.query_params.get("format") == "jsonl":
+
+            def lines() -> Any:
+                for row in rows.values(*fields).iterator(chunk_size=2000):
+                    yield json.dumps(row, separators=(",", ":")) + "\n"
+
+            return StreamingHttpResponse(lines(), content_type="application/x-ndjson")
+        page = _positive(request, "page", 1)
+        size = min(_positive(request, "page_size", 1000), MAX_PAGE_SIZE)
+        total = rows.count()
+        items = list(rows.values(*fields)[(page - 1) * size : page * size])
+        return Response(
+            {"run": str(run.run_id), "count": total, "page": page, "page_size": size, "records": items}
+        )
+
+
+def _uuid(value: str) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _positive(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ParseError(
+            {"errors": [{"field": name, "message": f"must be a positive whole number, got {raw!r}"}]}
+        )
+    return int(raw)

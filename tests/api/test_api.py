@@ -1,0 +1,196 @@
+"""The REST API: tokens, roles, field errors, four eyes, the manifest and records (real Postgres)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import timedelta
+
+import pytest
+import yaml
+from django.core.management import call_command
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from apps.accounts.models import ApiToken
+from apps.accounts.tokens import token_create
+from apps.approvals.models import AuditEvent
+from apps.experiments.models import Experiment
+from apps.experiments.spec import dump_spec
+from apps.runs.models import RequestRecord, Run
+from tests.experiments.factories import SMALL_SPEC
+
+pytestmark = pytest.mark.django_db
+
+
+def client_for(user, name="test") -> APIClient:  # type: ignore[no-untyped-def]
+    _, plaintext = token_create(user=user, name=name)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    return api
+
+
+ENDPOINTS = [
+    ("get", "/api/v1/experiments"),
+    ("post", "/api/v1/experiments"),
+    ("get", "/api/v1/experiments/{pk}"),
+    ("post", "/api/v1/experiments/{pk}/start"),
+    ("post", "/api/v1/experiments/{pk}/cancel"),
+    ("get", "/api/v1/experiments/{pk}/report"),
+    ("post", "/api/v1/experiments/{pk}/approve"),
+    ("get", "/api/v1/experiments/{pk}/manifest.json"),
+    ("get", "/api/v1/runs/{run}/records"),
+]
+
+
+def test_the_openapi_document_is_served_and_valid(client) -> None:  # type: ignore[no-untyped-def]
+    from openapi_spec_validator import validate
+
+    response = client.get("/api/v1/openapi.json")
+    assert response.status_code == 200
+    doc = (
+        json.loads(response.content)
+        if response["Content-Type"].startswith("application/json")
+        else yaml.safe_load(response.content)
+    )
+    validate(doc)
+    assert "/api/v1/experiments/{id}/approve" in doc["paths"]
+    assert doc["components"]["securitySchemes"]["tokenAuth"]["scheme"] == "bearer"
+    assert client.get("/api/v1/docs/").status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path"), ENDPOINTS)
+def test_every_endpoint_refuses_a_missing_wrong_revoked_or_expired_token(
+    experiment, author, method, path
+) -> None:  # type: ignore[no-untyped-def]
+    url = path.format(pk=experiment.pk, run=experiment.runs.first().run_id)
+    assert getattr(APIClient(), method)(url).status_code == 401
+    wrong = APIClient()
+    wrong.credentials(HTTP_AUTHORIZATION="Bearer tt_1_not-the-secret")
+    assert getattr(wrong, method)(url).status_code == 401
+    revoked_token, revoked = token_create(user=author, name="revoked")
+    ApiToken.objects.filter(pk=revoked_token.pk).update(revoked_at=timezone.now())
+    expired_token, expired = token_create(user=author, name="expired", expires_days=1)
+    ApiToken.objects.filter(pk=expired_token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    for plaintext in (revoked, expired):
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+        response = getattr(api, method)(url)
+        assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(("method", "path"), ENDPOINTS)
+def test_every_endpoint_refuses_a_user_without_the_role(experiment, nobody, method, path) -> None:  # type: ignore[no-untyped-def]
+    url = path.format(pk=experiment.pk, run=experiment.runs.first().run_id)
+    assert getattr(client_for(nobody), method)(url).status_code == 403
+
+
+def test_failed_authentication_is_throttled(settings, experiment) -> None:  # type: ignore[no-untyped-def]
+    settings.API_AUTH_FAILURE_LIMIT = 3
+    from django.core.cache import cache
+
+    cache.clear()
+    wrong = APIClient()
+    wrong.credentials(HTTP_AUTHORIZATION="Bearer tt_9_guess")
+    assert [wrong.get("/api/v1/experiments").status_code for _ in range(4)] == [401, 401, 401, 429]
+    cache.clear()
+
+
+def test_a_spec_error_is_a_400_with_field_paths_and_nothing_is_saved(author) -> None:  # type: ignore[no-untyped-def]
+    api = client_for(author)
+    bad = copy.deepcopy(SMALL_SPEC)
+    bad["workload"]["repeats"] = 0
+    bad["recovery"] = {"standby": "lukewarm"}
+    response = api.post("/api/v1/experiments", bad, format="json")
+    assert response.status_code == 400
+    fields = {e["field"] for e in response.json()["errors"]}
+    assert {"workload.repeats", "recovery.standby"} <= fields
+    yaml_response = api.post(
+        "/api/v1/experiments", "name: x\nmodel: [unclosed\n", content_type="application/yaml"
+    )
+    assert yaml_response.status_code == 400
+    assert yaml_response.json()["errors"][0]["field"].startswith("line ")
+    assert Experiment.objects.count() == 0 and Run.objects.count() == 0
+
+
+def test_create_from_yaml_makes_the_token_user_the_author_and_audits_the_token(author) -> None:  # type: ignore[no-untyped-def]
+    api = client_for(author, name="ci-gate")
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["owner"] = "someone-else"
+    response = api.post("/api/v1/experiments", dump_spec(spec), content_type="application/yaml")
+    assert response.status_code == 201, response.content
+    experiment = Experiment.objects.get(pk=response.json()["id"])
+    assert experiment.owner == author and response.json()["status"] == "planned"
+    event = AuditEvent.objects.filter(experiment=experiment).latest("id")
+    assert event.detail["api_token"] == "ci-gate"
+
+
+def test_an_authors_token_cannot_approve_and_an_approvers_can(analysed_experiment, author, approver) -> None:  # type: ignore[no-untyped-def]
+    from django.contrib.auth.models import Group
+
+    author.groups.add(Group.objects.get(name="approver"))  # an approver, but the author
+    url = f"/api/v1/experiments/{analysed_experiment.pk}/approve"
+    refused = client_for(author).post(url, {"chosen_cell": "B0", "reason": "mine"}, format="json")
+    assert refused.status_code == 403 and "author" in refused.json()["detail"]
+    api = client_for(approver, name="release-bot")
+    assert api.post(url, {"chosen_cell": "B0", "reason": ""}, format="json").status_code == 400
+    ok = api.post(url, {"chosen_cell": "B0", "reason": "keep B0"}, format="json")
+    assert ok.status_code == 201, ok.content
+    manifest = api.get(f"/api/v1/experiments/{analysed_experiment.pk}/manifest.json")
+    import hashlib
+
+    assert manifest.status_code == 200
+    assert hashlib.sha256(manifest.content).hexdigest() == manifest["X-Manifest-File-Sha256"]
+    assert json.loads(manifest.content)["sha256"] == ok.json()["manifest_sha256"]
+    event = AuditEvent.objects.get(experiment=analysed_experiment, action="experiment.approved")
+    assert event.detail["api_token"] == "release-bot"
+
+
+def test_report_and_records_paged_and_streamed(analysed_experiment, viewer) -> None:  # type: ignore[no-untyped-def]
+    api = client_for(viewer)
+    report = api.get(f"/api/v1/experiments/{analysed_experiment.pk}/report")
+    assert (
+        report.status_code == 200
+        and report.json()["decision"]["outcome"] == analysed_experiment.decision.outcome
+    )
+    run = Run.objects.filter(experiment=analysed_experiment, status="done").first()
+    n = RequestRecord.objects.filter(run=run).count()
+    assert n > 2
+    page = api.get(f"/api/v1/runs/{run.run_id}/records?page=2&page_size=2").json()
+    assert (
+        page["count"] == n
+        and [r["index"] for r in page["records"]]
+        == sorted(RequestRecord.objects.filter(run=run).values_list("index", flat=True))[2:4]
+    )
+    stream = api.get(f"/api/v1/runs/{run.run_id}/records?format=jsonl")
+    assert stream["Content-Type"] == "application/x-ndjson"
+    lines = b"".join(stream.streaming_content).decode().splitlines()  # type: ignore[attr-defined]
+    assert [json.loads(line)["index"] for line in lines] == sorted(
+        RequestRecord.objects.filter(run=run).values_list("index", flat=True)
+    )
+    bad = api.get(f"/api/v1/runs/{run.run_id}/records?page=zero")
+    assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "page"
+
+
+def test_token_create_prints_it_once_and_stores_only_its_digest(author, capsys) -> None:  # type: ignore[no-untyped-def]
+    call_command("token_create", author.username, "--name", "ci", "--expires", "30")
+    plaintext = capsys.readouterr().out.strip()
+    token = ApiToken.objects.get(user=author, name="ci")
+    assert plaintext.startswith(f"tt_{token.pk}_") and plaintext.split("_", 2)[2] not in token.digest
+    assert token.expires_at is not None
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    assert api.get("/api/v1/experiments").status_code == 200
+
+
+def test_the_tokens_page_creates_shows_once_lists_and_revokes(client, author) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    created = client.post("/accounts/tokens/", {"name": "laptop", "expires_days": "7"})
+    html = created.content.decode()
+    assert created.status_code == 200 and 'id="new-token"' in html
+    token = ApiToken.objects.get(user=author, name="laptop")
+    assert client.get("/accounts/tokens/").content.decode().count("tt_") == 0  # never shown again
+    client.post(f"/accounts/tokens/{token.pk}/revoke/")
+    token.refresh_from_db()
+    assert token.status == "revoked"
+    assert client.post("/accounts/tokens/", {"name": ""}).status_code == 400
