@@ -41,7 +41,7 @@ def token_page(request: HttpRequest) -> HttpResponse:
                 form = TokenForm()
     else:
         form = TokenForm()
-    tokens = ApiToken.objects.filter(user_id=request.user.pk)
+    tokens = ApiToken.objects.filter(user_id=int(request.user.pk or 0))
     return render(
         request,
         "accounts/tokens.html",
