@@ -1,11 +1,23 @@
-"""Load request records and metric samples of an experiment's runs from JSONL files.
+"""Load an experiment's runs, their request records and metric samples, and reach a decision.
 
-Layout (docs/ANALYSIS.md, "Results files"): DIR/<run_id>/records.jsonl and,
-optionally, DIR/<run_id>/metrics.jsonl, where <run_id> is the run's UUID.
-Strict: the first bad line stops the import with its file and line number,
-and nothing is saved (one transaction). Re-importing the same files changes
-nothing: records are upserted on (run, index), and a run's metric samples
-are replaced by those of its metrics.jsonl.
+Layout (docs/ANALYSIS.md, "Results files"; a complete example in examples/results/):
+one directory per run, named by the run's UUID or by its key
+``<cell>~<mixture>~<rate>~<repeat>`` (e.g. ``B0~80-20~near~1``), holding
+
+- ``run.json``: what the analysis needs of the run (status, trace and corpus
+  hashes, hardware id, revisions, dispatch lag), applied to the run's row;
+- ``records.jsonl``: one RequestRecord object per line;
+- ``metrics.jsonl`` (optional): one metric sample per line.
+
+Strict: the first bad line or field stops the import with its file and line
+number, and nothing is saved (one transaction). Re-importing the same files
+changes nothing: records are upserted on (run, index), and a run's metric
+samples are replaced by those of its metrics.jsonl. An approved or rejected
+experiment is refused: the evidence behind a verdict never changes.
+
+Afterwards, when every sweep run is finished with its hashes and hardware id,
+the experiment is analysed and the decision printed; otherwise the command
+names, per run, what is missing.
 """
 
 from __future__ import annotations
@@ -56,6 +68,15 @@ SAMPLE_TYPES: dict[str, str] = {
     "labels": "object", "histogram": "object or null", "taken_at": "ISO datetime", "server": _STR,
 }  # fmt: skip
 SAMPLE_REQUIRED = ("t_ns", "phase", "name", "kind")
+RUN_TYPES: dict[str, str] = {
+    "status": _STR, "reason": _STR, "trace_sha256": _STR, "corpus_sha256": _STR, "hardware_id": _STR,
+    "model_revision": _STR, "tokenizer_revision": _STR, "vllm_version": _STR, "image_digest": _STR,
+    "effective_args": "object or null", "dispatch_lag_p99_ms": "number or null",
+}  # fmt: skip
+RUN_REQUIRED = ("status", "trace_sha256", "hardware_id")
+RUN_STATUSES = ("done", "invalid", "failed")
+# What a sweep run needs before the analysis can use it.
+READY_FIELDS = ("trace_sha256", "hardware_id")
 RECORD_UPDATE_FIELDS = [f for f in RECORD_TYPES if f not in ("run_id", "index")]
 
 
@@ -114,6 +135,14 @@ def _check(
             raise CommandError(f"{where}: field {name} must be {types[name]}, got {value!r:.60}")
 
 
+def _key(run: Run) -> str:
+    return f"{run.cell.cell_id}~{run.mixture}~{run.rate_name}~{run.repeat}"
+
+
+def _example_key(runs: dict[str, Run]) -> str:
+    return next((k for k in runs if "~" in k), "B0~mixture~rate~1")
+
+
 class Command(BaseCommand):
     help = "Import request records and metric samples for an experiment's runs from DIR/<run_id>/*.jsonl."
 
@@ -129,25 +158,42 @@ class Command(BaseCommand):
             raise CommandError(f"experiment {opts['experiment']} does not exist") from None
         if not directory.is_dir():
             raise CommandError(f"{directory} is not a directory")
-        runs = {str(r.run_id): r for r in experiment.runs.all()}
+        if experiment.status in (Experiment.Status.APPROVED, Experiment.Status.REJECTED):
+            raise CommandError(
+                f"experiment {experiment.pk} is {experiment.status}: the evidence behind a verdict never "
+                "changes; import into a new experiment"
+            )
+        runs = {str(r.run_id): r for r in experiment.runs.select_related("cell").all()}
+        for r in list(runs.values()):
+            if not r.scenario:
+                runs.setdefault(_key(r), r)
         classes = set(experiment.classes.values_list("name", flat=True))
-        entries = sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+        found = sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+        entries = [p for p in found if p.is_dir()]
+        ignored = [p.name for p in found if not p.is_dir()]
+        if ignored:  # a spec, a README or a generator beside the runs
+            self.stdout.write(f"ignored files beside the run directories: {', '.join(ignored)}")
+        if not entries:
+            raise CommandError(f"{directory}: no run directories (one per run, named by its UUID or its key)")
         for p in entries:
-            if not p.is_dir():
-                raise CommandError(f"{p}: expected one directory per run, named by the run's UUID")
-            try:
-                uuid.UUID(p.name)
-            except ValueError:
-                raise CommandError(f"{p}: directory name is not a run UUID") from None
             if p.name not in runs:
+                try:
+                    uuid.UUID(p.name)
+                except ValueError:
+                    raise CommandError(
+                        f"{p}: the directory is named neither by a run UUID nor by a run key of experiment "
+                        f"{experiment.pk} (<cell>~<mixture>~<rate>~<repeat>, e.g. {_example_key(runs)})"
+                    ) from None
                 raise CommandError(f"{p}: run {p.name} is not a run of experiment {experiment.pk}")
-            if not (p / "records.jsonl").is_file() and not (p / "metrics.jsonl").is_file():
-                raise CommandError(f"{p}: has neither records.jsonl nor metrics.jsonl")
+            if not any((p / name).is_file() for name in ("records.jsonl", "metrics.jsonl", "run.json")):
+                raise CommandError(f"{p}: has none of run.json, records.jsonl, metrics.jsonl")
         totals = {"runs": 0, "records": 0, "samples": 0}
         with transaction.atomic():
             for p in entries:
                 run = runs[p.name]
                 totals["runs"] += 1
+                if (p / "run.json").is_file():
+                    self._run_fields(p / "run.json", run)
                 if (p / "records.jsonl").is_file():
                     totals["records"] += self._records(p / "records.jsonl", run, classes)
                 if (p / "metrics.jsonl").is_file():
@@ -156,16 +202,70 @@ class Command(BaseCommand):
             f"imported {totals['records']} records and {totals['samples']} metric samples "
             f"for {totals['runs']} runs of experiment {experiment.pk}"
         )
+        self._decide(experiment)
+
+    def _run_fields(self, path: Path, run: Run) -> None:
+        try:
+            obj = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CommandError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise CommandError(f"{path}: expected a JSON object")
+        _check(path, 1, obj, RUN_TYPES, RUN_REQUIRED)
+        if obj["status"] not in RUN_STATUSES:
+            raise CommandError(
+                f"{path}: field status must be one of {', '.join(RUN_STATUSES)}, got {obj['status']!r}"
+            )
+        for name, value in obj.items():
+            limit = getattr(Run._meta.get_field(name), "max_length", None)
+            if isinstance(value, str) and limit and len(value) > limit:
+                raise CommandError(f"{path}: field {name} is {len(value)} characters; at most {limit}")
+        for name in ("trace_sha256", "corpus_sha256"):
+            value = obj.get(name)
+            if value and (len(value) != 64 or any(c not in "0123456789abcdef" for c in value)):
+                raise CommandError(f"{path}: field {name} must be 64 lowercase hex digits")
+        fields = {k: v for k, v in obj.items() if k != "reason"}
+        Run.objects.filter(pk=run.pk).update(
+            **fields, reason=obj.get("reason", ""), finished_at=run.finished_at or timezone.now()
+        )
+
+    def _decide(self, experiment: Experiment) -> None:
+        """Analyse when every sweep run is ready; else name what each run lacks."""
+        from apps.analysis.services import experiment_analyse
+
+        missing = []
+        for run in experiment.runs.filter(scenario="").select_related("cell").order_by("plan_position"):
+            lacks = [f for f in READY_FIELDS if not getattr(run, f)]
+            if run.status not in Run.FINISHED:
+                lacks.insert(0, "status")
+            if lacks:
+                missing.append(f"  run {_key(run)} ({run.run_id}): run.json needs {', '.join(lacks)}")
+        if missing:
+            self.stdout.write(
+                f"no decision yet: {len(missing)} runs cannot be analysed\n"
+                + "\n".join(missing[:50])
+                + ("" if len(missing) <= 50 else f"\n  and {len(missing) - 50} more")
+            )
+            return
+        Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
+        decision = experiment_analyse(experiment_id=experiment.pk)
+        Experiment.objects.filter(pk=experiment.pk).update(
+            status=Experiment.Status.ANALYSED, status_reason="analysed from imported results"
+        )
+        self.stdout.write(f"decision: {decision.outcome} {decision.chosen_cell}\nrule: {decision.rule}")
 
     def _records(self, path: Path, run: Run, classes: set[str]) -> int:
+        names = {str(run.run_id), _key(run)}
         seen: set[int] = set()
         batch: list[RecordRow] = []
         count = 0
         for number, obj in _lines(path):
             _check(path, number, obj, RECORD_TYPES, REQUIRED)
             where = f"{path}:{number}"
-            if obj["run_id"] != str(run.run_id):
-                raise CommandError(f"{where}: run_id {obj['run_id']!r} does not match the directory's run")
+            if obj["run_id"] not in names:
+                raise CommandError(
+                    f"{where}: run_id {obj['run_id']!r} does not match the directory's run ({' or '.join(sorted(names))})"
+                )
             if obj["index"] < 0:
                 raise CommandError(f"{where}: field index must not be negative")
             if obj["index"] in seen:
