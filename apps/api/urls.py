@@ -19,4 +19,5 @@ urlpatterns = [
     path("experiments/<int:pk>/approve", views.ExperimentApprove.as_view(), name="approve"),
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
     path("runs/<str:run_id>/records", views.RunRecords.as_view(), name="records"),
+    path("traces", views.TraceUpload.as_view(), name="traces"),
 ]

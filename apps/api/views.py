@@ -23,7 +23,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ParseError
 from rest_framework.exceptions import PermissionDenied as ApiForbidden
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -279,6 +279,91 @@ class ExperimentManifest(ApiView):
         response["X-Manifest-File-Sha256"] = file_sha
         response["X-Manifest-Sha256"] = manifest.sha256
         return response
+
+
+TRACE_UPLOAD = inline_serializer(
+    "TraceUpload",
+    {
+        "file": serializers.FileField(),
+        "format": serializers.ChoiceField(
+            choices=["tailtune", "azure", "burstgpt", "mooncake", "vllm-timed"]
+        ),
+        "model_dir": serializers.CharField(
+            help_text="the tokenizer's model directory, as this server sees it"
+        ),
+        "tokenizer_revision": serializers.CharField(),
+        "max_model_len": serializers.IntegerField(),
+        "classes": serializers.CharField(help_text="split by input length, e.g. short:1024,long"),
+        "busiest": serializers.FloatField(
+            required=False, help_text="keep the busiest window of this many seconds"
+        ),
+        "label": serializers.CharField(required=False),
+    },
+)
+
+
+class TraceUpload(ApiView):
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(
+        request={"multipart/form-data": TRACE_UPLOAD},
+        responses={201: OpenApiTypes.OBJECT, 400: SPEC_ERRORS},
+        summary="Upload a trace (its real arrival times kept) and get its sha256",
+    )
+    def post(self, request: Request) -> Response:
+        from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
+        from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
+
+        self.need(EXPERIMENTER)
+        upload = request.FILES.get("file")
+        data = request.data
+        errors = []
+        if upload is None:
+            errors.append({"field": "file", "message": "is required"})
+        elif upload.size > DEFAULT_MAX_BYTES:
+            errors.append(
+                {"field": "file", "message": f"is {upload.size} bytes; at most {DEFAULT_MAX_BYTES}"}
+            )
+        fmt = str(data.get("format", ""))
+        if fmt not in ("tailtune", "azure", "burstgpt", "mooncake", "vllm-timed"):
+            errors.append(
+                {"field": "format", "message": "must be tailtune, azure, burstgpt, mooncake or vllm-timed"}
+            )
+        numbers: dict[str, float] = {}
+        for name, required in (("max_model_len", fmt != "tailtune"), ("busiest", False)):
+            raw = data.get(name)
+            if raw in (None, ""):
+                if required:
+                    errors.append({"field": name, "message": "is required"})
+                continue
+            try:
+                numbers[name] = float(raw)
+            except (TypeError, ValueError):
+                errors.append({"field": name, "message": f"must be a number, got {raw!r}"})
+        if errors:
+            return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+        assert upload is not None
+        label = str(data.get("label") or upload.name)[:200]
+        try:
+            if fmt == "tailtune":
+                row = trace_store_bytes(data=upload.read(), label=label)
+            else:
+                row = trace_import(
+                    data=upload.read(),
+                    fmt=fmt,
+                    tokenizer_dir=tokenizer_dir(str(data.get("model_dir", ""))),
+                    tokenizer_revision=str(data.get("tokenizer_revision", "")),
+                    thresholds=parse_class_thresholds(str(data.get("classes", ""))),
+                    max_model_len=int(numbers["max_model_len"]),
+                    busiest_s=numbers.get("busiest"),
+                    label=label,
+                )
+        except (ValueError, OSError) as exc:  # the importers name the line; nothing was saved
+            return Response({"errors": [{"field": "file", "message": str(exc)[:2000]}]}, status=400)
+        return Response(
+            {"sha256": row.sha256, "requests": row.requests, "duration_s": row.duration_s},
+            status=status.HTTP_201_CREATED,
+        )
 
 
 class RunRecords(ApiView):

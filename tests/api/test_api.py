@@ -194,3 +194,38 @@ def test_the_tokens_page_creates_shows_once_lists_and_revokes(client, author) ->
     token.refresh_from_db()
     assert token.status == "revoked"
     assert client.post("/accounts/tokens/", {"name": ""}).status_code == 400
+
+
+def test_a_trace_upload_returns_its_sha256_and_a_bad_one_names_the_line(author, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from apps.workloads.models import Trace
+    from workers.engine.tinymodel import build_tokenizer
+
+    model_dir = build_tokenizer(tmp_path / "tok")
+    api = client_for(author)
+    fixture = Path(__file__).resolve().parents[1] / "workloads" / "fixtures" / "azure_2024.csv"
+    form = {
+        "format": "azure",
+        "model_dir": str(model_dir),
+        "tokenizer_revision": "tiny-v1",
+        "max_model_len": "2048",
+        "classes": "short:1024,long",
+    }
+    ok = api.post(
+        "/api/v1/traces",
+        {**form, "file": SimpleUploadedFile("azure.csv", fixture.read_bytes())},
+        format="multipart",
+    )
+    assert ok.status_code == 201, ok.content
+    assert Trace.objects.filter(sha256=ok.json()["sha256"]).exists() and ok.json()["requests"] == 3
+    bad_file = b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,12,x\n"
+    bad = api.post(
+        "/api/v1/traces", {**form, "file": SimpleUploadedFile("bad.csv", bad_file)}, format="multipart"
+    )
+    assert bad.status_code == 400 and "line 2" in bad.json()["errors"][0]["message"]
+    missing = api.post("/api/v1/traces", {"format": "nope"}, format="multipart")
+    assert {e["field"] for e in missing.json()["errors"]} == {"file", "format", "max_model_len"}
+    assert Trace.objects.count() == 1
