@@ -66,3 +66,18 @@ def test_an_approved_experiments_evidence_cannot_be_replaced(admin_user) -> None
     Experiment.objects.filter(pk=experiment.pk).update(status="approved")
     with pytest.raises(CommandError, match="evidence behind a verdict never changes"):
         call_command("results_import", "--experiment", str(experiment.pk), str(EXAMPLE), stdout=io.StringIO())
+
+
+def test_an_approved_experiments_decision_is_never_recomputed(admin_user) -> None:  # type: ignore[no-untyped-def]
+    experiment = _import_spec(admin_user)
+    call_command("results_import", "--experiment", str(experiment.pk), str(EXAMPLE), stdout=io.StringIO())
+    experiment.refresh_from_db()
+    before = (experiment.decision.pk, experiment.decision.updated_at, experiment.decision.report)
+    Experiment.objects.filter(pk=experiment.pk).update(status="approved")
+    with pytest.raises(CommandError, match="never recomputed"):
+        call_command("experiment_report", str(experiment.pk), "--save", stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("experiment_report", str(experiment.pk), "--format", "summary", stdout=out)
+    assert "decision:" in out.getvalue()  # reading is fine
+    experiment.decision.refresh_from_db()
+    assert (experiment.decision.pk, experiment.decision.updated_at, experiment.decision.report) == before
