@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -52,7 +53,7 @@ def token_check(plaintext: str) -> ApiToken | None:
     if not plaintext.startswith(PREFIX):
         return None
     pk, _, secret = plaintext[len(PREFIX) :].partition("_")
-    if not pk.isdigit() or not secret:
+    if not re.fullmatch(r"[0-9]{1,18}", pk) or not secret:
         return None
     token = ApiToken.objects.select_related("user").filter(pk=int(pk)).first()
     if token is None or not hmac.compare_digest(token.digest, _digest(secret)):

@@ -276,18 +276,24 @@ def _scenario_verdicts(experiment_id: int) -> dict[str, Any]:
     }
 
 
-@transaction.atomic
 class DecisionFrozen(ValueError):
     """The experiment has a verdict: the decision behind it is evidence and never changes."""
 
 
+@transaction.atomic
 def experiment_analyse(*, experiment_id: int) -> Decision:
     """Build the report and store its decision (one row per experiment, replaced on re-analysis).
 
     Refused (DecisionFrozen) once the experiment is approved or rejected: the decision an
     approver saw is evidence, and the manifest names its digest.
     """
-    status = Experiment.objects.filter(pk=experiment_id).values_list("status", flat=True).first()
+    # Under the row lock an approval takes too: no verdict lands between this check and the write.
+    status = (
+        Experiment.objects.select_for_update()
+        .filter(pk=experiment_id)
+        .values_list("status", flat=True)
+        .first()
+    )
     if status in (Experiment.Status.APPROVED, Experiment.Status.REJECTED):
         raise DecisionFrozen(
             f"experiment {experiment_id} is {status}: its decision is the evidence behind that verdict "

@@ -3,9 +3,11 @@
 A missing, wrong, revoked or expired token is a 401 with ``WWW-Authenticate:
 Bearer``. Failed attempts are counted per client address in the cache; past
 ``API_AUTH_FAILURE_LIMIT`` within ``API_AUTH_FAILURE_WINDOW_S`` every further
-attempt from that address is refused with 429 until the window passes, so a
-token cannot be guessed by brute force (the same idea as django-axes for the
-login page, which does not see API requests).
+failed attempt from that address is refused with 429 until the window passes,
+so a token cannot be guessed by brute force (the same idea as django-axes for
+the login page, which does not see API requests). A valid token is never
+refused by the count: behind a proxy every client shares one address. The
+count lives in Django's cache (per process unless a shared cache is set).
 """
 
 from __future__ import annotations
@@ -33,23 +35,24 @@ class TokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate(self, request: Any) -> tuple[Any, ApiToken] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
-        limit = int(getattr(settings, "API_AUTH_FAILURE_LIMIT", 20))
-        window = int(getattr(settings, "API_AUTH_FAILURE_WINDOW_S", 300))
-        if cache.get(_key(request), 0) >= limit:
-            raise exceptions.Throttled(
-                wait=window, detail="too many failed authentications from this address"
-            )
         if not header:
             return None  # IsAuthenticated then answers 401 with this class's header
         keyword, _, value = header.partition(" ")
-        token = token_check(value.strip()) if keyword == self.keyword else None
-        if token is None:
-            try:
-                cache.incr(_key(request))
-            except ValueError:
-                cache.set(_key(request), 1, timeout=window)
-            raise exceptions.AuthenticationFailed("invalid, revoked or expired token")
-        return token.user, token
+        token = token_check(value.strip()) if keyword.lower() == self.keyword.lower() else None
+        if token is not None:
+            return token.user, token  # a real token always works: only guessing is slowed down
+        limit = int(getattr(settings, "API_AUTH_FAILURE_LIMIT", 20))
+        window = int(getattr(settings, "API_AUTH_FAILURE_WINDOW_S", 300))
+        key = _key(request)
+        if cache.get(key, 0) >= limit:
+            raise exceptions.Throttled(
+                wait=window, detail="too many failed authentications from this address"
+            )
+        try:
+            cache.incr(key)
+        except ValueError:
+            cache.set(key, 1, timeout=window)
+        raise exceptions.AuthenticationFailed("invalid, revoked or expired token")
 
     def authenticate_header(self, request: Any) -> str:
         return f'{self.keyword} realm="tailtune"'

@@ -12,6 +12,8 @@ Errors are JSON: ``{"detail": ...}``, and for a bad spec ``{"errors": [{"field",
 from __future__ import annotations
 
 import json
+import math
+import re
 from contextvars import Token
 from typing import Any
 
@@ -30,13 +32,13 @@ from rest_framework.views import APIView
 
 from apps.accounts.models import ApiToken
 from apps.accounts.roles import EXPERIMENTER, VIEWER, has_role
-from apps.approvals.audit import bind_token, unbind_token
+from apps.approvals.audit import audit_record, bind_token, unbind_token
 from apps.approvals.models import RollbackManifest
 from apps.approvals.services import ApprovalError, experiment_approve
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create, spec_limits
-from apps.experiments.spec import SpecError, load_yaml, validate_spec
+from apps.experiments.spec import MAX_SPEC_BYTES, MAX_TOKENS, SpecError, load_yaml, validate_spec
 from apps.runs.models import RequestRecord, Run
 from workers.replay.records import SCALAR_RECORD_FIELDS
 
@@ -62,20 +64,41 @@ def _errors(exc: SpecError) -> list[dict[str, str]]:
     return [{"field": e.path, "message": e.message} for e in exc.errors]
 
 
+class SpecJsonParser(JSONParser):
+    """JSON bounded like a YAML spec: at most MAX_SPEC_BYTES, and nesting that Python can read."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        request = (parser_context or {}).get("request")
+        raw_length = request.META.get("CONTENT_LENGTH") if request is not None else None
+        length = (
+            int(raw_length) if raw_length and str(raw_length).isascii() and str(raw_length).isdigit() else 0
+        )
+        if length > MAX_SPEC_BYTES:
+            raise ParseError(
+                {"errors": [{"field": "body", "message": f"is {length} bytes; at most {MAX_SPEC_BYTES}"}]}
+            )
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError({"errors": [{"field": "body", "message": "is nested too deeply"}]}) from None
+
+
 class ApiView(APIView):
-    """Binds the request's token to the audit trail for the length of the call."""
+    """Binds the request's token to the audit trail for exactly the length of the call."""
+
+    parser_classes = [SpecJsonParser]
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        binding: Token[str | None] = bind_token(None)
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            unbind_token(binding)  # whatever happened: the name never outlives this call
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        name = request.auth.name if isinstance(request.auth, ApiToken) else None
-        self._audit_binding: Token[str | None] | None = bind_token(name)
-
-    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
-        binding = getattr(self, "_audit_binding", None)
-        if binding is not None:
-            unbind_token(binding)
-            self._audit_binding = None
-        return super().finalize_response(request, response, *args, **kwargs)
+        if isinstance(request.auth, ApiToken):
+            bind_token(request.auth.name)  # undone with dispatch's own binding
 
     def need(self, role: str) -> None:
         if role == VIEWER:
@@ -133,7 +156,7 @@ SPEC_ERRORS = inline_serializer(
 
 
 class ExperimentList(ApiView):
-    parser_classes = [JSONParser, YamlParser]
+    parser_classes = [SpecJsonParser, YamlParser]
 
     @extend_schema(
         responses={200: EXPERIMENTS}, summary="Experiments, newest first", operation_id="experiments_list"
@@ -194,6 +217,10 @@ class ExperimentCancel(ApiView):
             )
         experiment_cancel(experiment=experiment, actor=request.user)
         experiment.refresh_from_db()
+        if experiment.status != Experiment.Status.CANCELLED:
+            return Response(
+                {"detail": f"the experiment is {experiment.status}"}, status=status.HTTP_409_CONFLICT
+            )
         return Response(_summary(experiment))
 
 
@@ -230,15 +257,18 @@ class ExperimentApprove(ApiView):
     )
     def post(self, request: Request, pk: int) -> Response:
         experiment = self.experiment(pk)
-        data = request.data if isinstance(request.data, dict) else {}
+        if not isinstance(request.data, dict):
+            return Response({"errors": [{"field": "body", "message": "must be a JSON object"}]}, status=400)
+        data = request.data
         fields = {
             k: data.get(k, "")
             for k in ("chosen_cell", "reason", "recovery_override", "deployment_revision", "route_target")
         }
-        bad = [k for k, v in fields.items() if not isinstance(v, str)]
+        bad = [k for k, v in fields.items() if not _clean_text(v, 2000)]
         if bad:
             return Response(
-                {"errors": [{"field": k, "message": "must be a string"} for k in bad]}, status=400
+                {"errors": [{"field": k, "message": "must be text of at most 2000 characters"} for k in bad]},
+                status=400,
             )
         try:
             manifest = experiment_approve(experiment=experiment, approver=request.user, **fields)
@@ -329,37 +359,64 @@ class TraceUpload(ApiView):
             errors.append(
                 {"field": "format", "message": "must be tailtune, azure, burstgpt, mooncake or vllm-timed"}
             )
-        numbers: dict[str, float] = {}
-        for name, required in (("max_model_len", fmt != "tailtune"), ("busiest", False)):
-            raw = data.get(name)
-            if raw in (None, ""):
-                if required:
-                    errors.append({"field": name, "message": "is required"})
-                continue
+        imported = fmt != "tailtune"
+        texts: dict[str, str] = {}
+        for name in ("model_dir", "tokenizer_revision", "classes", "label"):
+            raw = data.get(name, "")
+            if not _clean_text(raw, 500):
+                errors.append({"field": name, "message": "must be text of at most 500 characters"})
+            elif imported and name != "label" and not raw.strip():
+                errors.append({"field": name, "message": "is required for an imported format"})
+            else:
+                texts[name] = raw.strip()
+        max_model_len = _number(
+            data, "max_model_len", errors, integer=True, low=2, high=MAX_TOKENS, required=imported
+        )
+        busiest = _number(data, "busiest", errors, integer=False, low=1e-3, high=86_400.0, required=False)
+        thresholds = None
+        if imported and "classes" in texts:
             try:
-                numbers[name] = float(raw)
-            except (TypeError, ValueError):
-                errors.append({"field": name, "message": f"must be a number, got {raw!r}"})
+                thresholds = parse_class_thresholds(texts["classes"])
+            except ValueError as exc:
+                errors.append({"field": "classes", "message": str(exc)})
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         assert upload is not None
-        label = str(data.get("label") or upload.name)[:200]
+        label = texts.get("label") or upload.name[:200]
         try:
-            if fmt == "tailtune":
+            if not imported:
                 row = trace_store_bytes(data=upload.read(), label=label)
             else:
+                try:
+                    tokenizer = tokenizer_dir(texts["model_dir"])
+                except Exception as exc:  # no tokenizer there: the field, not a 500
+                    return Response(
+                        {"errors": [{"field": "model_dir", "message": str(exc)[:500]}]}, status=400
+                    )
+                assert thresholds is not None and max_model_len is not None
                 row = trace_import(
                     data=upload.read(),
                     fmt=fmt,
-                    tokenizer_dir=tokenizer_dir(str(data.get("model_dir", ""))),
-                    tokenizer_revision=str(data.get("tokenizer_revision", "")),
-                    thresholds=parse_class_thresholds(str(data.get("classes", ""))),
-                    max_model_len=int(numbers["max_model_len"]),
-                    busiest_s=numbers.get("busiest"),
+                    tokenizer_dir=tokenizer,
+                    tokenizer_revision=texts["tokenizer_revision"],
+                    thresholds=thresholds,
+                    max_model_len=int(max_model_len),
+                    busiest_s=busiest,
                     label=label,
                 )
         except (ValueError, OSError) as exc:  # the importers name the line; nothing was saved
             return Response({"errors": [{"field": "file", "message": str(exc)[:2000]}]}, status=400)
+        except Exception as exc:  # a tokenizer that cannot be read, and the like
+            return Response(
+                {"errors": [{"field": "model_dir", "message": f"{type(exc).__name__}: {exc}"[:500]}]},
+                status=400,
+            )
+        audit_record(
+            action="trace.stored",
+            actor=request.user,
+            target=row.sha256,
+            detail={"format": fmt, "label": label},
+        )
         return Response(
             {"sha256": row.sha256, "requests": row.requests, "duration_s": row.duration_s},
             status=status.HTTP_201_CREATED,
@@ -411,11 +468,50 @@ def _uuid(value: str) -> bool:
     return True
 
 
+def _clean_text(value: Any, limit: int) -> bool:
+    """A string the database stores as given: UTF-8, no NUL, at most ``limit`` characters."""
+    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _number(
+    data: Any,
+    name: str,
+    errors: list[dict[str, str]],
+    *,
+    integer: bool,
+    low: float,
+    high: float,
+    required: bool,
+) -> float | None:
+    """A finite number from a form field within [low, high], or a field error."""
+    raw = data.get(name)
+    if raw in (None, ""):
+        if required:
+            errors.append({"field": name, "message": "is required"})
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        errors.append({"field": name, "message": f"must be a number, got {str(raw)[:40]!r}"})
+        return None
+    if not math.isfinite(value) or not low <= value <= high or (integer and not value.is_integer()):
+        kind = "a whole number" if integer else "a number"
+        errors.append({"field": name, "message": f"must be {kind} from {low:g} to {high:g}"})
+        return None
+    return value
+
+
 def _positive(request: Request, name: str, default: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) < 1:
+    if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
         raise ParseError(
             {"errors": [{"field": name, "message": f"must be a positive whole number, got {raw!r}"}]}
         )

@@ -188,6 +188,14 @@ def load_yaml(text: str, *, where: str = "document") -> Any:
         raise SpecError([FieldError(where, f"cannot be read: {str(exc)[:200]}")]) from None
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, from JSON "\\ud800"
+        return False
+    return True
+
+
 class _Checker:
     def __init__(self) -> None:
         self.errors: list[FieldError] = []
@@ -207,7 +215,9 @@ class _Checker:
         for key in sorted(set(data) - allowed):
             self.fail(f"{path}.{key}" if path else key, "unknown field")
 
-    def text(self, data: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> str:
+    def text(
+        self, data: Mapping[str, Any], key: str, path: str, *, required: bool = True, max_length: int = 10_000
+    ) -> str:
         value = data.get(key)
         where = f"{path}.{key}" if path else key
         if value is None or value == "":
@@ -217,7 +227,14 @@ class _Checker:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             self.fail(where, "must be a string")
             return ""
-        return str(value)
+        text = str(value)
+        if len(text) > max_length:
+            self.fail(where, f"is {len(text)} characters; at most {max_length}")
+            return ""
+        if "\x00" in text or not _encodable(text):
+            self.fail(where, "must be plain text (no NUL character, valid UTF-8)")
+            return ""
+        return text
 
     def number(
         self,
@@ -329,17 +346,17 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         raise SpecError(c.errors or [FieldError("spec", "is empty")])
     c.unknown(top, TOP_KEYS, "")
     spec: dict[str, Any] = {
-        "name": c.text(top, "name", ""),
+        "name": c.text(top, "name", "", max_length=200),
         "description": c.text(top, "description", "", required=False),
-        "owner": c.text(top, "owner", "", required=False),
+        "owner": c.text(top, "owner", "", required=False, max_length=150),
     }
 
     model = c.mapping(top.get("model"), "model")
     c.unknown(model, {"path", "revision", "tokenizer_revision"}, "model")
     spec["model"] = {
-        "path": c.text(model, "path", "model"),
-        "revision": c.text(model, "revision", "model"),
-        "tokenizer_revision": c.text(model, "tokenizer_revision", "model"),
+        "path": c.text(model, "path", "model", max_length=500),
+        "revision": c.text(model, "revision", "model", max_length=200),
+        "tokenizer_revision": c.text(model, "tokenizer_revision", "model", max_length=200),
     }
 
     controls = c.mapping(top.get("controls"), "controls")
@@ -349,7 +366,7 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
     )
     generation = c.mapping(controls.get("generation"), "controls.generation", required=False)
     spec["controls"] = {
-        "dtype": c.text(controls, "dtype", "controls", required=False) or "auto",
+        "dtype": c.text(controls, "dtype", "controls", required=False, max_length=32) or "auto",
         "tensor_parallel_size": c.number(
             controls,
             "tensor_parallel_size",
@@ -388,12 +405,12 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
 
     engine = c.mapping(top.get("engine"), "engine", required=False)
     c.unknown(engine, {"image"}, "engine")
-    spec["engine"] = {"image": c.text(engine, "image", "engine", required=False)}
+    spec["engine"] = {"image": c.text(engine, "image", "engine", required=False, max_length=300)}
 
     baseline = c.mapping(top.get("baseline"), "baseline")
     c.unknown(baseline, {"id", "args", "captured_from"}, "baseline")
     spec["baseline"] = {
-        "id": c.text(baseline, "id", "baseline"),
+        "id": c.text(baseline, "id", "baseline", max_length=32),
         "captured_from": c.text(baseline, "captured_from", "baseline", required=False),
         "args": _check_args(c, baseline.get("args"), "baseline.args", max_model_len),
     }
@@ -409,7 +426,7 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
             c.unknown(cand, {"id", "args"}, path)
             candidates.append(
                 {
-                    "id": c.text(cand, "id", path),
+                    "id": c.text(cand, "id", path, max_length=32),
                     "args": _check_args(c, cand.get("args"), f"{path}.args", max_model_len),
                 }
             )
@@ -447,7 +464,7 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
                 },
                 path,
             )
-            name = c.text(cls, "name", path)
+            name = c.text(cls, "name", path, max_length=64)
             if name in names:
                 c.fail(f"{path}.name", f"duplicate class name {name!r}")
             names.add(name)

@@ -227,5 +227,41 @@ def test_a_trace_upload_returns_its_sha256_and_a_bad_one_names_the_line(author, 
     )
     assert bad.status_code == 400 and "line 2" in bad.json()["errors"][0]["message"]
     missing = api.post("/api/v1/traces", {"format": "nope"}, format="multipart")
-    assert {e["field"] for e in missing.json()["errors"]} == {"file", "format", "max_model_len"}
+    assert {e["field"] for e in missing.json()["errors"]} == {
+        "file", "format", "max_model_len", "model_dir", "tokenizer_revision", "classes"
+    }  # fmt: skip
+    infinite = api.post(
+        "/api/v1/traces",
+        {**form, "max_model_len": "inf", "file": SimpleUploadedFile("a.csv", fixture.read_bytes())},
+        format="multipart",
+    )
+    assert infinite.status_code == 400 and infinite.json()["errors"][0]["field"] == "max_model_len"
     assert Trace.objects.count() == 1
+
+
+def test_hostile_input_is_a_field_error_never_a_500(analysed_experiment, approver, author, settings) -> None:  # type: ignore[no-untyped-def]
+    odd = APIClient()
+    odd.credentials(HTTP_AUTHORIZATION="Bearer tt_\u00b9_x")  # a digit to isdigit(), not to int()
+    assert odd.get("/api/v1/experiments").status_code == 401
+    viewer_api = client_for(approver)
+    run = Run.objects.filter(experiment=analysed_experiment).first()
+    for query in ("page=\u00b2", "page=" + "9" * 5000, "page_size=0"):
+        assert viewer_api.get(f"/api/v1/runs/{run.run_id}/records?{query}").status_code == 400
+    url = f"/api/v1/experiments/{analysed_experiment.pk}/approve"
+    assert viewer_api.post(url, ["not", "an", "object"], format="json").status_code == 400
+    nul = viewer_api.post(url, {"chosen_cell": "B0", "reason": "a\x00b"}, format="json")
+    assert nul.status_code == 400 and nul.json()["errors"][0]["field"] == "reason"
+    deep = "[" * 100_000 + "]" * 100_000
+    response = client_for(author, name="deep").post(
+        "/api/v1/experiments", deep, content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert Experiment.objects.count() == 1
+
+
+def test_a_valid_token_is_never_throttled_by_others_guesses(settings, author) -> None:  # type: ignore[no-untyped-def]
+    settings.API_AUTH_FAILURE_LIMIT = 2
+    wrong = APIClient()
+    wrong.credentials(HTTP_AUTHORIZATION="Bearer tt_9_guess")
+    assert [wrong.get("/api/v1/experiments").status_code for _ in range(3)] == [401, 401, 429]
+    assert client_for(author).get("/api/v1/experiments").status_code == 200  # same address, real token

@@ -104,3 +104,24 @@ def test_a_router_spec_round_trips_and_the_rehearsal_is_in_the_plan_size():
 def test_a_broken_route_url_is_a_field_error_not_a_crash(url):
     errors = _errors({"switch_command": ["curl", "x"], "route_url": url})
     assert "valid port" in errors["recovery.route_url"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "words"),
+    [
+        (("name",), "x" * 201, "at most 200"),
+        (("name",), "a\x00b", "plain text"),
+        (("name",), "\ud800", "plain text"),
+        (("baseline", "id"), "B" * 33, "at most 32"),
+    ],
+)
+def test_text_the_database_cannot_store_is_a_field_error(path, value, words):
+    spec = copy.deepcopy(SMALL_SPEC)
+    target = spec
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(SpecError) as info:
+        validate_spec(spec)
+    messages = {e.path: e.message for e in info.value.errors}
+    assert words in messages[".".join(path)]

@@ -33,6 +33,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from django.utils import timezone
 
+from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment
 from apps.runs.models import MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
@@ -163,10 +164,10 @@ class Command(BaseCommand):
                 f"experiment {experiment.pk} is {experiment.status}: the evidence behind a verdict never "
                 "changes; import into a new experiment"
             )
-        runs = {str(r.run_id): r for r in experiment.runs.select_related("cell").all()}
+        runs = {str(r.run_id): r for r in experiment.runs.select_related("cell").order_by("id")}
         for r in list(runs.values()):
             if not r.scenario:
-                runs.setdefault(_key(r), r)
+                runs[_key(r)] = r  # in id order: a retry's key names the retry, not the failed run
         classes = set(experiment.classes.values_list("name", flat=True))
         found = sorted(p for p in directory.iterdir() if not p.name.startswith("."))
         entries = [p for p in found if p.is_dir()]
@@ -189,6 +190,12 @@ class Command(BaseCommand):
                 raise CommandError(f"{p}: has none of run.json, records.jsonl, metrics.jsonl")
         totals = {"runs": 0, "records": 0, "samples": 0}
         with transaction.atomic():
+            # Locked, and checked again: an approval cannot land between the check and the write.
+            locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
+            if locked.status in (Experiment.Status.APPROVED, Experiment.Status.REJECTED):
+                raise CommandError(
+                    f"experiment {experiment.pk} was {locked.status} meanwhile: nothing imported"
+                )
             for p in entries:
                 run = runs[p.name]
                 totals["runs"] += 1
@@ -198,11 +205,11 @@ class Command(BaseCommand):
                     totals["records"] += self._records(p / "records.jsonl", run, classes)
                 if (p / "metrics.jsonl").is_file():
                     totals["samples"] += self._samples(p / "metrics.jsonl", run)
-        self.stdout.write(
-            f"imported {totals['records']} records and {totals['samples']} metric samples "
-            f"for {totals['runs']} runs of experiment {experiment.pk}"
-        )
-        self._decide(experiment)
+            self.stdout.write(
+                f"imported {totals['records']} records and {totals['samples']} metric samples "
+                f"for {totals['runs']} runs of experiment {experiment.pk}"
+            )
+            self._decide(locked)  # in the same transaction: a failed analysis leaves nothing half-done
 
     def _run_fields(self, path: Path, run: Run) -> None:
         try:
@@ -247,10 +254,18 @@ class Command(BaseCommand):
                 + ("" if len(missing) <= 50 else f"\n  and {len(missing) - 50} more")
             )
             return
-        Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
         decision = experiment_analyse(experiment_id=experiment.pk)
-        Experiment.objects.filter(pk=experiment.pk).update(
-            status=Experiment.Status.ANALYSED, status_reason="analysed from imported results"
+        Experiment.objects.filter(pk=experiment.pk).exclude(
+            status__in=[Experiment.Status.APPROVED, Experiment.Status.REJECTED]
+        ).update(status=Experiment.Status.ANALYSED, status_reason="analysed from imported results")
+        audit_record(
+            action="experiment.analysed",
+            experiment=experiment,
+            detail={
+                "from": "results_import",
+                "decision": decision.outcome,
+                "chosen_cell": decision.chosen_cell,
+            },
         )
         self.stdout.write(f"decision: {decision.outcome} {decision.chosen_cell}\nrule: {decision.rule}")
 
