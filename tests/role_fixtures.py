@@ -47,3 +47,13 @@ def experiment(author):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def analysed_experiment(author):  # type: ignore[no-untyped-def]
     return analysed(make_experiment(owner=author, name="ui-analysed"))
+
+
+@pytest.fixture
+def roles(transactional_db):  # type: ignore[no-untyped-def]
+    """The role groups, for tests on a flushed database (transactional tests flush between tests,
+    groups made by the migration included)."""
+    from django.contrib.auth.models import Group
+
+    for name in ("viewer", "experimenter", "approver"):
+        Group.objects.get_or_create(name=name)

@@ -63,15 +63,6 @@ def new_page(browser: Any, live_server: Any) -> Iterator[Any]:
         ctx.close()
 
 
-@pytest.fixture
-def roles(transactional_db: Any) -> None:
-    # live_server tests flush the database between tests, groups included.
-    from django.contrib.auth.models import Group
-
-    for name in ("viewer", "experimenter", "approver"):
-        Group.objects.get_or_create(name=name)
-
-
 def login(page: Any, username: str, password: str = PASSWORD) -> None:
     page.goto("/accounts/login/")
     page.fill("input[name=username]", username)

@@ -46,7 +46,7 @@ def _rehearsal(
     monkeypatch.setattr("workers.tasks.execute_run.apply_async", lambda kwargs, queue: None)
     spec = small_spec()
     # Long streams (1,700 tokens: 2.4-6 s at this engine's 1.4-3.6 ms per token) are still open
-    # at the drain deadline after the switch (1.5 s in the warm test).
+    # at the drain deadline after the switch (0.75 s in the warm test).
     spec["classes"][1]["input_tokens"] = 256
     spec["classes"][1]["output_tokens"] = 1700
     # Contracts this shared CPU keeps with one core per server, so recovery is a number here;
@@ -63,13 +63,13 @@ def _rehearsal(
     Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
     experiment_freeze_and_enqueue(experiment_id=experiment.pk)
     if switch_after_long:
-        # The trace is frozen from the seed, so which request comes when is known: switch 0.3 s
+        # The trace is frozen from the seed, so which request comes when is known: switch 0.05 s
         # after a long request's arrival, so its stream is open at the deadline (switch + drain).
         trace = trace_load(sha256=experiment.runs.filter(scenario="").first().trace_sha256)
         arrival = next(r.t_offset_s for r in trace.requests if r.klass == "long" and 3 <= r.t_offset_s <= 12)
         spec = {
             **experiment.spec,
-            "recovery": {**experiment.spec["recovery"], "switch_at_s": round(arrival + 0.3, 3)},
+            "recovery": {**experiment.spec["recovery"], "switch_at_s": round(arrival + 0.05, 3)},
         }
         Experiment.objects.filter(pk=experiment.pk).update(spec=spec)
         experiment.refresh_from_db()
@@ -86,7 +86,7 @@ def test_warm_standby_rolls_back_to_b0_cuts_at_the_deadline_and_accounts_for_eve
     run = _rehearsal(
         monkeypatch,
         recovery={"standby": "warm", "max_recovery_s": 30, "window_s": 4},
-        workload={"warmup_s": 2, "observation_s": 14, "drain_deadline_s": 1.5},
+        workload={"warmup_s": 2, "observation_s": 14, "drain_deadline_s": 0.75},
         switch_after_long=True,
     )
     switch = run.experiment.spec["recovery"]["switch_at_s"]
@@ -99,7 +99,7 @@ def test_warm_standby_rolls_back_to_b0_cuts_at_the_deadline_and_accounts_for_eve
     assert (
         facts["standby"] == "warm"
         and facts["switch_at_s"] == switch
-        and facts["cut_at_s"] == pytest.approx(switch + 1.5)
+        and facts["cut_at_s"] == pytest.approx(switch + 0.75)
     )
     assert facts["split"].startswith("cores ")
 
@@ -123,7 +123,7 @@ def test_warm_standby_rolls_back_to_b0_cuts_at_the_deadline_and_accounts_for_eve
         # Never before the deadline; after it by at most the client's own longest stall (two
         # servers on two cores starve it: measured up to seconds) plus a second.
         stall_ns = (run.summary.get("loop_stall_max_ms") or 0) * 1e6
-        assert (switch + 1.5) * 1e9 <= r.end_ns < (switch + 2.5) * 1e9 + stall_ns, (r.end_ns, stall_ns)
+        assert (switch + 0.75) * 1e9 <= r.end_ns < (switch + 1.75) * 1e9 + stall_ns, (r.end_ns, stall_ns)
     # Every planned request is exactly one of the outcomes; nothing unaccounted.
     accounting = measures["accounting"]
     assert accounting["unaccounted"] == 0

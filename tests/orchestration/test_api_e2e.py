@@ -23,7 +23,9 @@ def _api(user, name: str) -> APIClient:  # type: ignore[no-untyped-def]
     return api
 
 
-def test_create_start_wait_report_approve_and_fetch_the_manifest_through_the_api(workers: Workers) -> None:
+def test_create_start_wait_report_approve_and_fetch_the_manifest_through_the_api(
+    workers: Workers, roles: None
+) -> None:
     workers.start()
     author = _api(UserFactory(username="ci-author", roles=["experimenter"]), "ci")
     approver = _api(UserFactory(username="ci-approver", roles=["approver"]), "release")

@@ -140,3 +140,20 @@ def test_router_mode_records_the_backend_header():
     assert backends[first_b0:] == ["b0"] * (len(backends) - first_b0)
     assert result.rehearsal["mode"] == "router"
     assert all(r.ok for r in result.records)
+
+
+def test_a_request_planned_before_the_switch_but_dispatched_after_its_deadline_is_never_served():
+    # Two requests before the switch; the client is made late (origin in the past) so that the
+    # second one is dispatched after switch + deadline: it is cut (or unsent), never ok.
+    import time
+
+    requests = make_requests(2, spacing_s=0.5, output_tokens=4)
+    with MockServer() as candidate, MockServer() as b0:
+        result = _replay(
+            requests,
+            candidate.base_url,
+            {"switch_at_s": 0.6, "cut_after_s": 0.1, "b0_url": b0.base_url, "wait_for_b0": False},
+            origin_ns=time.perf_counter_ns() - 1_000_000_000,  # already 1 s late
+        )
+    late = {r.index: r for r in result.records}[1]
+    assert not late.ok and (late.cut or not late.sent), late

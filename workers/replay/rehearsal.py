@@ -251,7 +251,13 @@ class RehearsalReplay(_Replay):
         before = not self._after_switch(record)
         task = asyncio.current_task()
         if before and task is not None:
-            self._open_before[record.index] = task
+            if perf_ns() >= self.origin_ns + self.cut_ns:
+                # Dispatched so late (a starved client) that its deadline has passed: cut at once,
+                # or recorded unsent if it never left; never served as if the cut had not come.
+                self._cutting.add(record.index)
+                task.cancel()
+            else:
+                self._open_before[record.index] = task
         try:
             await super()._stream(session, semaphore, request, record, sent_early)
         finally:
