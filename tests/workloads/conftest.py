@@ -8,9 +8,9 @@ from apps.workloads.prompts import PromptTokenizer
 from workers.engine.tinymodel import build_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-# CI checks the repository out next to the shared folder: <clone>/../shared/traces.
+# Shipped in the repository (CC-BY-4.0, credit in examples/traces/README.md): a plain clone has it.
 REPO = Path(__file__).resolve().parents[2]
-AZURE_CONV = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+AZURE_CONV = REPO / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +25,5 @@ def tokenizer(tokenizer_dir: Path) -> PromptTokenizer:
 
 @pytest.fixture
 def azure_conv() -> Path:
-    if not AZURE_CONV.is_file():
-        pytest.skip(f"shared Azure trace not found at {AZURE_CONV}")
+    assert AZURE_CONV.is_file(), f"the shipped Azure trace is missing: {AZURE_CONV}"
     return AZURE_CONV

@@ -17,7 +17,8 @@ from tests.experiments.factories import UserFactory, small_spec
 from tests.runs.factories import make_host
 from workers.engine.tinymodel import build_tokenizer
 
-AZURE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+# Shipped in the repository (CC-BY-4.0, credit in examples/traces/README.md).
+AZURE = Path(__file__).resolve().parents[2] / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,7 @@ def _spec(model_dir: Path, sha: str) -> dict:
 
 @pytest.mark.django_db
 def test_it_replays_an_imported_trace_in_every_run(model_dir: Path) -> None:
-    if not AZURE.exists():
-        pytest.skip(f"{AZURE} is not here (CI lays shared/ beside the clone)")
+    assert AZURE.is_file(), f"the shipped Azure trace is missing: {AZURE}"
     sha = _import(model_dir)
     assert len(sha) == 64 and sha == _import(model_dir)  # the same file and options, the same bytes
     make_host()
@@ -61,8 +61,7 @@ def test_it_replays_an_imported_trace_in_every_run(model_dir: Path) -> None:
 
 @pytest.mark.django_db
 def test_it_refuses_an_unknown_trace_or_classes_the_spec_lacks(model_dir: Path) -> None:
-    if not AZURE.exists():
-        pytest.skip(f"{AZURE} is not here (CI lays shared/ beside the clone)")
+    assert AZURE.is_file(), f"the shipped Azure trace is missing: {AZURE}"
     owner = UserFactory()
     with pytest.raises(SpecError) as info:
         experiment_create(spec=_spec(model_dir, "ab" * 32), owner=owner)
@@ -75,7 +74,6 @@ def test_it_refuses_an_unknown_trace_or_classes_the_spec_lacks(model_dir: Path) 
 
 
 def test_it_names_a_bad_classes_option(model_dir: Path) -> None:
-    if not AZURE.exists():
-        pytest.skip(f"{AZURE} is not here (CI lays shared/ beside the clone)")
+    assert AZURE.is_file(), f"the shipped Azure trace is missing: {AZURE}"
     with pytest.raises(CommandError, match="the last class must have no limit"):
         _import(model_dir, "--classes", "short:1024")
