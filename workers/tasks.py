@@ -49,9 +49,18 @@ def execute_run(*, run_pk: int) -> str:
 @shared_task(name="tailtune.analyse_experiment", acks_late=True)
 def analyse_experiment(*, experiment_pk: int) -> str:
     from apps.analysis.services import experiment_analyse
+    from apps.experiments.models import Experiment
+    from apps.runs.models import Run
     from apps.runs.rehearsal import rehearsal_due
     from apps.runs.services import experiment_mark_analysed
 
+    # A duplicate or stale message (a redelivery, a task left on the broker) never analyses an
+    # experiment early: only a running experiment whose runs have all finished is analysed.
+    experiment = Experiment.objects.filter(pk=experiment_pk).first()
+    if experiment is None or experiment.status != Experiment.Status.RUNNING:
+        return f"skipped ({experiment.status if experiment else 'no such experiment'})"
+    if experiment.runs.exclude(status__in=Run.FINISHED).exists():
+        return "skipped (runs still to finish)"
     decision = experiment_analyse(experiment_id=experiment_pk)
     # The proposed cell's rollback is rehearsed before anyone approves it (check 4); the
     # experiment stays running until the rehearsal ends, and is then analysed again.

@@ -73,6 +73,8 @@ def worker(roles, tmp_path):  # type: ignore[no-untyped-def]
     env["DATABASE_URL"] = str(_worker_database_url())
     env.setdefault("SECRET_KEY", "journey")
     env["TAILTUNE_HOST"] = f"journey-{os.getpid()}"
+    # Its own default queue: a task another test left on the shared broker is never its to take.
+    env["TAILTUNE_DEFAULT_QUEUE"] = f"journey-default-{os.getpid()}"
     log = open(tmp_path / "worker.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "run_worker"],

@@ -43,7 +43,9 @@ def _rehearsal(
     switch_after_long: bool = False,
 ) -> Run:
     """An experiment whose sweep traces are frozen, analysed on paper, then rehearsed for C1."""
+    # No task reaches the shared broker: this test runs the pipeline itself and analyses nothing.
     monkeypatch.setattr("workers.tasks.execute_run.apply_async", lambda kwargs, queue: None)
+    monkeypatch.setattr("workers.tasks.analyse_experiment.apply_async", lambda kwargs, queue: None)
     spec = small_spec()
     # Long streams (1,700 tokens: 2.4-6 s at this engine's 1.4-3.6 ms per token) are still open
     # at the drain deadline after the switch (0.75 s in the warm test).

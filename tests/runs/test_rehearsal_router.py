@@ -55,7 +55,9 @@ def router() -> Iterator[dict[str, Any]]:
 
 
 def _rehearse(monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str) -> Run:
+    # No task reaches the shared broker: this test runs the pipeline itself and analyses nothing.
     monkeypatch.setattr("workers.tasks.execute_run.apply_async", lambda kwargs, queue: None)
+    monkeypatch.setattr("workers.tasks.analyse_experiment.apply_async", lambda kwargs, queue: None)
     monkeypatch.setenv("TAILTUNE_VLLM_COMMAND", json.dumps([sys.executable, str(FAKE)]))
     spec = small_spec()
     spec["workload"] = {
@@ -114,3 +116,14 @@ def test_a_switch_command_that_fails_fails_the_rehearsal_with_its_stderr_and_sto
     assert "unknown backend 'nowhere'" in run.reason  # the command's own stderr
     assert not alive_pids(run.summary["servers"]["candidate"] + run.summary["servers"]["b0"])
     assert Host.objects.get(name=run.host.name).server_pids == []
+
+
+@pytest.mark.django_db
+def test_a_stale_analysis_message_never_analyses_an_experiment_early(experiment) -> None:  # type: ignore[no-untyped-def]
+    from workers.tasks import analyse_experiment
+
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
+    assert analyse_experiment(experiment_pk=experiment.pk) == "skipped (runs still to finish)"
+    experiment.refresh_from_db()
+    assert experiment.status == "running" and not hasattr(experiment, "decision")
+    assert analyse_experiment(experiment_pk=10**9) == "skipped (no such experiment)"
