@@ -10,7 +10,10 @@ It prints "ready" once listening; the first backend named is the starting one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 import sys
+from collections.abc import Iterator
 
 import aiohttp
 from aiohttp import web
@@ -69,6 +72,24 @@ def build_app(backends: dict[str, str], start: str) -> web.Application:
     app.router.add_get("/router-status", status)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
+
+
+@contextlib.contextmanager
+def running_router(backends: dict[str, str]) -> Iterator[str]:
+    """Start the router in its own process on a free port; yield its URL; stop it after."""
+    from workers.engine.launcher import free_port
+
+    port = free_port()
+    args = [f"{name}={url}" for name, url in backends.items()]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support_router", str(port), *args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(5)
 
 
 def switch(url: str, to: str) -> int:

@@ -280,15 +280,7 @@ def _with_server(
     summary = result.summary()
     summary["scrape_errors"] = scraper.errors[:20]
     summary["restarts_t_ns"] = scraper.restarts
-    fields = {
-        "dispatch_lag_p50_ms": result.dispatch_lag_p50_ms,
-        "dispatch_lag_p99_ms": result.dispatch_lag_p99_ms,
-        "dispatch_lag_max_ms": result.dispatch_lag_max_ms,
-        "achieved_rate_rps": result.achieved_rate_rps,
-        "summary": summary,
-        "requests_sent": result.sent,
-        "log_tail": read_tail(server.log_path),
-    }
+    fields = {**result.run_fields(), "summary": summary, "log_tail": read_tail(server.log_path)}
     if watcher.cancelled or result.stopped:
         return Run.Status.CANCELLED, "cancelled mid-run; partial records kept", fields
     death = server.failure()

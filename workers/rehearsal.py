@@ -79,32 +79,17 @@ def split_host(
             note += f": each server gets gpu_memory_utilization {share['gpu_memory_utilization']}"
         return (host, share), (host, dict(share)), note
     cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+
+    def bound(cores: str) -> tuple[HostConfig, dict[str, Any]]:
+        env = {**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": cores}
+        return dataclasses.replace(host, extra_env=env), dict(controls)
+
     if len(cpus) < 2:
         both = ",".join(map(str, cpus))
-        return (
-            (
-                dataclasses.replace(host, extra_env={**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": both}),
-                dict(controls),
-            ),
-            (
-                dataclasses.replace(host, extra_env={**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": both}),
-                dict(controls),
-            ),
-            f"one core ({both}) shared by both servers",
-        )
+        return bound(both), bound(both), f"one core ({both}) shared by both servers"
     half = len(cpus) // 2
     a, b = ",".join(map(str, cpus[:half])), ",".join(map(str, cpus[half:]))
-    return (
-        (
-            dataclasses.replace(host, extra_env={**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": a}),
-            dict(controls),
-        ),
-        (
-            dataclasses.replace(host, extra_env={**host.extra_env, "VLLM_CPU_OMP_THREADS_BIND": b}),
-            dict(controls),
-        ),
-        f"cores {a} for the candidate, {b} for B0",
-    )
+    return bound(a), bound(b), f"cores {a} for the candidate, {b} for B0"
 
 
 class _Both:
@@ -330,12 +315,8 @@ def _replay(
     summary["scrape_errors"] = (cand_scraper.errors + b0_scraper.errors)[:20]
     summary["servers"] = {"candidate": candidate.tracked_pids(), "b0": b0.tracked_pids()}
     fields = {
-        "dispatch_lag_p50_ms": result.dispatch_lag_p50_ms,
-        "dispatch_lag_p99_ms": result.dispatch_lag_p99_ms,
-        "dispatch_lag_max_ms": result.dispatch_lag_max_ms,
-        "achieved_rate_rps": result.achieved_rate_rps,
+        **result.run_fields(),
         "summary": summary,
-        "requests_sent": result.sent,
         "log_tail": read_tail(candidate.log_path) + "\n--- B0 ---\n" + read_tail(b0.log_path),
     }
     if side_errors and any("switch command" in e for e in side_errors):

@@ -35,6 +35,7 @@ from apps.accounts.roles import EXPERIMENTER, VIEWER, has_role
 from apps.approvals.audit import audit_record, bind_token, unbind_token
 from apps.approvals.models import RollbackManifest
 from apps.approvals.services import ApprovalError, experiment_approve
+from apps.approvals.views import manifest_response
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create, spec_limits
@@ -302,13 +303,7 @@ class ExperimentManifest(ApiView):
         manifest = RollbackManifest.objects.filter(experiment_id=pk).first()
         if manifest is None:
             raise NotFound("no manifest: the experiment is not approved")
-        body, file_sha = manifest.file(fmt)
-        response = HttpResponse(
-            body, content_type="application/yaml" if fmt == "yaml" else "application/json"
-        )
-        response["X-Manifest-File-Sha256"] = file_sha
-        response["X-Manifest-Sha256"] = manifest.sha256
-        return response
+        return manifest_response(manifest, fmt)
 
 
 TRACE_UPLOAD = inline_serializer(

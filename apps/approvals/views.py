@@ -118,9 +118,15 @@ def manifest_download(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
     if fmt not in ("yaml", "json"):
         raise Http404("the manifest comes as .yaml or .json")
     manifest = get_object_or_404(RollbackManifest, experiment_id=pk)
+    response = manifest_response(manifest, fmt)
+    response["Content-Disposition"] = f'attachment; filename="rollback-manifest-{pk}.{fmt}"'
+    return response
+
+
+def manifest_response(manifest: RollbackManifest, fmt: str) -> HttpResponse:
+    """The stored bytes of one manifest file (the page's download and the API's)."""
     body, file_sha = manifest.file(fmt)
     response = HttpResponse(body, content_type="application/yaml" if fmt == "yaml" else "application/json")
-    response["Content-Disposition"] = f'attachment; filename="rollback-manifest-{pk}.{fmt}"'
     # What `sha256sum` of the download prints; the content digest inside the file is apart.
     response["X-Manifest-File-Sha256"] = file_sha
     response["X-Manifest-Sha256"] = manifest.sha256

@@ -177,3 +177,23 @@ def test_it_runs_the_cpu_engine_as_a_python_module(tmp_path):
         "vllm.entrypoints.openai.api_server",
     )
     assert not host.model_positional
+
+
+def test_a_rehearsal_splits_the_host_between_its_two_servers():
+    from workers.rehearsal import split_host
+
+    cpu = HostConfig(vllm_command=("python",))
+    (a, _), (b, _), note = split_host(cpu, {}, cpus=[0, 1, 2, 3])
+    assert (a.extra_env["VLLM_CPU_OMP_THREADS_BIND"], b.extra_env["VLLM_CPU_OMP_THREADS_BIND"]) == (
+        "0,1",
+        "2,3",
+    )
+    assert note == "cores 0,1 for the candidate, 2,3 for B0"
+    (a, _), (b, _), note = split_host(cpu, {}, cpus=[0])
+    assert a.extra_env == b.extra_env == {"VLLM_CPU_OMP_THREADS_BIND": "0"} and "shared" in note
+    gpus = HostConfig(vllm_command=("vllm", "serve"), devices="0,1")
+    (a, _), (b, _), _ = split_host(gpus, {})
+    assert (a.devices, b.devices) == ("0", "1")
+    one = HostConfig(vllm_command=("vllm", "serve"), devices="0")
+    (_, ca), (_, cb), _ = split_host(one, {"gpu_memory_utilization": 0.9})
+    assert ca["gpu_memory_utilization"] == cb["gpu_memory_utilization"] == 0.45

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import urllib.request
 
 from tests.replay.helpers import make_requests
+from tests.support_router import running_router
 from workers.engine.launcher import free_port
 from workers.replay.mockserver import Behaviour, MockConfig, MockServer
 from workers.replay.rehearsal import CUT_ERROR, run_rehearsal
@@ -101,38 +100,23 @@ def test_cold_standby_holds_new_requests_until_b0_answers_health():
 
 def test_router_mode_records_the_backend_header():
     fast = MockConfig(default=Behaviour(ttft_s=0.01, itl_s=0.001))
-    with MockServer(fast) as candidate, MockServer(fast) as b0:
-        port = free_port()
-        router = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.support_router",
-                str(port),
-                f"candidate={candidate.base_url}",
-                f"b0={b0.base_url}",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+    with (
+        MockServer(fast) as candidate,
+        MockServer(fast) as b0,
+        running_router({"candidate": candidate.base_url, "b0": b0.base_url}) as url,
+    ):
+        # The worker runs the switch command; here the test flips the router at 0.5 s itself.
+        flip = threading.Timer(
+            0.5,
+            lambda: urllib.request.urlopen(urllib.request.Request(url + "/switch?to=b0", method="POST")),
         )
-        try:
-            assert router.stdout.readline().strip() == "ready"
-            url = f"http://127.0.0.1:{port}"
-            # The worker runs the switch command; here the test flips the router at 0.5 s itself.
-            flip = threading.Timer(
-                0.5,
-                lambda: urllib.request.urlopen(urllib.request.Request(url + "/switch?to=b0", method="POST")),
-            )
-            flip.start()
-            result = _replay(
-                make_requests(20, spacing_s=0.05, output_tokens=4),
-                url,
-                {"switch_at_s": 0.5, "cut_after_s": 1.0, "b0_url": None, "backend_header": "X-Served-By"},
-            )
-            flip.join()
-        finally:
-            router.terminate()
-            router.wait(5)
+        flip.start()
+        result = _replay(
+            make_requests(20, spacing_s=0.05, output_tokens=4),
+            url,
+            {"switch_at_s": 0.5, "cut_after_s": 1.0, "b0_url": None, "backend_header": "X-Served-By"},
+        )
+        flip.join()
     backends = [r.backend for r in sorted(result.records, key=lambda r: r.index)]
     assert set(backends) == {"candidate", "b0"}
     # Once the router switched, it stays switched.

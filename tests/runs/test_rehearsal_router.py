@@ -9,7 +9,6 @@ stderr, and both servers are stopped.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from apps.runs.models import Host, RequestRecord, Run
 from apps.runs.rehearsal import rehearsal_start
 from apps.runs.services import experiment_freeze_and_enqueue
 from tests.experiments.factories import UserFactory, small_spec
+from tests.support_router import running_router
 from workers.engine.launcher import free_port
 from workers.engine.procs import alive_pids
 from workers.pipeline import run_execute
@@ -35,23 +35,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def router() -> Iterator[dict[str, Any]]:
     ports = {"candidate": free_port(), "b0": free_port()}
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.support_router",
-            str(port),
-            f"candidate=http://127.0.0.1:{ports['candidate']}",
-            f"b0=http://127.0.0.1:{ports['b0']}",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    yield {"url": f"http://127.0.0.1:{port}", "ports": ports}
-    proc.terminate()
-    proc.wait(5)
+    backends = {who: f"http://127.0.0.1:{port}" for who, port in ports.items()}
+    with running_router(backends) as url:
+        yield {"url": url, "ports": ports}
 
 
 def _rehearse(monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str) -> Run:

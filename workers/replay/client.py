@@ -108,6 +108,16 @@ class ReplayResult:
     # A recovery rehearsal's own facts (workers/replay/rehearsal.py): the switch, B0 ready, cuts.
     rehearsal: dict[str, Any] | None = None
 
+    def run_fields(self) -> dict[str, Any]:
+        """The Run row's load-generator fields (dispatch lag, achieved rate, requests sent)."""
+        return {
+            "dispatch_lag_p50_ms": self.dispatch_lag_p50_ms,
+            "dispatch_lag_p99_ms": self.dispatch_lag_p99_ms,
+            "dispatch_lag_max_ms": self.dispatch_lag_max_ms,
+            "achieved_rate_rps": self.achieved_rate_rps,
+            "requests_sent": self.sent,
+        }
+
     def summary(self) -> dict[str, Any]:
         """Everything but the records, JSON-ready (for Run.summary and logs)."""
         return {k: v for k, v in self.__dict__.items() if k != "records"}
