@@ -155,10 +155,12 @@ def test_cold_standby_shows_the_cold_start_and_fails_check_4_when_it_is_longer_t
     }
     assert run.status == "done", (run.reason, lags, run.log_tail[-3000:])
     facts = run.summary["rehearsal"]
-    # The worker started B0 at the switch; the client first saw its /health answer (it polls
-    # every 0.25 s, the worker's start() every 0.5 s, so the two agree within a second).
+    # The worker started B0 at the switch; both the client (``ready``) and the worker's own start()
+    # (``healthy``) first saw its /health answer only after a cold start of seconds. How far apart
+    # the two polls land is not asserted: once the held requests reach B0, a /health call can wait
+    # its 2 s timeout on this 2-core machine (CI saw 3.6 s), which says nothing about the code.
     started, healthy, ready = facts["b0_started_at_s"], facts["b0_healthy_at_s"], facts["b0_ready_at_s"]
-    assert 5 <= started < 6.5 and ready - started > 5 and abs(healthy - ready) < 1.0, facts
+    assert 5 <= started < 6.5 and ready - started > 5 and healthy - started > 5, facts
     after = list(RequestRecord.objects.filter(run=run, planned_ns__gte=5e9).order_by("planned_ns"))
     assert after and all(r.backend == "b0" for r in after)
     # No first token after the switch before B0 was up: the cold start is in every latency.
