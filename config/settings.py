@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "apps.runs",
     "apps.analysis",
     "apps.approvals",
+    "apps.gate",
 ]
 
 MIDDLEWARE = [
@@ -270,3 +271,7 @@ SPECTACULAR_SETTINGS = {
 # Failed API authentications per client address before it is refused (429) for the window.
 API_AUTH_FAILURE_LIMIT = int(os.environ.get("TAILTUNE_API_AUTH_FAILURE_LIMIT", "20"))
 API_AUTH_FAILURE_WINDOW_S = 300
+
+# The address people reach this server at: the gate's reports link to experiment pages with it
+# (`manage.py gate` on the server; through the API, the request's own address is used).
+PUBLIC_URL = envstr("TAILTUNE_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")

@@ -370,6 +370,7 @@ def judge(
         else None,
         "threshold": _num(threshold),
         "improvement": _num(improvement),
+        "harm": _num(harm),
         "p_better": float(round(p_better, 6)),
         "p_worse": float(round(p_worse, 6)),
         "draws": draws,

@@ -12,7 +12,7 @@ count lives in Django's cache (per process unless a shared cache is set).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.cache import cache
@@ -41,6 +41,10 @@ class TokenAuthentication(authentication.BaseAuthentication):
         token = token_check(value.strip()) if keyword.lower() == self.keyword.lower() else None
         if token is not None:
             return token.user, token  # a real token always works: only guessing is slowed down
+        self.refuse(request)
+
+    def refuse(self, request: Any) -> NoReturn:
+        """Count a failed attempt from the request's address and refuse it (401, or 429 past the limit)."""
         limit = int(getattr(settings, "API_AUTH_FAILURE_LIMIT", 20))
         window = int(getattr(settings, "API_AUTH_FAILURE_WINDOW_S", 300))
         key = _key(request)

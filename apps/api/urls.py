@@ -2,7 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
-from apps.api import views
+from apps.api import gates, views
 
 app_name = "api"
 OPEN = {"authentication_classes": [], "permission_classes": [AllowAny]}
@@ -20,4 +20,8 @@ urlpatterns = [
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
     path("runs/<str:run_id>/records", views.RunRecords.as_view(), name="records"),
     path("traces", views.TraceUpload.as_view(), name="traces"),
+    path("gates", gates.GateCreate.as_view(), name="gates"),
+    path("gates/<int:pk>", gates.GateVerdict.as_view(), name="gate"),
+    # The remote client is code, not data: public like the OpenAPI document.
+    path("gate-client.py", gates.GateClient.as_view(), name="gate-client"),
 ]

@@ -40,6 +40,9 @@ ENDPOINTS = [
     ("post", "/api/v1/experiments/{pk}/approve"),
     ("get", "/api/v1/experiments/{pk}/manifest.json"),
     ("get", "/api/v1/runs/{run}/records"),
+    ("post", "/api/v1/gates"),
+    ("get", "/api/v1/gates/{pk}"),
+    ("post", "/api/v1/gates/{pk}"),
 ]
 
 

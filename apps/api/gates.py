@@ -1,0 +1,240 @@
+"""The gate through the API: start one (``POST /api/v1/gates``) and read its verdict resource.
+
+``GET /api/v1/gates/<id>`` always answers 200 with the verdict JSON (Argo Rollouts'
+``web`` metric provider reads ``verdict`` with ``successCondition``). ``POST`` to
+the same resource is for Flagger's webhooks, which judge by status code only:
+200 when the verdict is ``pass``, 412 otherwise (running, regression,
+inconclusive), the same JSON in the body. Flagger cannot send headers, so that
+POST may carry the token as ``metadata.token`` in its body (docs/GATE.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import exceptions, serializers, status
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.accounts.roles import EXPERIMENTER
+from apps.accounts.tokens import token_check
+from apps.api.auth import TokenAuthentication
+from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors
+from apps.experiments.spec import SpecError
+from apps.gate.build import GateInput
+from apps.gate.services import GateUnavailable, gate_create, gate_resource
+
+CLIENT = Path(settings.BASE_DIR) / "clients" / "tailtune_gate.py"
+
+GATE_REQUEST = inline_serializer(
+    "GateRequest",
+    {
+        "trace": serializers.FileField(help_text="the real traffic window"),
+        "format": serializers.ChoiceField(
+            choices=["azure", "mooncake", "burstgpt", "vllm-timed", "tailtune"]
+        ),
+        "busiest": serializers.FloatField(
+            required=False, help_text="keep the busiest window of this many seconds"
+        ),
+        "classes": serializers.CharField(
+            required=False, help_text="split by input length, e.g. short:1024,long"
+        ),
+        "spec": serializers.CharField(
+            required=False,
+            help_text="the gate file (YAML/JSON): model, controls, engine, baseline, classes, workload",
+        ),
+        "baseline_manifest": serializers.CharField(
+            required=False, help_text="B0 as last approved: a rollback manifest"
+        ),
+        "baseline_args": serializers.CharField(
+            required=False, help_text='JSON object, e.g. {"max_num_seqs": 64}'
+        ),
+        "candidate_args": serializers.CharField(
+            required=False, help_text="JSON object: the overlay on B0's args"
+        ),
+        "repeats": serializers.IntegerField(required=False, default=2),
+        "name": serializers.CharField(required=False),
+    },
+)
+GATE = inline_serializer(
+    "GateVerdict",
+    {
+        "gate": serializers.IntegerField(),
+        "url": serializers.CharField(),
+        "status": serializers.CharField(),
+        "verdict": serializers.ChoiceField(choices=["running", "pass", "regression", "inconclusive"]),
+        "exit_code": serializers.IntegerField(allow_null=True),
+        "pass": serializers.BooleanField(),
+        "reasons": serializers.ListField(child=serializers.CharField()),
+        "cases": serializers.ListField(child=serializers.DictField()),
+    },
+)
+
+
+def _json_object(data: Any, key: str, errors: list[dict[str, str]]) -> dict[str, Any]:
+    raw = data.get(key)
+    if raw in (None, ""):
+        return {}
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError as exc:
+        errors.append({"field": key, "message": f"is not JSON: {exc.msg}"})
+        return {}
+    if not isinstance(value, dict):
+        errors.append({"field": key, "message": "must be a JSON object of arg: value"})
+        return {}
+    return value
+
+
+def _base_url(request: Request) -> str:
+    return request.build_absolute_uri("/").rstrip("/")
+
+
+class GateCreate(ApiView):
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(
+        request={"multipart/form-data": GATE_REQUEST},
+        responses={201: GATE, 400: SPEC_ERRORS, 503: OpenApiTypes.OBJECT},
+        summary="Start a gate: B0 and the candidate paired on a real traffic window (docs/GATE.md)",
+    )
+    def post(self, request: Request) -> Response:
+        self.need(EXPERIMENTER)
+        data = request.data
+        errors: list[dict[str, str]] = []
+        upload = request.FILES.get("trace")
+        if upload is None:
+            errors.append({"field": "trace", "message": "is required (the traffic window's file)"})
+        texts: dict[str, str | None] = {}
+        for key, limit in (
+            ("format", 32),
+            ("classes", 2000),
+            ("name", 200),
+            ("spec", 1_000_000),
+            ("baseline_manifest", 1_000_000),
+        ):
+            raw = data.get(key)
+            if raw in (None, ""):
+                texts[key] = None
+            elif not _clean_text(raw, limit):
+                errors.append({"field": key, "message": f"must be text of at most {limit} characters"})
+            else:
+                texts[key] = raw
+        numbers: dict[str, Any] = {}
+        for key, cast in (("busiest", float), ("repeats", int)):
+            raw = data.get(key)
+            if raw in (None, ""):
+                continue
+            try:
+                numbers[key] = cast(raw)
+            except (TypeError, ValueError):
+                errors.append(
+                    {"field": key, "message": f"must be {'an integer' if cast is int else 'a number'}"}
+                )
+        if "busiest" in numbers and not 0 < numbers["busiest"] <= 86_400:
+            errors.append({"field": "busiest", "message": "must be between 0 and 86400 seconds"})
+        if "repeats" in numbers and not 1 <= numbers["repeats"] <= 100:
+            errors.append({"field": "repeats", "message": "must be between 1 and 100"})
+        baseline_args = _json_object(data, "baseline_args", errors)
+        candidate_args = _json_object(data, "candidate_args", errors)
+        if not texts.get("format"):
+            errors.append({"field": "format", "message": "is required"})
+        if errors:
+            return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+        assert upload is not None
+        gate_input = GateInput(
+            trace_format=str(texts["format"]),
+            repeats=numbers.get("repeats", 2),
+            busiest_s=numbers.get("busiest"),
+            classes=texts.get("classes"),
+            spec_text=texts.get("spec"),
+            manifest_text=texts.get("baseline_manifest"),
+            baseline_args=baseline_args,
+            candidate_args=candidate_args,
+            name=texts.get("name"),
+        )
+        try:
+            experiment = gate_create(request=gate_input, trace_data=upload.read(), owner=request.user)
+        except SpecError as exc:
+            return Response({"errors": _errors(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        except GateUnavailable as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        experiment.refresh_from_db()
+        return Response(gate_resource(experiment=experiment, base_url=_base_url(request)), status=201)
+
+
+class TokenInBodyAuthentication(TokenAuthentication):
+    """The bearer header, or (for Flagger's webhook, which sends no headers) ``metadata.token``."""
+
+    def authenticate(self, request: Any) -> Any:
+        got = super().authenticate(request)
+        if got is not None or request.method != "POST":
+            return got
+        try:
+            body = json.loads(request.body or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        token_text = ((body.get("metadata") or {}) if isinstance(body, dict) else {}).get("token")
+        if not isinstance(token_text, str) or not token_text:
+            return None
+        token = token_check(token_text.strip())
+        if token is None:
+            self.refuse(request)
+        return token.user, token
+
+
+class GateVerdict(ApiView):
+    authentication_classes = [TokenInBodyAuthentication]
+    parser_classes = [JSONParser]
+
+    def _resource(self, request: Request, pk: int) -> dict[str, Any]:
+        experiment = self.experiment(pk)  # the viewer role first, then 404
+        try:
+            return gate_resource(
+                experiment=experiment,
+                candidate=request.query_params.get("candidate"),
+                base_url=_base_url(request),
+            )
+        except ValueError as exc:
+            raise exceptions.ValidationError(
+                {"errors": [{"field": "candidate", "message": str(exc)}]}
+            ) from None
+
+    @extend_schema(
+        parameters=[OpenApiParameter("candidate", str, OpenApiParameter.QUERY, required=False)],
+        responses={200: GATE, 400: SPEC_ERRORS},
+        summary="The gate's verdict (Argo Rollouts' web metric: successCondition on verdict)",
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(self._resource(request, pk))
+
+    @extend_schema(
+        parameters=[OpenApiParameter("candidate", str, OpenApiParameter.QUERY, required=False)],
+        request=OpenApiTypes.OBJECT,
+        responses={200: GATE, 412: GATE},
+        summary="The verdict for Flagger's webhook: 200 only on pass, 412 otherwise",
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        resource = self._resource(request, pk)
+        return Response(resource, status=200 if resource["pass"] else status.HTTP_412_PRECONDITION_FAILED)
+
+
+class GateClient(APIView):
+    """The single-file remote client (httpx only), so a CI runner fetches it from its own server."""
+
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    @extend_schema(responses={(200, "text/x-python"): OpenApiTypes.STR}, summary="The gate's remote client")
+    def get(self, request: Request) -> FileResponse:
+        return FileResponse(
+            open(CLIENT, "rb"), content_type="text/x-python", as_attachment=True, filename="tailtune_gate.py"
+        )

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class GateConfig(AppConfig):
+    name = "apps.gate"
+    label = "gate"
+    default_auto_field = "django.db.models.BigAutoField"

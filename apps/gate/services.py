@@ -1,0 +1,144 @@
+"""The gate on the server: create the paired experiment from a gate request, and read its verdict.
+
+``gate_create`` stores the trace window, builds the experiment (apps/gate/build.py),
+and starts it, in one transaction: a bad trace line, a bad field or no live host
+leaves nothing behind. ``gate_resource`` is the JSON a CI job or a rollout
+controller reads (apps/gate/verdict.py decides it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.experiments import selectors
+from apps.experiments.models import Experiment
+from apps.experiments.services import experiment_create
+from apps.experiments.spec import FieldError, SpecError
+from apps.gate.build import GateInput, gate_spec, resolve_baseline, split_of, summarize, user_path
+from apps.gate.verdict import gate_verdict
+
+GATE_FORMATS = ("azure", "mooncake", "burstgpt", "vllm-timed", "tailtune")
+
+
+class GateUnavailable(Exception):
+    """The gate cannot run here now (no live host): an infrastructure error, exit 3."""
+
+
+def _store_window(request: GateInput, base: Any, data: bytes) -> Any:
+    from apps.workloads.importers import check_size, parse_class_thresholds
+    from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
+
+    check_size(len(data), name="trace")
+    if request.trace_format == "tailtune":
+        return trace_store_bytes(data=data, label="gate window")
+    try:
+        thresholds = parse_class_thresholds(split_of(request, base))
+    except ValueError as exc:
+        raise SpecError([FieldError("classes", str(exc))]) from None
+    model = base.model if isinstance(base.model, dict) else {}
+    controls = base.controls if isinstance(base.controls, dict) else {}
+    try:
+        tok = tokenizer_dir(str(model.get("path") or ""))
+    except Exception as exc:  # no tokenizer there: name the field
+        raise SpecError([FieldError("model.path", str(exc)[:500])]) from None
+    max_len = controls.get("max_model_len")
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 2:
+        raise SpecError([FieldError("controls.max_model_len", "is required: a positive integer")])
+    return trace_import(
+        data=data,
+        fmt=request.trace_format,
+        tokenizer_dir=tok,
+        tokenizer_revision=str(model.get("tokenizer_revision") or ""),
+        thresholds=thresholds,
+        max_model_len=max_len,
+        busiest_s=request.busiest_s,
+        warmup_s=float(base.workload["warmup_s"]),
+        seed=int(base.workload["seed"]) if isinstance(base.workload["seed"], int) else 0,
+        label=f"gate window ({request.trace_format})",
+    )
+
+
+def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experiment:
+    """Store the window, create B0 vs the candidate on it, and start it; all or nothing.
+
+    Raises SpecError (field paths as the gate's user named them: ``candidate_args.max_num_seqs``,
+    ``spec.classes``, ``trace`` with the line) or GateUnavailable.
+    """
+    from apps.runs.services import StartError, experiment_start
+    from apps.workloads.services import trace_load
+
+    if request.trace_format not in GATE_FORMATS:
+        raise SpecError([FieldError("format", f"must be one of {', '.join(GATE_FORMATS)}")])
+    if not isinstance(request.repeats, int) or isinstance(request.repeats, bool) or request.repeats < 1:
+        raise SpecError([FieldError("repeats", "must be a positive integer")])
+    try:
+        with transaction.atomic():
+            base = resolve_baseline(request)
+            try:
+                stored = _store_window(request, base, trace_data)
+            except (ValueError, OSError) as exc:
+                if isinstance(exc, SpecError):
+                    raise
+                raise SpecError([FieldError("trace", str(exc)[:2000])]) from None
+            window = trace_load(sha256=stored.sha256)
+            summary = summarize(stored.sha256, window.meta, [r for r in window.requests if not r.warmup])
+            spec = gate_spec(request, base, summary, when=timezone.now().strftime("%Y-%m-%d %H:%M:%S"))
+            experiment = experiment_create(spec=spec, owner=owner)
+            try:
+                experiment_start(experiment=experiment, actor=owner)
+            except StartError as exc:
+                raise GateUnavailable(str(exc)) from None
+    except SpecError as exc:
+        raise SpecError([FieldError(user_path(e.path), e.message) for e in exc.errors]) from None
+    return experiment
+
+
+def experiment_url(experiment: Experiment, *, base_url: str | None = None) -> str:
+    base = (base_url or getattr(settings, "PUBLIC_URL", "") or "").rstrip("/")
+    return f"{base}{reverse('experiments:detail', args=[experiment.pk])}"
+
+
+def gate_resource(
+    *, experiment: Experiment, candidate: str | None = None, base_url: str | None = None
+) -> dict[str, Any]:
+    """The verdict resource: what ``GET /api/v1/gates/<id>`` answers and the gate command writes.
+
+    Raises ValueError when the experiment has several candidates and none is named.
+    """
+    decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
+    report = decision.report if decision is not None and decision.report else None
+    status = experiment.status
+    if status == Experiment.Status.RUNNING:
+        report = None  # a restarted experiment's earlier decision is not this run's answer
+    verdict = gate_verdict(report, candidate=candidate, status=status, status_reason=experiment.status_reason)
+    if verdict["verdict"] == "inconclusive":
+        # Why each run that is not data was refused, in the run's own words.
+        for cell, mix, rate, rep, run_status, reason in (
+            experiment.runs.filter(status__in=["invalid", "failed", "cancelled"], scenario="")
+            .order_by("plan_position")
+            .values_list("cell__cell_id", "mixture", "rate_name", "repeat", "status", "reason")[:20]
+        ):
+            verdict["reasons"].append(
+                f"run {cell} {mix}/{rate}/{rep} {run_status}: {reason or 'no reason given'}"[:1000]
+            )
+    progress = selectors.experiment_progress(experiment=experiment)
+    w = experiment.workload
+    return {
+        "gate": experiment.pk,
+        "experiment": experiment.pk,
+        "name": experiment.name,
+        "url": experiment_url(experiment, base_url=base_url),
+        "status": experiment.status,
+        "traffic": f"trace {w.imported_trace_sha256[:12]}, {w.repeats} paired repeat(s)"
+        if w.imported_trace_sha256
+        else f"{', '.join(w.mixtures)} at {', '.join(w.rates)}, {w.repeats} repeat(s)",
+        "trace_sha256": w.imported_trace_sha256 or None,
+        "progress": {"total": progress.total, "finished": progress.finished, "by_status": progress.by_status},
+        **verdict,
+        "pass": verdict["verdict"] == "pass",
+    }

@@ -1,0 +1,233 @@
+"""The gate's verdict from an analysis report: pass, regression or inconclusive. Pure: no Django.
+
+The question: does the candidate make any class's tail worse than B0 on this
+traffic? Read from the paired analysis (apps/analysis/report.py), for one
+candidate against B0 at every agreed (mixture, rate):
+
+1. **inconclusive** (exit 2) when the data cannot answer: the experiment did
+   not finish (cancelled, failed runs), B0 or the candidate has invalid or
+   missing runs (validity: a failed run, another trace, the load generator's
+   dispatch lag over its tolerance, ...), or a class has too few requests for
+   any of its tail metrics to be judged.
+2. **regression** (exit 1) when, on valid data, a class is materially worse
+   than B0 on a judged metric, or the candidate breaks a contract B0 keeps.
+   "Materially worse" is family-wise controlled, so an unchanged candidate
+   fails the gate at most ``family_alpha`` (5%) of the time however many
+   classes and metrics there are: the harm exceeds the metric's material
+   threshold and its one-sided bootstrap p-value (``p_worse``) is rejected by
+   Holm's step-down over every judged (class, metric, point) of the candidate.
+3. **pass** (exit 0) otherwise.
+
+Every class × metric is one case (the JUnit test cases): "fail", "pass" or
+"skipped" (not judged: too few requests for that tail).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+EXIT = {"pass": 0, "regression": 1, "inconclusive": 2}
+# Contract keys of the acceptance check (apps/analysis/decide.acceptance_check) -> the case they belong to.
+CONTRACT_CASE = {
+    "ttft": "ttft_p99_ms",
+    "e2e": "e2e_p99_ms",
+    "stall": "max_stall_p99_ms",
+    "error_rate": "error_rate",
+}
+CONTRACT_NAME = {
+    "ttft": "TTFT p99",
+    "e2e": "end-to-end p99",
+    "stall": "max stall p99",
+    "error_rate": "error rate",
+}
+# Shown, never a case of their own: the share of requests within contract is goodput's twin.
+NOT_CASES = frozenset({"contract_share"})
+UNITS = {"goodput_rps": "req/s", "error_rate": ""}
+
+
+def _unit(metric: str) -> str:
+    return UNITS.get(metric, "ms" if metric.endswith("_ms") else "")
+
+
+def _contract_failures(acceptance: Mapping[str, Any], cell: str) -> dict[tuple[str, str], list[str]]:
+    """(class, case) -> the points where ``cell`` breaks that contract."""
+    out: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for f in (acceptance.get("cells") or {}).get(cell, {}).get("failures") or []:
+        if f.get("class") is None:
+            continue
+        for key in f.get("broken") or []:
+            out[(f["class"], CONTRACT_CASE.get(key, key))].append(f"{f['mixture']}/{f['rate']}")
+    return out
+
+
+def gate_verdict(
+    report: Mapping[str, Any] | None,
+    *,
+    candidate: str | None = None,
+    status: str = "analysed",
+    status_reason: str = "",
+) -> dict[str, Any]:
+    """``verdict``, ``exit_code``, ``reasons`` and ``cases`` for one candidate against B0."""
+    if report is None:
+        if status == "running":
+            return {"verdict": "running", "exit_code": None, "reasons": [], "cases": []}
+        why = (
+            f"the experiment is {status}"
+            + (f": {status_reason}" if status_reason else "")
+            + ", with no analysis"
+        )
+        return {"verdict": "inconclusive", "exit_code": EXIT["inconclusive"], "reasons": [why], "cases": []}
+    baseline = str(report.get("baseline"))
+    cells = [c["cell_id"] for c in report.get("cells") or [] if c["cell_id"] != baseline]
+    if candidate is None:
+        if len(cells) != 1:
+            raise ValueError(f"name the candidate: the experiment has {len(cells)} ({', '.join(cells)})")
+        candidate = cells[0]
+    elif candidate not in cells:
+        raise ValueError(f"no candidate {candidate!r} (the experiment has {', '.join(cells) or 'none'})")
+    checks = report.get("checks") or {}
+    validity = checks.get("validity") or {}
+    acceptance = checks.get("acceptance") or {}
+    reasons: list[str] = []
+    if status not in ("analysed", "approved", "rejected"):
+        reasons.append(f"the experiment is {status}" + (f": {status_reason}" if status_reason else ""))
+    for p in validity.get("problems") or []:
+        if p.get("cell") in (baseline, candidate):
+            where = "/".join(str(p[k]) for k in ("mixture", "rate", "repeat") if k in p)
+            detail = {k: v for k, v in p.items() if k not in ("cell", "problem", "mixture", "rate", "repeat")}
+            extra = f" {detail}" if detail else ""
+            reasons.append(f"{p['cell']} {where}: {p['problem']}{extra}".replace("  ", " "))
+    if report.get("decision", {}).get("outcome") == "inconclusive" and not reasons:
+        reasons.append(str(report["decision"].get("rule")))
+
+    b0_broken = _contract_failures(acceptance, baseline)
+    cand_broken = _contract_failures(acceptance, candidate)
+    names = [str(c["name"]) for c in report.get("classes") or []]
+    comps = [c for c in report.get("comparisons") or [] if c.get("cell") == candidate]
+    by_class: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for c in comps:
+        by_class[str(c["class"])].append(c)
+    confidence = ((report.get("options") or {}).get("compare") or {}).get("confidence", 0.95)
+
+    family_alpha = float(((report.get("options") or {}).get("compare") or {}).get("family_alpha", 0.05))
+    worse = _holm_worse(comps, family_alpha)
+
+    cases: list[dict[str, Any]] = []
+    unjudged_classes = []
+    for name in names:
+        entries = by_class.get(name, [])
+        metrics: list[str] = []
+        for c in entries:
+            for m in c.get("metrics") or {}:
+                if m not in NOT_CASES and m not in metrics:
+                    metrics.append(m)
+        if "error_rate" not in metrics:
+            metrics.append("error_rate")
+        judged_latency = any(
+            v.get("judged") for c in entries for m, v in (c.get("metrics") or {}).items() if m.endswith("_ms")
+        )
+        if entries and not judged_latency:
+            unjudged_classes.append(name)
+        for metric in metrics:
+            case: dict[str, Any] = {
+                "class": name,
+                "metric": metric,
+                "unit": _unit(metric),
+                "confidence": confidence,
+            }
+            messages = []
+            outcome = "pass"
+            judged_any = False
+            for c in entries:
+                v = (c.get("metrics") or {}).get(metric)
+                if v is None:
+                    continue
+                point = f"{c['mixture']}/{c['rate']}"
+                is_worse = (c["mixture"], c["rate"], name, metric) in worse
+                if "b0" not in case or is_worse:  # the first point, or the one that failed
+                    case.update(
+                        b0=v.get("b0"), candidate=v.get("candidate"), diff=v.get("diff"), ci=v.get("ci")
+                    )
+                if v.get("judged"):
+                    judged_any = True
+                else:
+                    messages.append(str(v.get("note") or "not judged"))
+                if is_worse:
+                    outcome = "fail"
+                    messages.append(
+                        f"materially worse than B0 at {point} (p={v.get('p_worse')}, Holm over the family at "
+                        f"{family_alpha:g}; material above {v.get('threshold')})"
+                    )
+            kept_by_b0 = (name, metric) not in b0_broken
+            broken = cand_broken.get((name, metric))
+            contract_key = next((k for k, case_name in CONTRACT_CASE.items() if case_name == metric), None)
+            if broken and kept_by_b0:
+                outcome = "fail"
+                messages.append(
+                    f"breaks the {CONTRACT_NAME.get(contract_key or '', metric)} contract that B0 keeps "
+                    f"(at {', '.join(broken)})"
+                )
+            elif broken:
+                messages.append("breaks its contract, as B0 does (not a regression)")
+            if outcome == "pass" and not judged_any and not broken:
+                outcome = "skipped" if metric != "error_rate" else "pass"
+                if metric == "error_rate":
+                    messages.append("the contract is judged, not the difference")
+            case["outcome"] = outcome
+            case["message"] = "; ".join(dict.fromkeys(messages)) or None
+            cases.append(case)
+    if not comps and not reasons:
+        reasons.append(f"no comparison of {candidate} with {baseline}")
+    # Invalid data answers nothing; on valid data a regression found stands even if another
+    # class could not be judged, and only then does an unjudged class make it inconclusive.
+    if reasons:
+        verdict = "inconclusive"
+    elif any(c["outcome"] == "fail" for c in cases):
+        verdict = "regression"
+    elif unjudged_classes:
+        verdict = "inconclusive"
+        reasons += [
+            f"class {n}: too few requests in the window to judge any tail latency" for n in unjudged_classes
+        ]
+    else:
+        verdict = "pass"
+    return {
+        "verdict": verdict,
+        "exit_code": EXIT[verdict],
+        "baseline": baseline,
+        "candidate": candidate,
+        "reasons": reasons,
+        "cases": cases,
+    }
+
+
+def _material_harm(v: Mapping[str, Any]) -> bool:
+    harm, threshold = v.get("harm"), v.get("threshold") or 0.0
+    if harm is None:  # an infinite harm: the candidate left requests unanswered where B0 did not
+        return bool(v.get("candidate_censored")) and not v.get("b0_censored")
+    return float(harm) > float(threshold)
+
+
+def _holm_worse(comps: Sequence[Mapping[str, Any]], alpha: float) -> set[tuple[str, str, str, str]]:
+    """(mixture, rate, class, metric) of the candidate found materially worse, family-wise at ``alpha``."""
+    family = []
+    for c in comps:
+        for metric, v in (c.get("metrics") or {}).items():
+            if metric in NOT_CASES or not v.get("judged") or v.get("p_worse") is None:
+                continue
+            family.append((float(v["p_worse"]), (c["mixture"], c["rate"], str(c["class"]), metric), v))
+    family.sort(key=lambda x: x[0])
+    m = len(family)
+    out = set()
+    for i, (p, key, v) in enumerate(family):
+        if p > alpha / (m - i):
+            break  # Holm stops at the first non-rejection
+        if _material_harm(v):
+            out.add(key)
+    return out
+
+
+def regressions(verdict: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    return [c for c in verdict.get("cases") or [] if c["outcome"] == "fail"]

@@ -1,0 +1,206 @@
+"""Starting a gate through the API and reading its verdict resource (real Postgres, no engine)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from rest_framework.test import APIClient
+
+from apps.accounts.tokens import token_create
+from apps.experiments.models import Experiment
+from apps.workloads.models import Trace
+from tests.experiments.factories import SMALL_SPEC, UserFactory
+from tests.runs.factories import make_host
+from workers.engine.tinymodel import build_tokenizer
+
+pytestmark = pytest.mark.django_db
+AZURE = Path(__file__).resolve().parents[2] / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tokenizer(tmp_path_factory.mktemp("gate-model"))
+
+
+def gate_file(model_dir: Path, **extra: object) -> str:
+    doc = {
+        "model": {**SMALL_SPEC["model"], "path": str(model_dir)},
+        "controls": SMALL_SPEC["controls"],
+        "baseline": {"captured_from": "prod", "args": {"max_num_batched_tokens": 2048, "max_num_seqs": 8}},
+        "classes": [
+            {"name": "short", "max_input_tokens": 1024, "contract": SMALL_SPEC["classes"][0]["contract"]},
+            {"name": "long", "contract": SMALL_SPEC["classes"][1]["contract"]},
+        ],
+        **extra,
+    }
+    return yaml.safe_dump(doc)
+
+
+def api_for(user) -> APIClient:  # type: ignore[no-untyped-def]
+    _, plaintext = token_create(user=user, name="ci")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    return api
+
+
+def post_gate(api: APIClient, **fields: object):  # type: ignore[no-untyped-def]
+    with AZURE.open("rb") as trace:
+        body = {"trace": trace, "format": "azure", "busiest": "20", **fields}
+        return api.post("/api/v1/gates", body, format="multipart")
+
+
+def test_a_gate_starts_b0_and_the_overlaid_candidate_paired_on_the_window(model_dir: Path) -> None:
+    make_host()
+    author = UserFactory(roles=["experimenter"])
+    api = api_for(author)
+    created = post_gate(
+        api, spec=gate_file(model_dir), candidate_args=json.dumps({"max_num_seqs": 2}), repeats="2"
+    )
+    assert created.status_code == 201, created.content
+    gate = created.json()
+    assert gate["verdict"] == "running" and gate["exit_code"] is None and gate["pass"] is False
+    assert gate["url"].endswith(f"/experiments/{gate['gate']}/")
+    experiment = Experiment.objects.get(pk=gate["gate"])
+    assert experiment.status == "running" and experiment.owner == author
+    cells = {c.cell_id: c.args for c in experiment.cells.all()}
+    assert cells == {
+        "B0": {"max_num_batched_tokens": 2048, "max_num_seqs": 8},
+        "C1": {"max_num_batched_tokens": 2048, "max_num_seqs": 2},
+    }
+    w = experiment.workload
+    trace = Trace.objects.get(sha256=w.imported_trace_sha256)
+    assert w.arrival_process == "trace" and w.repeats == 2 and experiment.runs.count() == 4
+    assert set(experiment.runs.values_list("trace_sha256", flat=True)) <= {"", trace.sha256}
+    # The real arrival times are kept: the busiest 20 s, not stretched or squeezed.
+    assert 19 <= trace.duration_s <= 20.5
+    assert {c.name for c in experiment.classes.all()} == {"short", "long"}
+    assert experiment.spec["recovery"] == {**experiment.spec["recovery"], "rehearse": False}
+
+    # The resource a rollout controller polls: GET 200 always, POST (Flagger) 412 until it passes.
+    assert api.get(f"/api/v1/gates/{gate['gate']}").json()["verdict"] == "running"
+    _, plaintext = token_create(user=UserFactory(roles=["viewer"]), name="flagger")
+    flagger = APIClient().post(
+        f"/api/v1/gates/{gate['gate']}", {"name": "app", "metadata": {"token": plaintext}}, format="json"
+    )
+    assert flagger.status_code == 412 and flagger.json()["verdict"] == "running"
+    wrong = APIClient().post(
+        f"/api/v1/gates/{gate['gate']}", {"metadata": {"token": "tt_1_x"}}, format="json"
+    )
+    assert wrong.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"candidate_args": json.dumps({"max_num_seqs": 0})}, "candidate_args.max_num_seqs"),
+        ({"candidate_args": json.dumps({"max_model_len": 4096})}, "candidate_args.max_model_len"),
+        ({"candidate_args": "not json"}, "candidate_args"),
+        ({"repeats": "0"}, "repeats"),
+        ({"format": "csv"}, "format"),
+        ({"classes": "short:1024"}, "classes"),
+        ({"busiest": "-1"}, "busiest"),
+    ],
+)
+def test_a_bad_field_is_a_400_naming_it_and_nothing_is_saved(model_dir: Path, fields, field) -> None:  # type: ignore[no-untyped-def]
+    make_host()
+    api = api_for(UserFactory(roles=["experimenter"]))
+    response = post_gate(api, spec=gate_file(model_dir), **fields)
+    assert response.status_code == 400, response.content
+    assert field in {e["field"] for e in response.json()["errors"]}, response.json()
+    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
+
+
+def test_a_bad_trace_line_is_named_and_nothing_is_saved(model_dir: Path, tmp_path: Path) -> None:
+    make_host()
+    api = api_for(UserFactory(roles=["experimenter"]))
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        AZURE.read_text().splitlines()[0] + "\n2023-11-16 18:15:46.6805900,374,44\nnot-a-time,1,2\n"
+    )
+    with bad.open("rb") as trace:
+        response = api.post(
+            "/api/v1/gates",
+            {"trace": trace, "format": "azure", "spec": gate_file(model_dir)},
+            format="multipart",
+        )
+    assert response.status_code == 400
+    (error,) = response.json()["errors"]
+    assert error["field"] == "trace" and "line 3" in error["message"]
+    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
+
+
+def test_no_live_host_is_a_503_and_nothing_is_saved(model_dir: Path) -> None:
+    api = api_for(UserFactory(roles=["experimenter"]))
+    response = post_gate(api, spec=gate_file(model_dir))
+    assert response.status_code == 503 and "no host" in response.json()["detail"]
+    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
+
+
+def test_the_baseline_comes_from_an_approved_manifest_whose_digest_is_checked(model_dir: Path) -> None:
+    from apps.approvals import manifest as mf
+
+    make_host()
+    content = mf.build_manifest(
+        baseline={
+            "cell_id": "B0",
+            "image": "vllm/vllm-openai:v0.32.0",
+            "model": {"path": str(model_dir), "revision": "r1"},
+            "tokenizer_revision": "t1",
+            "effective_args": {"args": {"max_num_batched_tokens": 2048, "max_num_seqs": 8}},
+            "controls": {"dtype": "bfloat16", "max_model_len": 2048, "kv_cache_memory_bytes": 33554432},
+            "deployment": {"revision": "prod-2026-11-01"},
+            "abort_thresholds": {
+                "short": {"ttft_p99_ms": 900, "e2e_p99_ms": 4000, "max_stall_ms": 800, "error_rate": 0.01}
+            },
+            "drain_deadline_s": 45,
+        },
+        candidate={
+            "cell_id": "C2",
+            "effective_args": {"args": {"max_num_batched_tokens": 1024, "max_num_seqs": 8}},
+        },
+        evidence={"experiment": {"id": 7}},
+        approval={"approver": "release"},
+    )
+    doc = mf.document(content, mf.content_sha256(content))
+    api = api_for(UserFactory(roles=["experimenter"]))
+    created = post_gate(
+        api,
+        baseline_manifest=mf.to_yaml(doc),
+        classes="short:1024,long",
+        candidate_args=json.dumps({"max_num_seqs": 4}),
+    )
+    assert created.status_code == 201, created.content
+    experiment = Experiment.objects.get(pk=created.json()["gate"])
+    cells = {c.cell_id: c for c in experiment.cells.all()}
+    # Production as last approved: the approved overlay's args, not the rollback record's.
+    assert cells["B0"].args == {"max_num_batched_tokens": 1024, "max_num_seqs": 8}
+    assert cells["B0"].captured_from == "prod-2026-11-01"
+    assert cells["C1"].args == {"max_num_batched_tokens": 1024, "max_num_seqs": 4}
+    assert (
+        experiment.engine_image == "vllm/vllm-openai:v0.32.0" and experiment.workload.drain_deadline_s == 45
+    )
+    short = experiment.classes.get(name="short")
+    assert (short.ttft_p99_ms, short.error_rate) == (900, 0.01)
+    # A class the manifest has no threshold for is judged on regression only.
+    assert experiment.classes.get(name="long").ttft_p99_ms == 86_400_000
+
+    tampered = dict(doc)
+    tampered["baseline"] = {**doc["baseline"], "drain_deadline_s": 1}
+    refused = post_gate(api, baseline_manifest=json.dumps(tampered), classes="short:1024,long")
+    assert refused.status_code == 400
+    assert refused.json()["errors"][0]["field"] == "baseline_manifest"
+    both = post_gate(
+        api, baseline_manifest=mf.to_json(doc), baseline_args='{"max_num_seqs": 1}', classes="a:9,b"
+    )
+    assert "baseline_args" in {e["field"] for e in both.json()["errors"]}
+    assert Experiment.objects.count() == 1
+
+
+def test_the_remote_client_is_served_by_the_server(client) -> None:  # type: ignore[no-untyped-def]
+    response = client.get("/api/v1/gate-client.py")
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content)
+    assert body == (Path(__file__).resolve().parents[2] / "clients" / "tailtune_gate.py").read_bytes()

@@ -1,0 +1,197 @@
+"""The gate's verdict from a report, table-driven (pure: no database)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from apps.gate.verdict import gate_verdict
+
+
+def metric(
+    *, b0: float, cand: float, p_worse: float = 0.5, judged: bool = True, threshold: float = 10.0
+) -> dict:
+    return {
+        "b0": b0,
+        "candidate": cand,
+        "diff": cand - b0,
+        "harm": cand - b0,
+        "ci": [cand - b0 - 5, cand - b0 + 5],
+        "threshold": threshold,
+        "p_worse": p_worse,
+        "judged": judged,
+        "note": None if judged else "not enough requests to judge",
+        "candidate_censored": False,
+        "b0_censored": False,
+        "direction": "same",
+    }
+
+
+def report(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "baseline": "B0",
+        "cells": [{"cell_id": "B0"}, {"cell_id": "C1"}],
+        "classes": [{"name": "short"}, {"name": "long"}],
+        "options": {"compare": {"confidence": 0.95, "family_alpha": 0.05}},
+        "checks": {
+            "validity": {"problems": [], "invalid_cells": []},
+            "acceptance": {
+                "cells": {"B0": {"passed": True, "failures": []}, "C1": {"passed": True, "failures": []}}
+            },
+        },
+        "decision": {"outcome": "retain", "rule": "..."},
+        "comparisons": [
+            {
+                "cell": "C1",
+                "mixture": "window",
+                "rate": "window",
+                "class": name,
+                "metrics": {
+                    "ttft_p99_ms": metric(b0=100, cand=101),
+                    "e2e_p99_ms": metric(b0=900, cand=905),
+                    "goodput_rps": metric(b0=2, cand=2, threshold=0.1),
+                },
+            }
+            for name in ("short", "long")
+        ],
+    }
+    base.update(over)
+    return base
+
+
+def with_metric(r: dict, cls: str, name: str, **kw: Any) -> dict:
+    r = copy.deepcopy(r)
+    for c in r["comparisons"]:
+        if c["class"] == cls:
+            c["metrics"][name] = metric(**kw)
+    return r
+
+
+def failure(cls: str, broken: list[str]) -> dict:
+    return {"mixture": "window", "rate": "window", "class": cls, "broken": broken, "repeats": [1, 2]}
+
+
+def with_failures(r: dict, cell: str, failures: list[dict]) -> dict:
+    r = copy.deepcopy(r)
+    r["checks"]["acceptance"]["cells"][cell] = {"passed": not failures, "failures": failures}
+    return r
+
+
+CASES = [
+    ("unchanged", report(), "pass", []),
+    (
+        "a material, family-wise significant worse TTFT of one class",
+        with_metric(report(), "short", "ttft_p99_ms", b0=100, cand=400, p_worse=0.0005),
+        "regression",
+        [("short", "ttft_p99_ms")],
+    ),
+    (
+        "significant alone but not after Holm over the family (6 metrics: 0.02 > 0.05/6)",
+        with_metric(report(), "short", "ttft_p99_ms", b0=100, cand=400, p_worse=0.02),
+        "pass",
+        [],
+    ),
+    (
+        "significant but below the material threshold",
+        with_metric(report(), "long", "e2e_p99_ms", b0=900, cand=905, p_worse=0.0005, threshold=50),
+        "pass",
+        [],
+    ),
+    (
+        "a candidate that breaks a contract B0 keeps",
+        with_failures(report(), "C1", [failure("long", ["e2e"])]),
+        "regression",
+        [("long", "e2e_p99_ms")],
+    ),
+    (
+        "a contract both break is not the candidate's regression",
+        with_failures(
+            with_failures(report(), "C1", [failure("long", ["e2e"])]), "B0", [failure("long", ["e2e"])]
+        ),
+        "pass",
+        [],
+    ),
+    (
+        "the candidate's error rate over a limit B0 keeps",
+        with_failures(report(), "C1", [failure("short", ["error_rate"])]),
+        "regression",
+        [("short", "error_rate")],
+    ),
+]
+
+
+@pytest.mark.parametrize(("label", "rep", "expected", "failing"), CASES, ids=[c[0] for c in CASES])
+def test_verdicts(label: str, rep: dict, expected: str, failing: list) -> None:
+    v = gate_verdict(rep)
+    assert v["verdict"] == expected, v
+    assert v["exit_code"] == {"pass": 0, "regression": 1, "inconclusive": 2}[expected]
+    assert [(c["class"], c["metric"]) for c in v["cases"] if c["outcome"] == "fail"] == failing
+    # One case per class x metric, every class named.
+    assert {c["class"] for c in v["cases"]} == {"short", "long"}
+
+
+def test_invalid_runs_make_it_inconclusive_even_with_a_regression() -> None:
+    r = with_metric(report(), "short", "ttft_p99_ms", b0=100, cand=400, p_worse=0.0005)
+    r["checks"]["validity"]["problems"] = [
+        {
+            "cell": "C1",
+            "problem": "dispatch lag p99 above tolerance",
+            "mixture": "window",
+            "rate": "window",
+            "repeat": 1,
+        }
+    ]
+    v = gate_verdict(r)
+    assert v["verdict"] == "inconclusive" and v["exit_code"] == 2
+    assert v["reasons"] == ["C1 window/window/1: dispatch lag p99 above tolerance"]
+
+
+def test_b0_failing_is_inconclusive() -> None:
+    r = report(decision={"outcome": "inconclusive", "rule": "B0 has invalid or missing runs"})
+    r["checks"]["validity"]["problems"] = [
+        {
+            "cell": "B0",
+            "problem": "missing",
+            "mixture": "window",
+            "rate": "window",
+            "repeat": 2,
+            "statuses": ["failed"],
+        }
+    ]
+    assert gate_verdict(r)["verdict"] == "inconclusive"
+
+
+def test_a_class_too_small_to_judge_is_inconclusive_unless_another_class_regressed() -> None:
+    r = report()
+    for c in r["comparisons"]:
+        if c["class"] == "long":
+            for m in c["metrics"].values():
+                m["judged"] = False
+    v = gate_verdict(r)
+    assert v["verdict"] == "inconclusive" and "class long" in v["reasons"][0]
+    assert {c["outcome"] for c in v["cases"] if c["class"] == "long" and c["metric"].endswith("_ms")} == {
+        "skipped"
+    }
+    worse = with_metric(r, "short", "ttft_p99_ms", b0=100, cand=400, p_worse=0.0005)
+    assert gate_verdict(worse)["verdict"] == "regression"
+
+
+def test_running_cancelled_and_several_candidates() -> None:
+    assert gate_verdict(None, status="running")["verdict"] == "running"
+    v = gate_verdict(None, status="cancelled", status_reason="cancelled by ci")
+    assert v["verdict"] == "inconclusive" and "cancelled by ci" in v["reasons"][0]
+    r = report(cells=[{"cell_id": "B0"}, {"cell_id": "C1"}, {"cell_id": "C2"}])
+    with pytest.raises(ValueError, match="name the candidate"):
+        gate_verdict(r)
+    assert gate_verdict(r, candidate="C1")["verdict"] == "pass"
+    with pytest.raises(ValueError, match="no candidate 'C9'"):
+        gate_verdict(r, candidate="C9")
+
+
+def test_an_unanswered_candidate_is_infinitely_worse() -> None:
+    r = with_metric(report(), "long", "e2e_p99_ms", b0=900, cand=900, p_worse=0.0005)
+    m = r["comparisons"][1]["metrics"]["e2e_p99_ms"]
+    m.update(harm=None, candidate=None, candidate_censored=True)
+    assert gate_verdict(r)["verdict"] == "regression"

@@ -1,0 +1,158 @@
+"""The gate on the CPU engine, end to end: real workers replay a real traffic window through B0 and
+the candidate, and the gate's exit code, JUnit and Markdown answer the pipeline's question.
+
+The window: 40 s of the shipped Azure conversation trace from 208 s in (a window of median
+busyness) with its real arrival times and sizes, every other request kept (~110, 2.8 req/s), so
+that the 2-core CPU engine serves it with ``max_num_seqs: 8`` (the tiny model decodes a token in
+a few ms) but not one at a time, and each class has more than the 59 requests over two repeats
+that a p95 needs to be judged at all.
+
+- an unchanged candidate passes (exit 0), through the single-file remote client against a live
+  server, as a CI runner would run it;
+- a candidate with ``max_num_seqs: 1`` under the same window serializes the requests: exit 1,
+  the class named, a failing JUnit case (``manage.py gate`` on the server);
+- a dispatch-lag tolerance no load generator can meet makes every run invalid: exit 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+from django.conf import settings
+from django.core.management import CommandError, call_command
+
+from apps.accounts.tokens import token_create
+from apps.experiments.models import Experiment
+from tests.experiments.factories import SMALL_SPEC, UserFactory
+from tests.orchestration.conftest import Workers, requires_engine
+
+pytestmark = [pytest.mark.engine, requires_engine, pytest.mark.django_db(transaction=True)]
+
+AZURE = Path(settings.BASE_DIR) / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+CLIENT = Path(settings.BASE_DIR) / "clients" / "tailtune_gate.py"
+START_S = 208.0
+WINDOW_S = 40.0
+
+
+def window(tmp: Path) -> Path:
+    """The trace window described above, in the Azure format (real timestamps, as written)."""
+    with AZURE.open(newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = rows[0], rows[1:]
+    t0 = datetime.datetime.fromisoformat(body[0][0][:26])
+    kept = [
+        r
+        for r in body
+        if START_S <= (datetime.datetime.fromisoformat(r[0][:26]) - t0).total_seconds() < START_S + WINDOW_S
+    ][::2]
+    out = tmp / "window.csv"
+    with out.open("w", newline="") as f:
+        csv.writer(f).writerows([header, *kept])
+    return out
+
+
+def gate_file(tmp: Path, **workload: object) -> Path:
+    doc = {
+        "model": SMALL_SPEC["model"],
+        "controls": SMALL_SPEC["controls"],
+        "baseline": {"captured_from": "prod", "args": {"max_num_batched_tokens": 2048, "max_num_seqs": 8}},
+        "classes": [
+            {"name": "short", "max_input_tokens": 1024, "contract": SMALL_SPEC["classes"][0]["contract"]},
+            {"name": "long", "contract": SMALL_SPEC["classes"][1]["contract"]},
+        ],
+        "workload": {"warmup_s": 2, "drain_deadline_s": 60, "max_dispatch_lag_ms": 2000, **workload},
+    }
+    path = tmp / "gate.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def local_gate(tmp: Path, owner: str, *extra: str) -> int:
+    """``manage.py gate`` on the server; its exit code."""
+    try:
+        call_command(
+            "gate", "--owner", owner, "--trace", str(window(tmp)), "--format", "azure",
+            "--busiest", str(WINDOW_S), "--junit", str(tmp / "gate.xml"), "--markdown", str(tmp / "gate.md"),
+            "--poll", "2", "--timeout", "1200", *extra,
+        )  # fmt: skip
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except CommandError as exc:
+        return exc.returncode
+    return 0
+
+
+def junit_cases(path: Path) -> list[ET.Element]:
+    return list(ET.parse(path).getroot().iter("testcase"))
+
+
+def test_an_unchanged_candidate_passes_through_the_remote_client(
+    workers: Workers, live_server, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    workers.start()
+    _, plaintext = token_create(user=UserFactory(username="ci", roles=["experimenter"]), name="pipeline")
+    token = tmp_path / "token"
+    token.write_text(plaintext + "\n")
+    # Only the standard library and httpx: run it as a CI runner would, outside Django.
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [
+            sys.executable, "-I", str(CLIENT), "--server", live_server.url, "--token-file", str(token),
+            "--trace", str(window(tmp_path)), "--format", "azure", "--busiest", str(WINDOW_S),
+            "--spec", str(gate_file(tmp_path)), "--candidate-args", "max_num_seqs=8",
+            "--junit", str(tmp_path / "gate.xml"), "--markdown", str(tmp_path / "gate.md"),
+            "--json", str(tmp_path / "gate.json"), "--poll", "2", "--timeout", "1200",
+        ],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:], workers.logs())
+    cases = junit_cases(tmp_path / "gate.xml")
+    assert cases and not any(c.find("failure") is not None or c.find("error") is not None for c in cases)
+    assert {c.get("classname") for c in cases} == {"short", "long"}
+    summary = (tmp_path / "gate.md").read_text()
+    assert "pass" in summary and f"/experiments/{Experiment.objects.get().pk}/" in summary
+
+
+def test_a_starved_candidate_fails_the_gate_and_names_the_class(workers: Workers, tmp_path: Path) -> None:
+    workers.start()
+    UserFactory(username="release", roles=["experimenter"])
+    code = local_gate(
+        tmp_path, "release", "--spec", str(gate_file(tmp_path)), "--candidate-args", "max_num_seqs=1"
+    )
+    experiment = Experiment.objects.get()
+    assert code == 1, (
+        (tmp_path / "gate.md").read_text() if (tmp_path / "gate.md").exists() else "",
+        workers.logs(),
+    )
+    failed = [c for c in junit_cases(tmp_path / "gate.xml") if c.find("failure") is not None]
+    assert failed, (tmp_path / "gate.md").read_text()
+    for case in failed:
+        message = case.find("failure").get("message")  # type: ignore[union-attr]
+        assert case.get("classname") in ("short", "long") and message.startswith(case.get("classname"))
+        assert "B0" in message and "candidate" in message and "interval" in message
+    summary = (tmp_path / "gate.md").read_text()
+    assert "regression" in summary and "**FAIL**" in summary and f"/experiments/{experiment.pk}/" in summary
+    assert {c.cell_id: c.args["max_num_seqs"] for c in experiment.cells.all()} == {"B0": 8, "C1": 1}
+
+
+def test_runs_made_invalid_on_purpose_are_inconclusive(workers: Workers, tmp_path: Path) -> None:
+    workers.start()
+    UserFactory(username="release", roles=["experimenter"])
+    # A dispatch-lag tolerance of a microsecond: no load generator meets it, so every run is invalid.
+    spec = gate_file(tmp_path, max_dispatch_lag_ms=0.001)
+    code = local_gate(
+        tmp_path, "release", "--spec", str(spec), "--repeats", "1", "--candidate-args", "max_num_seqs=4"
+    )
+    assert code == 2, workers.logs()
+    root = ET.parse(tmp_path / "gate.xml").getroot()
+    errors = [c for c in root.iter("testcase") if c.find("error") is not None]
+    assert len(errors) == 1 and "dispatch lag" in errors[0].find("error").get("message")  # type: ignore[union-attr]
+    assert "inconclusive" in (tmp_path / "gate.md").read_text()
