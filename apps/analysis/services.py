@@ -294,7 +294,7 @@ def experiment_analyse(*, experiment_id: int) -> Decision:
         .values_list("status", flat=True)
         .first()
     )
-    if status in (Experiment.Status.APPROVED, Experiment.Status.REJECTED):
+    if status in Experiment.DECIDED:
         raise DecisionFrozen(
             f"experiment {experiment_id} is {status}: its decision is the evidence behind that verdict "
             "and is never recomputed (experiment_report without --save still reports)"

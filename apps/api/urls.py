@@ -17,6 +17,7 @@ urlpatterns = [
     path("experiments/<int:pk>/cancel", views.ExperimentCancel.as_view(), name="cancel"),
     path("experiments/<int:pk>/report", views.ExperimentReport.as_view(), name="report"),
     path("experiments/<int:pk>/approve", views.ExperimentApprove.as_view(), name="approve"),
+    path("experiments/<int:pk>/revoke", views.ExperimentRevoke.as_view(), name="revoke"),
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
     path("runs/<str:run_id>/records", views.RunRecords.as_view(), name="records"),
     path("traces", views.TraceUpload.as_view(), name="traces"),

@@ -34,7 +34,7 @@ from apps.accounts.models import ApiToken
 from apps.accounts.roles import EXPERIMENTER, VIEWER, has_role
 from apps.approvals.audit import audit_record, bind_token, unbind_token
 from apps.approvals.models import RollbackManifest
-from apps.approvals.services import ApprovalError, experiment_approve
+from apps.approvals.services import ApprovalError, approval_revoke, experiment_approve
 from apps.approvals.views import manifest_response
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
@@ -285,6 +285,33 @@ class ExperimentApprove(ApiView):
             },
             status=status.HTTP_201_CREATED,
         )
+
+
+REVOCATION = inline_serializer("Revocation", {"reason": serializers.CharField()})
+
+
+class ExperimentRevoke(ApiView):
+    @extend_schema(
+        request=REVOCATION,
+        responses={200: EXPERIMENT, 400: OpenApiTypes.OBJECT, 403: OpenApiTypes.OBJECT},
+        summary="Revoke an approval (an approver): the manifest is superseded, its digest still verifies",
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        experiment = self.experiment(pk)
+        reason = request.data.get("reason", "") if isinstance(request.data, dict) else None
+        if not _clean_text(reason, 2000):
+            return Response(
+                {"errors": [{"field": "reason", "message": "must be text of at most 2000 characters"}]},
+                status=400,
+            )
+        try:
+            approval_revoke(experiment=experiment, actor=request.user, reason=str(reason))
+        except PermissionDenied as exc:
+            raise ApiForbidden(str(exc)) from None
+        except ApprovalError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        experiment.refresh_from_db()
+        return Response(_summary(experiment))
 
 
 class ExperimentManifest(ApiView):

@@ -29,6 +29,28 @@ class Approval(models.Model):
         return f"{self.verdict} {self.chosen_cell} by {self.approver_id}"
 
 
+class Revocation(models.Model):
+    """An approval withdrawn: its manifest is superseded, its bytes and digest stay as approved."""
+
+    approval = models.OneToOneField(Approval, on_delete=models.PROTECT, related_name="revocation")
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="revocations"
+    )
+    reason = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"revocation of {self.approval_id} by {self.revoked_by_id}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValidationError("a revocation is part of the record; it is never edited")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError("a revocation is part of the record; it is never deleted")
+
+
 class RollbackManifest(models.Model):
     """Baseline record plus the approved candidate as an overlay. Immutable once written."""
 
@@ -58,6 +80,11 @@ class RollbackManifest(models.Model):
 
     def delete(self, *args, **kwargs):
         raise ValidationError("an approved rollback manifest is immutable")
+
+    @property
+    def superseded_by(self) -> Revocation | None:
+        """The revocation of this manifest's approval, if it was revoked."""
+        return Revocation.objects.filter(approval_id=self.approval_id).first()
 
     def file(self, fmt: str) -> tuple[bytes, str]:
         """(bytes, their sha256) of the YAML or JSON file; rows from before the stored files are

@@ -1,4 +1,4 @@
-"""Approve or reject an analysed experiment; approving freezes its rollback manifest."""
+"""Approve or reject an analysed experiment (approving freezes its rollback manifest); revoke an approval."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from apps.accounts.roles import APPROVER, has_role
 from apps.analysis.models import Decision
 from apps.approvals import manifest as mf
 from apps.approvals.audit import audit_record
-from apps.approvals.models import Approval, RollbackManifest
+from apps.approvals.models import Approval, Revocation, RollbackManifest
 from apps.experiments.models import Experiment, ServerConfig
 from apps.runs.calibration import offered_load
 from apps.runs.models import Run
@@ -267,6 +267,8 @@ def experiment_approve(
         target=chosen_cell,
         detail={
             "reason": reason.strip(),
+            "from": Experiment.Status.ANALYSED,
+            "to": Experiment.Status.APPROVED,
             "manifest_sha256": sha,
             "decision": decision.outcome,
             "check_4": check4.get("status"),
@@ -299,6 +301,56 @@ def experiment_reject(*, experiment: Experiment, approver: Any, reason: str) -> 
         actor=approver,
         experiment=experiment,
         target=decision.chosen_cell or b0.cell_id,
-        detail={"reason": reason.strip(), "decision": decision.outcome},
+        detail={
+            "reason": reason.strip(),
+            "decision": decision.outcome,
+            "from": Experiment.Status.ANALYSED,
+            "to": Experiment.Status.REJECTED,
+        },
     )
     return approval
+
+
+@transaction.atomic
+def approval_revoke(*, experiment: Experiment, actor: Any, reason: str) -> Revocation:
+    """Withdraw an approval: the manifest is superseded (its bytes and digest stay verifiable).
+
+    Any approver may revoke, the author and the approver included: stopping a rollout
+    never needs a second pair of eyes. Refused for a non-approver (PermissionDenied)
+    and for an experiment that is not approved (ApprovalError); written with its audit
+    event (before and after) or not at all.
+    """
+    if not has_role(actor, APPROVER):
+        raise PermissionDenied("only approvers can revoke an approval")
+    experiment = _locked(experiment)
+    if experiment.status != Experiment.Status.APPROVED:
+        raise ApprovalError(
+            f"the experiment is {experiment.status}; only an approved experiment can be revoked"
+        )
+    reason = reason.strip()
+    if not reason:
+        raise ApprovalError("give a reason for the revocation")
+    approval = Approval.objects.get(experiment=experiment)
+    manifest = RollbackManifest.objects.filter(approval=approval).first()
+    revocation = Revocation.objects.create(approval=approval, revoked_by=actor, reason=reason)
+    before = experiment.status
+    experiment.status = Experiment.Status.REVOKED
+    experiment.status_reason = (
+        f"approval of {approval.chosen_cell} revoked by {actor.get_username()}: {reason}"[:2000]
+    )
+    experiment.save(update_fields=["status", "status_reason", "updated_at"])
+    audit_record(
+        action="experiment.revoked",
+        actor=actor,
+        experiment=experiment,
+        target=approval.chosen_cell,
+        detail={
+            "reason": reason,
+            "from": before,
+            "to": experiment.status,
+            "approved_by": approval.approver.get_username(),
+            "manifest_sha256": manifest.sha256 if manifest else None,
+            "manifest": "superseded",
+        },
+    )
+    return revocation

@@ -11,7 +11,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
 from apps.approvals.models import AuditEvent, RollbackManifest
-from apps.approvals.services import ApprovalError, experiment_approve, experiment_reject
+from apps.approvals.services import ApprovalError, approval_revoke, experiment_approve, experiment_reject
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.views import require_reader
@@ -113,6 +113,29 @@ def experiment_approve_page(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
+class RevokeForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), label="Why revoke", max_length=2000)
+
+
+def approval_revoke_page(request: HttpRequest, pk: int) -> HttpResponse:
+    """POST only: an approver withdraws the approval; the manifest is marked superseded."""
+    require_reader(request)
+    experiment = get_object_or_404(Experiment, pk=pk)
+    if request.method != "POST":
+        return redirect("experiments:results", pk=pk)
+    form = RevokeForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Give a reason for the revocation (at most 2000 characters).")
+        return redirect("experiments:results", pk=pk)
+    try:
+        approval_revoke(experiment=experiment, actor=request.user, reason=form.cleaned_data["reason"])
+    except ApprovalError as exc:
+        messages.error(request, str(exc))
+        return redirect("experiments:results", pk=pk)
+    messages.success(request, "Approval revoked: the rollback manifest is superseded.")
+    return redirect("experiments:results", pk=pk)
+
+
 def manifest_download(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
     require_reader(request)
     if fmt not in ("yaml", "json"):
@@ -130,6 +153,10 @@ def manifest_response(manifest: RollbackManifest, fmt: str) -> HttpResponse:
     # What `sha256sum` of the download prints; the content digest inside the file is apart.
     response["X-Manifest-File-Sha256"] = file_sha
     response["X-Manifest-Sha256"] = manifest.sha256
+    revocation = manifest.superseded_by
+    response["X-Manifest-Status"] = "superseded" if revocation else "current"
+    if revocation is not None:
+        response["X-Manifest-Superseded-At"] = revocation.created_at.isoformat()
     return response
 
 

@@ -16,6 +16,7 @@ class Experiment(models.Model):
         ANALYSED = "analysed"
         APPROVED = "approved"
         REJECTED = "rejected"
+        REVOKED = "revoked"
         CANCELLED = "cancelled"
 
     # Which transitions a status change may make; anything else is a bug.
@@ -24,8 +25,9 @@ class Experiment(models.Model):
         "planned": {"running", "cancelled"},
         "running": {"analysed", "cancelled", "planned"},
         "analysed": {"approved", "rejected", "running"},
-        "approved": set(),
+        "approved": {"revoked"},
         "rejected": set(),
+        "revoked": set(),
         "cancelled": {"planned"},
     }
 
@@ -78,6 +80,9 @@ class Experiment(models.Model):
         if self.kv_cache_memory_bytes is not None:
             controls["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
         return controls
+
+    # A person decided: the evidence is frozen (no re-analysis, no import, no new runs).
+    DECIDED = frozenset({"approved", "rejected", "revoked"})
 
     def can_transition(self, to: str) -> bool:
         return to in self.TRANSITIONS.get(self.status, set())

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from apps.accounts.roles import APPROVER, has_role
 from apps.analysis import charts
 from apps.experiments import selectors
 from apps.experiments.forms import (
@@ -339,6 +340,12 @@ def _combos(report: dict[str, Any]) -> list[tuple[str, str]]:
     return sorted({(a["mixture"], a["rate"]) for a in report.get("aggregates", [])})
 
 
+def _revocation(experiment: Experiment) -> Any:
+    from apps.approvals.models import Revocation
+
+    return Revocation.objects.filter(approval__experiment=experiment).select_related("revoked_by").first()
+
+
 def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _experiment(request, pk)
     decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
@@ -348,6 +355,8 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
         "decision": decision,
         "progress": progress,
         "load": offered_load(experiment=experiment),
+        "can_revoke": experiment.status == Experiment.Status.APPROVED and has_role(request.user, APPROVER),
+        "revocation": _revocation(experiment),
     }
     if decision is None or not decision.report:
         context["partial"] = selectors.partial_results(experiment=experiment)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.approvals import manifest as mf
-from apps.experiments.spec import MAX_LATENCY_MS, FieldError, SpecError, load_yaml
+from apps.experiments.spec import CELL_ARGS, MAX_LATENCY_MS, FieldError, SpecError, load_yaml
 
 BASELINE_ID = "B0"
 CANDIDATE_ID = "C1"
@@ -143,6 +143,9 @@ def baseline_from_manifest(doc: Mapping[str, Any]) -> dict[str, Any]:
         or (base.get("effective_args") or {}).get("args")
         or {}
     )
+    # The engine reports frozen controls among its args (max_model_len): those come from
+    # the manifest's controls; only the scheduler flags a cell may vary are B0's args.
+    args = {k: v for k, v in dict(args).items() if k in CELL_ARGS}
     controls = {k: v for k, v in (base.get("controls") or {}).items() if v is not None}
     model = base.get("model") or {}
     deployment = base.get("deployment") or {}

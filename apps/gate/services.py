@@ -63,6 +63,25 @@ def _store_window(request: GateInput, base: Any, data: bytes) -> Any:
     )
 
 
+def _refuse_revoked(manifest_text: str) -> None:
+    """A manifest this server knows was revoked is not "production as last approved"."""
+    from apps.approvals.models import Revocation
+    from apps.gate.build import parse_manifest
+
+    sha = parse_manifest(manifest_text).get("sha256")
+    revoked = Revocation.objects.filter(approval__manifest__sha256=sha).select_related("revoked_by").first()
+    if revoked is not None:
+        raise SpecError(
+            [
+                FieldError(
+                    "baseline_manifest",
+                    f"was revoked by {revoked.revoked_by.get_username()} at {revoked.created_at:%Y-%m-%d %H:%M} UTC "
+                    f"({revoked.reason[:200]}): give the manifest production runs now",
+                )
+            ]
+        )
+
+
 def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experiment:
     """Store the window, create B0 vs the candidate on it, and start it; all or nothing.
 
@@ -76,6 +95,8 @@ def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experim
         raise SpecError([FieldError("format", f"must be one of {', '.join(GATE_FORMATS)}")])
     if not isinstance(request.repeats, int) or isinstance(request.repeats, bool) or request.repeats < 1:
         raise SpecError([FieldError("repeats", "must be a positive integer")])
+    if request.manifest_text is not None:
+        _refuse_revoked(request.manifest_text)
     try:
         with transaction.atomic():
             base = resolve_baseline(request)

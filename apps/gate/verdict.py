@@ -91,7 +91,7 @@ def gate_verdict(
     validity = checks.get("validity") or {}
     acceptance = checks.get("acceptance") or {}
     reasons: list[str] = []
-    if status not in ("analysed", "approved", "rejected"):
+    if status not in ("analysed", "approved", "rejected", "revoked"):
         reasons.append(f"the experiment is {status}" + (f": {status_reason}" if status_reason else ""))
     for p in validity.get("problems") or []:
         if p.get("cell") in (baseline, candidate):

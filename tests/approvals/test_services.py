@@ -253,3 +253,78 @@ def test_a_passed_rehearsal_goes_into_the_manifest_without_an_override(analysed_
     assert recovery["surge"]["peak_waiting"] == 12.0
     assert recovery["exercised"]["drain_deadline_s"] == 20.0
     assert "override_reason" not in recovery
+
+
+@pytest.mark.django_db
+def test_an_approver_revokes_and_the_manifest_is_superseded_but_still_verifies(
+    analysed_experiment, approver, viewer, client
+) -> None:  # type: ignore[no-untyped-def]
+    from apps.approvals.models import Revocation
+    from apps.approvals.services import approval_revoke
+
+    experiment = analysed_experiment
+    manifest = experiment_approve(
+        experiment=experiment, approver=approver, chosen_cell="B0", reason="keep B0"
+    )
+    before = (bytes(manifest.json_bytes), bytes(manifest.yaml_bytes), manifest.sha256)
+    with pytest.raises(PermissionDenied):
+        approval_revoke(experiment=experiment, actor=viewer, reason="no")
+    with pytest.raises(ApprovalError, match="reason"):
+        approval_revoke(experiment=experiment, actor=approver, reason="  ")
+    assert not Revocation.objects.exists()
+    other = UserFactory(roles=["approver"])
+    approval_revoke(experiment=experiment, actor=other, reason="p99 regressed in production")
+    experiment.refresh_from_db()
+    assert experiment.status == "revoked" and "p99 regressed" in experiment.status_reason
+    event = AuditEvent.objects.get(action="experiment.revoked")
+    assert event.actor == other and event.detail["from"] == "approved" and event.detail["to"] == "revoked"
+    assert event.detail["manifest_sha256"] == manifest.sha256 and event.detail["manifest"] == "superseded"
+    # The evidence is untouched: the same bytes, the same digests, still verifiable.
+    manifest = RollbackManifest.objects.get(pk=manifest.pk)
+    assert (bytes(manifest.json_bytes), bytes(manifest.yaml_bytes), manifest.sha256) == before
+    assert mf.verify(mf.document(manifest.content, manifest.sha256))
+    client.force_login(viewer)
+    response = client.get(f"/experiments/{experiment.pk}/manifest.json")
+    assert response.status_code == 200 and response.content == before[0]
+    assert response["X-Manifest-Status"] == "superseded" and response["X-Manifest-Superseded-At"]
+    page = client.get(f"/experiments/{experiment.pk}/results/").content.decode()
+    assert "manifest-superseded" in page and "p99 regressed in production" in page
+    # Once revoked: not again, not re-analysed, never approved again.
+    with pytest.raises(ApprovalError, match="only an approved experiment"):
+        approval_revoke(experiment=experiment, actor=other, reason="again")
+    from apps.analysis.services import DecisionFrozen, experiment_analyse
+
+    with pytest.raises(DecisionFrozen):
+        experiment_analyse(experiment_id=experiment.pk)
+    assert not experiment.can_transition("approved")
+    revocation = Revocation.objects.get()
+    with pytest.raises(ValidationError):
+        revocation.save()
+    with pytest.raises(ValidationError):
+        revocation.delete()
+
+
+@pytest.mark.django_db
+def test_the_revoke_form_is_for_approvers_and_goes_through_the_api_too(
+    analysed_experiment, approver, author, client
+) -> None:  # type: ignore[no-untyped-def]
+    from rest_framework.test import APIClient
+
+    from apps.accounts.tokens import token_create
+
+    experiment = analysed_experiment
+    experiment_approve(experiment=experiment, approver=approver, chosen_cell="B0", reason="keep B0")
+    client.force_login(author)  # an experimenter, not an approver: no form, and a POST is refused
+    assert "revoke-form" not in client.get(f"/experiments/{experiment.pk}/results/").content.decode()
+    assert client.post(f"/experiments/{experiment.pk}/revoke/", {"reason": "x"}).status_code == 403
+    client.force_login(approver)
+    assert "revoke-form" in client.get(f"/experiments/{experiment.pk}/results/").content.decode()
+    _, plaintext = token_create(user=approver, name="oncall")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    assert api.post(f"/api/v1/experiments/{experiment.pk}/revoke", {}, format="json").status_code == 400
+    done = api.post(f"/api/v1/experiments/{experiment.pk}/revoke", {"reason": "incident 42"}, format="json")
+    assert done.status_code == 200 and done.json()["status"] == "revoked"
+    assert AuditEvent.objects.get(action="experiment.revoked").detail["api_token"] == "oncall"
+    again = api.post(f"/api/v1/experiments/{experiment.pk}/revoke", {"reason": "again"}, format="json")
+    assert again.status_code == 400

@@ -204,3 +204,27 @@ def test_the_remote_client_is_served_by_the_server(client) -> None:  # type: ign
     assert response.status_code == 200
     body = b"".join(response.streaming_content)
     assert body == (Path(__file__).resolve().parents[2] / "clients" / "tailtune_gate.py").read_bytes()
+
+
+def test_a_real_approved_manifest_is_b0_and_a_revoked_one_is_refused(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    from apps.approvals.services import approval_revoke, experiment_approve
+
+    make_host()
+    manifest = experiment_approve(
+        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="production as it runs"
+    )
+    api = api_for(UserFactory(roles=["experimenter"]))
+    text = bytes(manifest.yaml_bytes).decode()
+    created = post_gate(
+        api, baseline_manifest=text, classes="short:1024,long", candidate_args='{"max_num_seqs": 4}'
+    )
+    assert created.status_code == 201, created.content
+    gate = Experiment.objects.get(pk=created.json()["gate"])
+    b0 = gate.cells.get(cell_id="B0")
+    assert b0.args == {"max_num_batched_tokens": 2048, "max_num_seqs": 8}  # max_model_len is a control
+    assert gate.max_model_len == analysed_experiment.max_model_len
+    approval_revoke(experiment=analysed_experiment, actor=approver, reason="rolled back in production")
+    refused = post_gate(api, baseline_manifest=text, classes="short:1024,long")
+    assert refused.status_code == 400
+    (error,) = refused.json()["errors"]
+    assert error["field"] == "baseline_manifest" and "revoked" in error["message"]

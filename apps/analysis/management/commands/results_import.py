@@ -159,7 +159,7 @@ class Command(BaseCommand):
             raise CommandError(f"experiment {opts['experiment']} does not exist") from None
         if not directory.is_dir():
             raise CommandError(f"{directory} is not a directory")
-        if experiment.status in (Experiment.Status.APPROVED, Experiment.Status.REJECTED):
+        if experiment.status in Experiment.DECIDED:
             raise CommandError(
                 f"experiment {experiment.pk} is {experiment.status}: the evidence behind a verdict never "
                 "changes; import into a new experiment"
@@ -192,7 +192,7 @@ class Command(BaseCommand):
         with transaction.atomic():
             # Locked, and checked again: an approval cannot land between the check and the write.
             locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
-            if locked.status in (Experiment.Status.APPROVED, Experiment.Status.REJECTED):
+            if locked.status in Experiment.DECIDED:
                 raise CommandError(
                     f"experiment {experiment.pk} was {locked.status} meanwhile: nothing imported"
                 )
@@ -255,9 +255,9 @@ class Command(BaseCommand):
             )
             return
         decision = experiment_analyse(experiment_id=experiment.pk)
-        Experiment.objects.filter(pk=experiment.pk).exclude(
-            status__in=[Experiment.Status.APPROVED, Experiment.Status.REJECTED]
-        ).update(status=Experiment.Status.ANALYSED, status_reason="analysed from imported results")
+        Experiment.objects.filter(pk=experiment.pk).exclude(status__in=sorted(Experiment.DECIDED)).update(
+            status=Experiment.Status.ANALYSED, status_reason="analysed from imported results"
+        )
         audit_record(
             action="experiment.analysed",
             experiment=experiment,
