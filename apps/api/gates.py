@@ -105,6 +105,7 @@ class GateCreate(ApiView):
         request={"multipart/form-data": GATE_REQUEST},
         responses={201: GATE, 400: SPEC_ERRORS, 503: OpenApiTypes.OBJECT},
         summary="Start a gate: B0 and the candidate paired on a real traffic window (docs/GATE.md)",
+        operation_id="gates_start",
     )
     def post(self, request: Request) -> Response:
         self.need(EXPERIMENTER)
@@ -212,6 +213,7 @@ class GateVerdict(ApiView):
         parameters=[OpenApiParameter("candidate", str, OpenApiParameter.QUERY, required=False)],
         responses={200: GATE, 400: SPEC_ERRORS},
         summary="The gate's verdict (Argo Rollouts' web metric: successCondition on verdict)",
+        operation_id="gates_verdict",
     )
     def get(self, request: Request, pk: int) -> Response:
         return Response(self._resource(request, pk))
@@ -221,6 +223,7 @@ class GateVerdict(ApiView):
         request=OpenApiTypes.OBJECT,
         responses={200: GATE, 412: GATE},
         summary="The verdict for Flagger's webhook: 200 only on pass, 412 otherwise",
+        operation_id="gates_webhook",
     )
     def post(self, request: Request, pk: int) -> Response:
         resource = self._resource(request, pk)

@@ -148,7 +148,13 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
         drain_deadline_s=w["drain_deadline_s"],
         max_dispatch_lag_ms=w["max_dispatch_lag_ms"],
     )
-    audit_record(action="experiment.created", actor=owner, experiment=experiment, target=experiment.name)
+    audit_record(
+        action="experiment.created",
+        actor=owner,
+        experiment=experiment,
+        target=experiment.name,
+        detail={"from": None, "to": Experiment.Status.DRAFT, "owner": owner.get_username()},
+    )
     experiment_plan(experiment=experiment, actor=owner)
     return experiment
 
@@ -231,9 +237,15 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
         runs += Run.objects.bulk_create(
             _uniform_companions(experiment, cells=list(cells.values()), first=len(runs))
         )
+    before = experiment.status
     experiment.status = Experiment.Status.PLANNED
     experiment.save(update_fields=["status", "updated_at"])
-    audit_record(action="experiment.planned", actor=actor, experiment=experiment, detail={"runs": len(runs)})
+    audit_record(
+        action="experiment.planned",
+        actor=actor,
+        experiment=experiment,
+        detail={"runs": len(runs), "from": before, "to": Experiment.Status.PLANNED},
+    )
     return runs
 
 

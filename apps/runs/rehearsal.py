@@ -98,6 +98,7 @@ def _enqueue(run: Run, experiment: Experiment, *, actor: Any, reason: str) -> No
     hosts = hosts_alive(max_model_len=experiment.max_model_len)
     if not hosts:
         raise RehearsalError("no host is alive to run the rehearsal (start a worker)")
+    experiment.status = Experiment.objects.values_list("status", flat=True).get(pk=experiment.pk)
     Experiment.objects.filter(pk=experiment.pk).update(
         status=Experiment.Status.RUNNING,
         status_reason=f"rehearsing the rollback of {run.cell.cell_id} to B0",
@@ -108,7 +109,13 @@ def _enqueue(run: Run, experiment: Experiment, *, actor: Any, reason: str) -> No
         actor=actor,
         experiment=experiment,
         target=str(run.run_id),
-        detail={"cell": run.cell.cell_id, "reason": reason, "host": hosts[0].name},
+        detail={
+            "cell": run.cell.cell_id,
+            "reason": reason,
+            "host": hosts[0].name,
+            "from": experiment.status,
+            "to": Experiment.Status.RUNNING,
+        },
     )
     enqueue_on(run, hosts[0])
 

@@ -75,12 +75,17 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
         Experiment.objects.filter(pk=experiment.pk).update(
             status=Experiment.Status.RUNNING, status_reason="freezing the workload", updated_at=timezone.now()
         )
-        experiment.status = Experiment.Status.RUNNING
+        before, experiment.status = experiment.status, Experiment.Status.RUNNING
         audit_record(
             action="experiment.started",
             actor=actor,
             experiment=experiment,
-            detail={"runs": n, "hosts": [h.name for h in hosts]},
+            detail={
+                "runs": n,
+                "hosts": [h.name for h in hosts],
+                "from": before,
+                "to": Experiment.Status.RUNNING,
+            },
         )
         queue = hosts[0].queue
         transaction.on_commit(
@@ -130,7 +135,13 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
                     status=Experiment.Status.PLANNED, status_reason=f"capacity probe failed: {exc}"
                 )
             audit_record(
-                action="experiment.calibration_failed", experiment=experiment, detail={"error": str(exc)}
+                action="experiment.calibration_failed",
+                experiment=experiment,
+                detail={
+                    "error": str(exc),
+                    "from": Experiment.Status.RUNNING,
+                    "to": Experiment.Status.PLANNED,
+                },
             )
             return 0
         experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
@@ -159,7 +170,11 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         Experiment.objects.filter(pk=experiment_id).update(
             status=Experiment.Status.PLANNED, status_reason=f"could not freeze the workload: {exc}"
         )
-        audit_record(action="experiment.freeze_failed", experiment=experiment, detail={"error": str(exc)})
+        audit_record(
+            action="experiment.freeze_failed",
+            experiment=experiment,
+            detail={"error": str(exc), "from": Experiment.Status.RUNNING, "to": Experiment.Status.PLANNED},
+        )
         return 0
     hosts = hosts_alive(max_model_len=experiment.max_model_len)
     with transaction.atomic():
@@ -194,6 +209,7 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
 def experiment_cancel(*, experiment: Experiment, actor: Any = None, reason: str = "cancelled by user") -> int:
     """Dequeue the rest and tell the running run's worker to stop (it watches this status)."""
     with transaction.atomic():
+        before = Experiment.objects.select_for_update().values_list("status", flat=True).get(pk=experiment.pk)
         n = experiment.runs.filter(status=Run.Status.QUEUED).update(
             status=Run.Status.CANCELLED, reason=reason, finished_at=timezone.now()
         )
@@ -202,7 +218,10 @@ def experiment_cancel(*, experiment: Experiment, actor: Any = None, reason: str 
         )
         experiment.status = Experiment.Status.CANCELLED
         audit_record(
-            action="experiment.cancelled", actor=actor, experiment=experiment, detail={"dequeued": n}
+            action="experiment.cancelled",
+            actor=actor,
+            experiment=experiment,
+            detail={"dequeued": n, "from": before, "to": Experiment.Status.CANCELLED},
         )
     return n
 
@@ -305,7 +324,13 @@ def experiment_check_finished(*, experiment_id: int) -> bool:
 
 
 def experiment_mark_analysed(*, experiment_id: int) -> None:
-    Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).update(
+    changed = Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).update(
         status=Experiment.Status.ANALYSED, status_reason="", updated_at=timezone.now()
     )
-    audit_record(action="experiment.analysed", experiment=Experiment.objects.get(pk=experiment_id))
+    if not changed:
+        return  # cancelled or analysed meanwhile: no state change to record
+    audit_record(
+        action="experiment.analysed",
+        experiment=Experiment.objects.get(pk=experiment_id),
+        detail={"from": Experiment.Status.RUNNING, "to": Experiment.Status.ANALYSED},
+    )

@@ -255,6 +255,7 @@ class Command(BaseCommand):
             )
             return
         decision = experiment_analyse(experiment_id=experiment.pk)
+        before = Experiment.objects.values_list("status", flat=True).get(pk=experiment.pk)
         Experiment.objects.filter(pk=experiment.pk).exclude(status__in=sorted(Experiment.DECIDED)).update(
             status=Experiment.Status.ANALYSED, status_reason="analysed from imported results"
         )
@@ -262,7 +263,9 @@ class Command(BaseCommand):
             action="experiment.analysed",
             experiment=experiment,
             detail={
-                "from": "results_import",
+                "source": "results_import",
+                "from": before,
+                "to": Experiment.Status.ANALYSED,
                 "decision": decision.outcome,
                 "chosen_cell": decision.chosen_cell,
             },
