@@ -275,3 +275,5 @@ API_AUTH_FAILURE_WINDOW_S = 300
 # The address people reach this server at: the gate's reports link to experiment pages with it
 # (`manage.py gate` on the server; through the API, the request's own address is used).
 PUBLIC_URL = envstr("TAILTUNE_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# An experiment that has not moved for this long is looked at by the reconciler (apps/runs/reconcile.py).
+RECONCILE_AFTER_S = envint("TAILTUNE_RECONCILE_AFTER_S", 300)

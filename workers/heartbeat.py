@@ -3,8 +3,9 @@
 When a worker process starts it (1) registers its host, (2) reaps any vLLM
 server that a previous worker of this host started and never stopped (killed
 with SIGKILL, say), and fails or re-runs the run it left mid-flight, then
-(3) keeps a heartbeat thread writing ``Host.last_heartbeat`` and failing the
-runs of other hosts that went silent.
+(3) keeps a heartbeat thread writing ``Host.last_heartbeat``, failing the
+runs of other hosts that went silent and, about once a minute, repairing
+experiments left stuck by a lost message or a failed task (apps/runs/reconcile.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from celery.signals import worker_ready, worker_shutdown
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 10.0
+RECONCILE_EVERY_BEATS = 6  # about once a minute: apps/runs/reconcile.py
 _stop = threading.Event()
 
 
@@ -56,14 +58,19 @@ def _beat() -> None:
     from django.db import close_old_connections
 
     from apps.runs.hosts import host_register_local
+    from apps.runs.reconcile import experiments_reconcile
     from apps.runs.services import host_heartbeat, hosts_reap_lost
 
+    beats = 0
     while not _stop.wait(HEARTBEAT_INTERVAL_S):
+        beats += 1
         try:
             close_old_connections()
             host = host_register_local()
             host_heartbeat(host=host)
             hosts_reap_lost()
+            if beats % RECONCILE_EVERY_BEATS == 0:
+                experiments_reconcile()
         except Exception:  # a failed beat must not kill the thread; the next one retries
             log.exception("heartbeat failed")
 

@@ -7,11 +7,15 @@ that; ``analyse_experiment`` recomputes the same decision from the same rows.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(name="tailtune.health")
@@ -49,6 +53,7 @@ def execute_run(*, run_pk: int) -> str:
 @shared_task(name="tailtune.analyse_experiment", acks_late=True)
 def analyse_experiment(*, experiment_pk: int) -> str:
     from apps.analysis.services import experiment_analyse
+    from apps.approvals.audit import audit_record
     from apps.experiments.models import Experiment
     from apps.runs.models import Run
     from apps.runs.rehearsal import rehearsal_due
@@ -61,7 +66,19 @@ def analyse_experiment(*, experiment_pk: int) -> str:
         return f"skipped ({experiment.status if experiment else 'no such experiment'})"
     if experiment.runs.exclude(status__in=Run.FINISHED).exists():
         return "skipped (runs still to finish)"
-    decision = experiment_analyse(experiment_id=experiment_pk)
+    Experiment.objects.filter(pk=experiment_pk).update(updated_at=timezone.now())  # the reconciler waits
+    try:
+        decision = experiment_analyse(experiment_id=experiment_pk)
+    except Exception as exc:
+        # Recorded, never lost: the reconciler (apps/runs/reconcile.py) sends it again, and
+        # cancels the experiment with this error after repeated failures.
+        log.exception("analysis of experiment %s failed", experiment_pk)
+        audit_record(
+            action="experiment.analysis_failed",
+            experiment=experiment,
+            detail={"error": f"{type(exc).__name__}: {exc}"[:2000]},
+        )
+        return f"analysis failed: {type(exc).__name__}: {exc}"[:500]
     # The proposed cell's rollback is rehearsed before anyone approves it (check 4); the
     # experiment stays running until the rehearsal ends, and is then analysed again.
     if decision.chosen_cell and rehearsal_due(experiment_id=experiment_pk, chosen_cell=decision.chosen_cell):

@@ -1,0 +1,175 @@
+"""The reconciler: no experiment stays stuck because a message was lost or a task died.
+
+Every worker's heartbeat thread calls :func:`experiments_reconcile` about once a
+minute (workers/heartbeat.py). It looks only at what has not moved for
+``settings.RECONCILE_AFTER_S`` (5 minutes by default), takes each experiment's row
+with ``SKIP LOCKED`` (two workers never repair the same one), and writes every
+repair to the audit log as ``experiment.reconciled`` with what it found and did:
+
+1. **Runs all finished, still running**: the analysis message was lost, or the
+   analysis failed. It is sent again; after ``MAX_ANALYSIS_FAILURES`` failed
+   analyses (``experiment.analysis_failed`` events) the experiment is cancelled
+   with the last error as its reason (a final status; its runs and records stay).
+2. **Freezing and no run ever started**: the freeze task was lost (a broker
+   restart). The experiment goes back to planned, to be started again.
+3. **Queued runs, nothing running anywhere for them**: their messages were lost.
+   They are sent again; claiming a run is conditional (queued → starting), so a
+   message that was not lost after all runs nothing twice.
+4. **A goodput-capacity search queued and never started**: it is marked lost
+   with the reason, so it can be requested again.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.approvals.audit import audit_record
+from apps.approvals.models import AuditEvent
+from apps.experiments.models import Experiment
+from apps.runs.models import Host, Run
+
+log = logging.getLogger(__name__)
+
+MAX_ANALYSIS_FAILURES = 3
+FREEZING = "freezing the workload"
+
+
+def _stale_after() -> timedelta:
+    return timedelta(seconds=float(getattr(settings, "RECONCILE_AFTER_S", 300)))
+
+
+def _repaired(experiment: Experiment, repair: str, **detail: Any) -> dict[str, Any]:
+    audit_record(action="experiment.reconciled", experiment=experiment, detail={"repair": repair, **detail})
+    log.warning("reconciled experiment %s: %s %s", experiment.pk, repair, detail)
+    return {"experiment": experiment.pk, "repair": repair, **detail}
+
+
+def _send_analysis(experiment: Experiment) -> None:
+    from workers.tasks import analyse_experiment
+
+    transaction.on_commit(
+        lambda: analyse_experiment.apply_async(
+            kwargs={"experiment_pk": experiment.pk}, queue=settings.CELERY_TASK_DEFAULT_QUEUE
+        )
+    )
+
+
+def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
+    runs = experiment.runs
+    last_finished = runs.filter(finished_at__gte=now - _stale_after()).exists()
+    if not runs.exclude(status__in=Run.FINISHED).exists():
+        if last_finished:
+            return None  # the analysis of a run that just ended is on its way
+        failures = AuditEvent.objects.filter(experiment=experiment, action="experiment.analysis_failed")
+        if failures.count() >= MAX_ANALYSIS_FAILURES:
+            last = failures.order_by("-at").first()
+            error = (last.detail or {}).get("error", "") if last else ""
+            reason = f"the analysis failed {failures.count()} times (last: {error})"[:2000]
+            Experiment.objects.filter(pk=experiment.pk).update(
+                status=Experiment.Status.CANCELLED, status_reason=reason, updated_at=now
+            )
+            return _repaired(
+                experiment, "cancelled: the analysis keeps failing", error=error,
+                **{"from": Experiment.Status.RUNNING, "to": Experiment.Status.CANCELLED},
+            )  # fmt: skip
+        Experiment.objects.filter(pk=experiment.pk).update(updated_at=now)
+        _send_analysis(experiment)
+        return _repaired(experiment, "analysis sent again: every run had finished", failures=failures.count())
+    if experiment.status_reason == FREEZING and not runs.exclude(status=Run.Status.QUEUED).exists():
+        if not runs.exclude(trace_sha256="").exists():
+            Experiment.objects.filter(pk=experiment.pk).update(
+                status=Experiment.Status.PLANNED,
+                status_reason="the workload was never frozen (its task was lost): start it again",
+                updated_at=now,
+            )
+            return _repaired(
+                experiment, "back to planned: the freeze never ran",
+                **{"from": Experiment.Status.RUNNING, "to": Experiment.Status.PLANNED},
+            )  # fmt: skip
+    queued = list(runs.filter(status=Run.Status.QUEUED).exclude(trace_sha256="").select_related("host"))
+    if queued and not runs.filter(status__in=Run.ACTIVE).exists():
+        recent = last_finished
+        busy = Host.objects.filter(current_run__isnull=False, pk__in={r.host_id for r in queued if r.host_id})
+        if not recent and not busy.exists():
+            from apps.runs.services import _enqueue, hosts_alive
+
+            hosts = hosts_alive(max_model_len=experiment.max_model_len)
+            if hosts:
+                by_name = {h.pk: h for h in hosts}
+                for run in queued:  # _enqueue itself sends on commit
+                    _enqueue(run, by_name.get(run.host_id or 0) or hosts[0])
+                Experiment.objects.filter(pk=experiment.pk).update(updated_at=now)
+                return _repaired(experiment, "queued runs sent again: none was running", runs=len(queued))
+    return None
+
+
+def _reconcile_goodput(now: Any) -> list[dict[str, Any]]:
+    from apps.experiments.models import Workload
+
+    out = []
+    cutoff = now - _stale_after()
+    for workload in Workload.objects.select_for_update(skip_locked=True).filter(
+        rates_derivation__has_key="goodput_capacity"
+    ):
+        derivation = dict(workload.rates_derivation or {})
+        capacity = dict(derivation.get("goodput_capacity") or {})
+        changed = []
+        for cell_id, by_mixture in capacity.items():
+            for mixture, entry in dict(by_mixture or {}).items():
+                if not isinstance(entry, dict) or entry.get("status") != "queued":
+                    continue
+                try:
+                    requested = datetime.fromisoformat(str(entry.get("requested_at")))
+                except ValueError:
+                    requested = None
+                if requested is not None and requested > cutoff:
+                    continue
+                entry = {**entry, "status": "lost", "reason": "the search never started (its task was lost)"}
+                capacity[cell_id] = {**capacity[cell_id], mixture: entry}
+                changed.append((cell_id, mixture))
+        if changed:
+            derivation["goodput_capacity"] = capacity
+            Workload.objects.filter(pk=workload.pk).update(rates_derivation=derivation)
+            for cell_id, mixture in changed:
+                out.append(
+                    _repaired(
+                        workload.experiment,
+                        "goodput search marked lost: it never started",
+                        cell=cell_id,
+                        mixture=mixture,
+                    )  # fmt: skip
+                )
+    return out
+
+
+def experiments_reconcile(*, now: Any = None) -> list[dict[str, Any]]:
+    """Repair what is stuck (see the module docstring); returns what was repaired."""
+    now = now or timezone.now()
+    cutoff = now - _stale_after()
+    repairs: list[dict[str, Any]] = []
+    candidates = list(
+        Experiment.objects.filter(status=Experiment.Status.RUNNING, updated_at__lt=cutoff).values_list(
+            "pk", flat=True
+        )
+    )
+    for pk in candidates:
+        with transaction.atomic():
+            experiment = (
+                Experiment.objects.select_for_update(skip_locked=True)
+                .filter(pk=pk, status=Experiment.Status.RUNNING, updated_at__lt=cutoff)
+                .first()
+            )
+            if experiment is None:
+                continue
+            repaired = _reconcile_one(experiment, now)
+            if repaired:
+                repairs.append(repaired)
+    with transaction.atomic():
+        repairs += _reconcile_goodput(now)
+    return repairs

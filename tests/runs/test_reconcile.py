@@ -1,0 +1,112 @@
+"""The reconciler repairs experiments a lost message or a failed task left stuck, and says so."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.utils import timezone
+
+from apps.approvals.models import AuditEvent
+from apps.experiments.models import Experiment
+from apps.runs.models import Run
+from apps.runs.reconcile import MAX_ANALYSIS_FAILURES, experiments_reconcile
+from tests.experiments.factories import make_experiment
+from tests.runs.factories import make_host
+
+pytestmark = pytest.mark.django_db
+LATER = timedelta(minutes=10)
+
+
+def running(experiment: Experiment, *, reason: str = "", **run_fields: object) -> Experiment:
+    Experiment.objects.filter(pk=experiment.pk).update(
+        status="running", status_reason=reason, updated_at=timezone.now() - LATER
+    )
+    if run_fields:
+        experiment.runs.update(**run_fields)
+    experiment.refresh_from_db()
+    return experiment
+
+
+def repairs(experiment: Experiment) -> list[str]:
+    return [
+        e.detail["repair"]
+        for e in AuditEvent.objects.filter(experiment=experiment, action="experiment.reconciled")
+    ]
+
+
+def test_finished_runs_with_no_analysis_get_it_sent_again_then_cancelled_if_it_keeps_failing(
+    django_capture_on_commit_callbacks,
+) -> None:  # type: ignore[no-untyped-def]
+    experiment = running(make_experiment(), status="done", finished_at=timezone.now() - LATER)
+    with mock.patch("workers.tasks.analyse_experiment.apply_async") as send:
+        with django_capture_on_commit_callbacks(execute=True):
+            done = experiments_reconcile()
+    assert [r["repair"] for r in done] == ["analysis sent again: every run had finished"]
+    assert send.call_args.kwargs["kwargs"] == {"experiment_pk": experiment.pk}
+    # Nothing twice within the window: it touched the experiment.
+    assert experiments_reconcile() == []
+    for _ in range(MAX_ANALYSIS_FAILURES):
+        AuditEvent.objects.create(
+            action="experiment.analysis_failed", experiment=experiment, detail={"error": "boom"}
+        )
+    Experiment.objects.filter(pk=experiment.pk).update(updated_at=timezone.now() - LATER)
+    experiments_reconcile()
+    experiment.refresh_from_db()
+    assert experiment.status == "cancelled" and "boom" in experiment.status_reason
+    event = AuditEvent.objects.filter(action="experiment.reconciled").latest("at")
+    assert (event.detail["from"], event.detail["to"]) == ("running", "cancelled")
+
+
+def test_a_run_that_just_finished_is_left_to_its_own_analysis() -> None:
+    running(make_experiment(), status="done", finished_at=timezone.now())
+    assert experiments_reconcile() == []
+
+
+def test_a_lost_freeze_goes_back_to_planned() -> None:
+    experiment = running(make_experiment(), reason="freezing the workload")
+    experiments_reconcile()
+    experiment.refresh_from_db()
+    assert experiment.status == "planned" and "never frozen" in experiment.status_reason
+    assert repairs(experiment) == ["back to planned: the freeze never ran"]
+
+
+def test_lost_run_messages_are_sent_again_and_claimed_once(django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
+    host = make_host()
+    experiment = running(make_experiment(), trace_sha256="a" * 64, host=host)
+    with mock.patch("workers.tasks.execute_run.apply_async") as send:
+        with django_capture_on_commit_callbacks(execute=True):
+            experiments_reconcile()
+    assert send.call_count == experiment.runs.count() > 0
+    assert repairs(experiment) == ["queued runs sent again: none was running"]
+    # A run that is going is never second-guessed.
+    other = running(make_experiment(name="busy"), trace_sha256="b" * 64, host=host)
+    Run.objects.filter(pk=other.runs.first().pk).update(status="measuring")
+    assert [r for r in experiments_reconcile() if r["experiment"] == other.pk] == []
+
+
+def test_a_goodput_search_that_never_started_is_marked_lost() -> None:
+    experiment = make_experiment()
+    w = experiment.workload
+    old = (timezone.now() - LATER).isoformat()
+    w.rates_derivation = {"goodput_capacity": {"C1": {"80-20": {"status": "queued", "requested_at": old}}}}
+    w.save()
+    experiments_reconcile()
+    w.refresh_from_db()
+    entry = w.rates_derivation["goodput_capacity"]["C1"]["80-20"]
+    assert entry["status"] == "lost" and "never started" in entry["reason"]
+    assert repairs(experiment) == ["goodput search marked lost: it never started"]
+
+
+def test_a_failed_analysis_is_recorded_not_lost() -> None:
+    from workers.tasks import analyse_experiment
+
+    experiment = running(make_experiment(), status="done", finished_at=timezone.now())
+    with mock.patch("apps.analysis.services.experiment_analyse", side_effect=RuntimeError("disk full")):
+        result = analyse_experiment.run(experiment_pk=experiment.pk)
+    assert "disk full" in result
+    event = AuditEvent.objects.get(action="experiment.analysis_failed")
+    assert event.experiment == experiment and event.detail["error"] == "RuntimeError: disk full"
+    experiment.refresh_from_db()
+    assert experiment.status == "running"  # the reconciler takes it from here
