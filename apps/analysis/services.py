@@ -236,6 +236,18 @@ def _rollback(experiment: Experiment) -> dict[str, Any]:
     return {"exists": True, "baseline": str(baseline) if baseline else None}
 
 
+def recovery_check_now(*, experiment: Experiment, report: dict[str, Any]) -> dict[str, Any]:
+    """Check 4 as stored, with the manifest's part from now: the manifest is written at approval,
+    after the last analysis (a finished rehearsal analyses again, so the rest is current).
+    For display; the stored report stays what the approver saw."""
+    stored = dict((report.get("checks") or {}).get("recovery") or {})
+    rollback = _rollback(experiment)
+    stored["manifest"] = bool(rollback["exists"])
+    if rollback["baseline"]:
+        stored["baseline"] = rollback["baseline"]
+    return stored
+
+
 def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)

@@ -40,6 +40,27 @@ def content_sha256(content: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(content)).hexdigest()
 
 
+# Values local to one test run (where tailtune's worker bound the server, the devices it gave
+# it): never part of the config to deploy or roll back to. Kept apart, labelled.
+TEST_RUN_LOCAL = frozenset({"port", "host", "served_model_name", "device", "devices", "uvicorn_log_level"})
+
+
+def split_test_run_local(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the deployable args, the test-run-only values), also inside ``vllm_non_default_args``."""
+    keep: dict[str, Any] = {}
+    local: dict[str, Any] = {}
+    for key, value in args.items():
+        if key in TEST_RUN_LOCAL:
+            local[key] = value
+        elif key == "vllm_non_default_args" and isinstance(value, Mapping):
+            inner_keep, inner_local = split_test_run_local(value)
+            keep[key] = inner_keep
+            local.update({f"{key}.{k}": v for k, v in inner_local.items()})
+        else:
+            keep[key] = value
+    return keep, local
+
+
 def effective_args(
     requested: Mapping[str, Any], confirmed: Sequence[Mapping[str, Any] | None]
 ) -> dict[str, Any]:
@@ -49,13 +70,17 @@ def effective_args(
     cell's runs; disagreement is recorded); a cell no run confirmed falls back
     to the requested args, marked as such.
     """
-    seen = [dict(c) for c in confirmed if c]
+    split = [split_test_run_local(c) for c in confirmed if c]
+    seen = [keep for keep, _ in split]
     if not seen:
         return {"args": dict(requested), "source": REQUESTED, "confirmed_runs": 0, "distinct": 0}
     counts = Counter(canonical_json(c) for c in seen)
     top, n = counts.most_common(1)[0]
+    local = next(loc for keep, loc in split if canonical_json(keep) == top)
     return {
         "args": json.loads(top),
+        # Where the test run's server listened, and the like: not part of what is deployed.
+        "test_run_only": local,
         "source": CONFIRMED,
         "confirmed_runs": len(seen),
         "agreeing_runs": n,

@@ -86,7 +86,8 @@ def _baseline_record(
             "generation": experiment.generation,
         },
         "deployment": {
-            "revision": deployment_revision or b0.captured_from or None,
+            # The approver's own field; never guessed from captured_from (free text about B0's origin).
+            "revision": deployment_revision or NOT_GIVEN,
             "captured_from": b0.captured_from,
             "route_target": route_target or None,
         },
@@ -143,6 +144,8 @@ def _evidence(experiment: Experiment, decision: Decision) -> dict[str, Any]:
         },
     }
 
+
+NOT_GIVEN = "not given"
 
 # Check 4 results an approver may override only with a typed reason.
 UNPROVEN_RECOVERY = frozenset({"fail", "not rehearsed", "pending"})

@@ -28,7 +28,8 @@ class ApproveForm(forms.Form):
     deployment_revision = forms.CharField(
         required=False,
         max_length=200,
-        help_text="The deployment B0 runs as now (defaults to where B0 was captured).",
+        help_text="The deployment revision B0 runs as now (a git sha, a Helm release). Left empty, the "
+        'manifest says "not given".',
     )
     route_target = forms.CharField(
         required=False, max_length=200, help_text="Where traffic goes (service, route or pool name)."

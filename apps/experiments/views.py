@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import APPROVER, has_role
 from apps.analysis import charts
+from apps.analysis.services import recovery_check_now
 from apps.experiments import selectors
 from apps.experiments.forms import (
     CellFormSet,
@@ -480,7 +481,12 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
             "kv": kv,
             "preempt": preempt,
             "uniform": uniform,
-            "checks": report.get("checks", {}),
+            # Check 4 recomputed from its inputs now (a manifest written at approval, a rehearsal
+            # that ended): the stored report is what the approver saw and stays as it was.
+            "checks": {
+                **report.get("checks", {}),
+                "recovery": recovery_check_now(experiment=experiment, report=report),
+            },
             "findings": report.get("findings", []),
             "decision_data": report.get("decision", {}),
             "approve_refusal": selectors.approve_refusal(request.user, experiment),

@@ -160,7 +160,8 @@ def baseline_from_manifest(doc: Mapping[str, Any]) -> dict[str, Any]:
         "engine": {"image": base.get("image") or ""},
         "args": dict(args),
         "captured_from": str(
-            deployment.get("revision") or f"manifest of experiment {evidence.get('id', '?')}"
+            (deployment.get("revision") if deployment.get("revision") not in (None, "not given") else None)
+            or f"manifest of experiment {evidence.get('id', '?')}"
         )[:200],
         "contracts": dict(base.get("abort_thresholds") or {}),
         "drain_deadline_s": base.get("drain_deadline_s"),

@@ -69,3 +69,17 @@ def test_it_hashes_independently_of_key_order() -> None:
     a = {"b": 1, "a": {"y": 2, "x": 3}}
     b = {"a": {"x": 3, "y": 2}, "b": 1}
     assert mf.content_sha256(a) == mf.content_sha256(b)
+
+
+def test_values_local_to_the_test_run_are_kept_apart_and_do_not_split_the_vote() -> None:
+    run = {
+        "max_num_seqs": 8,
+        "served_model_name": "tiny",
+        "vllm_non_default_args": {"port": 41129, "max_num_seqs": 8},
+    }
+    other = {**run, "vllm_non_default_args": {"port": 52001, "max_num_seqs": 8}}
+    eff = mf.effective_args({"max_num_seqs": 8}, [run, other])
+    assert eff["args"] == {"max_num_seqs": 8, "vllm_non_default_args": {"max_num_seqs": 8}}
+    assert eff["test_run_only"] == {"served_model_name": "tiny", "vllm_non_default_args.port": 41129}
+    assert (eff["confirmed_runs"], eff["agreeing_runs"], eff["distinct"]) == (2, 2, 1)
+    assert "port" not in json.dumps(eff["args"])

@@ -126,3 +126,44 @@ def test_it_shows_each_scenario_signal_and_what_did_not_hold(client, viewer, ana
     assert "long_burst · B0" in html and "not shown</span>: some long requests of the burst" in html
     assert "the server cleared the burst" in html
     assert "did not hold: every planned request is accounted for" in html
+
+
+@pytest.mark.django_db
+def test_the_validity_card_shows_the_measured_dispatch_lag_beside_the_tolerance(
+    client, viewer, author
+) -> None:  # type: ignore[no-untyped-def]
+    from apps.runs.models import Run
+    from tests.experiments.factories import make_experiment
+    from tests.ui.factories import finish_runs
+
+    experiment = make_experiment(owner=author)
+    finish_runs(experiment)
+    Run.objects.filter(experiment=experiment).update(dispatch_lag_p99_ms=3.25)
+    Run.objects.filter(pk=experiment.runs.first().pk).update(dispatch_lag_p99_ms=4.5)
+    # As tests.ui.factories.analysed does, without finishing the runs again (it would reset the lags).
+    from apps.analysis.services import experiment_analyse
+    from apps.experiments.models import Experiment
+
+    Experiment.objects.filter(pk=experiment.pk).update(status="running")
+    experiment_analyse(experiment_id=experiment.pk)
+    Experiment.objects.filter(pk=experiment.pk).update(status="analysed")
+    client.force_login(viewer)
+    page = client.get(f"/experiments/{experiment.pk}/results/").content.decode()
+    assert "measured worst p99 4.50 ms; tolerance 50.00 ms" in page
+
+
+@pytest.mark.django_db
+def test_check_4_is_recomputed_once_the_manifest_exists(
+    client, viewer, analysed_experiment, approver
+) -> None:  # type: ignore[no-untyped-def]
+    from apps.approvals.services import experiment_approve
+
+    client.force_login(viewer)
+    before = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
+    assert "No rollback manifest yet" in before
+    experiment_approve(experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="keep B0")
+    after = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
+    assert "No rollback manifest yet" not in after and "The rollback manifest names baseline B0" in after
+    # The stored report, the evidence behind the approval, is unchanged.
+    analysed_experiment.decision.refresh_from_db()
+    assert analysed_experiment.decision.report["checks"]["recovery"]["manifest"] is False
