@@ -41,7 +41,11 @@ def test_it_approves_and_freezes_the_manifest(analysed_experiment, approver) -> 
     assert base["image_digest"].startswith("sha256:")
     assert base["model"] == {"path": experiment.model_path, "revision": experiment.model_revision}
     assert base["tokenizer_revision"] == experiment.tokenizer_revision
-    assert base["deployment"] == {"revision": "not given", "captured_from": "prod", "route_target": "chat-pool"}
+    assert base["deployment"] == {
+        "revision": "not given",
+        "captured_from": "prod",
+        "route_target": "chat-pool",
+    }
     assert base["health_probe"]["path"] == "/health"
     assert base["capacity"]["hardware_id"] == "cpu-test"
     assert base["drain_deadline_s"] == 20
@@ -332,6 +336,8 @@ def test_the_revoke_form_is_for_approvers_and_goes_through_the_api_too(
 
 @pytest.mark.django_db
 def test_the_deployment_revision_is_its_own_field_never_guessed(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
-    manifest = experiment_approve(experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="ok")
+    manifest = experiment_approve(
+        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="ok"
+    )
     deployment = manifest.content["baseline"]["deployment"]
     assert deployment["revision"] == "not given" and deployment["captured_from"] == "prod"
