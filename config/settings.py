@@ -241,7 +241,9 @@ TAILTUNE_MAX_ENGINE_HOURS = envint("TAILTUNE_MAX_ENGINE_HOURS", 2_000)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # A refused request (403, 404, ...) is one line, not a traceback: it is the client's error.
+    "filters": {"client_errors_one_line": {"()": "config.logfilters.ClientErrorsOneLine"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["client_errors_one_line"]}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -9,7 +9,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 
 # /api/ authenticates every call with a bearer token itself (apps/api/auth.py).
-_OPEN_PREFIXES = ("/accounts/login/", "/static/", "/healthz", "/api/")
+_OPEN_PREFIXES = ("/accounts/login/", "/static/", "/healthz", "/api/", "/favicon.ico")
 
 
 class LoginRequiredEverywhere:
