@@ -2,8 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.http import HttpRequest, HttpResponse
-from django.http import HttpResponsePermanentRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import include, path
 
