@@ -238,7 +238,7 @@ def human_duration(seconds: float | None) -> str:
 
 
 def run_rows(*, experiment: Experiment, filters: dict[str, str] | None = None) -> QuerySet[Run]:
-    qs = experiment.runs.select_related("cell", "host").order_by("plan_position", "id")
+    qs = experiment.runs.select_related("cell", "host", "retry_of", "retry").order_by("plan_position", "id")
     filters = filters or {}
     if filters.get("cell"):
         qs = qs.filter(cell__cell_id=filters["cell"])

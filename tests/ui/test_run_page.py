@@ -39,3 +39,23 @@ def test_it_shows_an_empty_state_for_a_queued_run(client, viewer, experiment) ->
 def test_it_answers_404_for_an_unknown_run(client, viewer) -> None:  # type: ignore[no-untyped-def]
     client.force_login(viewer)
     assert client.get(f"/runs/{uuid.uuid4()}/").status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_retry_and_the_run_it_retries_link_to_each_other(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    from apps.runs.models import Run
+    from apps.runs.services import run_requeue_once
+
+    experiment.__class__.objects.filter(pk=experiment.pk).update(status="running")
+    failed = experiment.runs.order_by("plan_position").first()
+    Run.objects.filter(pk=failed.pk).update(status="measuring")
+    failed.refresh_from_db()
+    retry = run_requeue_once(run=failed, reason="worker lost mid-run on host h1")
+    assert retry is not None
+    client.force_login(viewer)
+    page = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    n = failed.plan_position + 1
+    assert f'retry of <a href="/runs/{failed.run_id}/">#{n} (failed)</a>' in page
+    assert f'retried as <a href="/runs/{retry.run_id}/">#{n} (retry)</a>' in page
+    assert "worker lost mid-run" in client.get(f"/runs/{retry.run_id}/").content.decode()
+    assert f"/runs/{retry.run_id}/" in client.get(f"/runs/{failed.run_id}/").content.decode()
