@@ -90,6 +90,15 @@ def add_arguments(parser: argparse.ArgumentParser, *, remote: bool) -> None:
         default=None,
         help="the candidate as an overlay on B0's args, e.g. max_num_seqs=32",
     )
+    parser.add_argument(
+        "--candidate-image",
+        default=None,
+        help="the candidate is another engine build: an image name the GPU host's worker lists "
+        "in TAILTUNE_VLLM_COMMANDS",
+    )
+    parser.add_argument(
+        "--candidate-model-revision", default=None, help="the candidate serves another model revision"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="paired repeats of B0 and the candidate (2)")
     parser.add_argument("--name", default=None, help="the experiment's name (default: gate + time)")
     parser.add_argument("--junit", default=None, help="write the JUnit XML here")
@@ -167,6 +176,8 @@ def gate_request(opts: argparse.Namespace) -> dict[str, Any]:
         ("busiest", opts.busiest),
         ("classes", opts.classes),
         ("name", opts.name),
+        ("candidate_image", opts.candidate_image),
+        ("candidate_model_revision", opts.candidate_model_revision),
         ("spec", read_file(opts.spec, "--spec")),
         ("baseline_manifest", read_file(opts.baseline_manifest, "--baseline-manifest")),
     ):

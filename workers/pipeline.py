@@ -36,7 +36,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, ServerConfig
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
@@ -58,21 +58,36 @@ class RunCancelled(Exception):
     pass
 
 
-def run_controls(experiment: Experiment) -> dict[str, Any]:
-    """The frozen controls as launcher keys (identical for every cell of the experiment)."""
+def run_controls(experiment: Experiment, cell: ServerConfig | None = None) -> dict[str, Any]:
+    """The frozen controls as launcher keys (identical for every cell of the experiment), with
+    the model revision of a candidate whose spec names its own."""
     return {
         **experiment.controls(),
-        "revision": experiment.model_revision,
+        "revision": cell.revision(experiment) if cell is not None else experiment.model_revision,
         "tokenizer_revision": experiment.tokenizer_revision,
     }
 
 
-def host_config(host: Host) -> HostConfig:
+class EngineUnavailable(ValueError):
+    """The host cannot start the engine build a candidate names: the run fails before starting."""
+
+
+def host_config(host: Host, cell: ServerConfig | None = None) -> HostConfig:
+    """How this host starts a cell's server: its own command, or the one it lists for the
+    candidate's ``engine.image`` (TAILTUNE_VLLM_COMMANDS)."""
+    command, digest = tuple(host.vllm_command), host.image_digest
+    image = cell.engine_image if cell is not None else ""
+    if image:
+        other = (host.engines or {}).get(image)
+        if not other:
+            known = ", ".join(sorted(host.engines or {})) or "none"
+            raise EngineUnavailable(
+                f"host {host.name} has no engine for image {image!r} (it lists: {known}); "
+                "name it in the worker's TAILTUNE_VLLM_COMMANDS"
+            )
+        command, digest = tuple(other), ""  # the engine records its own version and digest
     return HostConfig(
-        vllm_command=tuple(host.vllm_command),
-        bind_host=host.bind_host,
-        devices=host.devices,
-        image_digest=host.image_digest,
+        vllm_command=command, bind_host=host.bind_host, devices=host.devices, image_digest=digest
     )
 
 
@@ -171,6 +186,10 @@ def _execute(run: Run, host: Host) -> str:
     stop = threading.Event()
     model = str(tokenizer_dir(experiment.model_path))
     if run.scenario == REHEARSAL_SCENARIO:
+        if run.cell.engine:
+            _finish(run.pk, Run.Status.FAILED, "refused before start: a rollback rehearsal of a candidate "
+                    "that is another engine build or model revision is not supported yet")  # fmt: skip
+            return Run.Status.FAILED
         watcher = _Watcher(run, stop, None)
 
         def body() -> tuple[str, str, dict[str, Any]]:
@@ -189,8 +208,8 @@ def _execute(run: Run, host: Host) -> str:
             server = EngineServer(
                 model=model,
                 cell_args=run.cell.args,
-                controls=run_controls(experiment),
-                host=host_config(host),
+                controls=run_controls(experiment, run.cell),
+                host=host_config(host, run.cell),
                 log_path=log_path,
             )
         except ValueError as exc:  # LaunchError: a disallowed flag, refused before anything starts

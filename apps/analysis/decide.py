@@ -71,7 +71,8 @@ def validity_check(
     2. Its trace and corpus hashes equal B0's in that (mixture, rate, repeat),
        and its cohort has as many requests per class as B0's.
     3. Hardware, model and tokenizer revisions and generation settings are the
-       same in every run (and match the experiment's where it names them).
+       same in every run (and match the experiment's where it names them); a
+       candidate whose spec names its own ``engine.model_revision`` must run that.
     4. The load generator's dispatch lag p99 is within the experiment's tolerance.
     """
     problems: list[dict[str, Any]] = []
@@ -113,6 +114,7 @@ def validity_check(
     # A field no run recorded cannot tell cells apart: a warning, not an invalid cell.
     unrecorded = [f for f in identity if chosen and not any(r.get(f) for r in chosen.values())]
 
+    own_revision = {c["cell_id"]: (c.get("engine") or {}).get("model_revision") for c in cells}
     worst_lag: float | None = None
     for (cell, mix, rate, repeat), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):
         combo = (mix, rate, repeat)
@@ -137,8 +139,11 @@ def validity_check(
             if mine != theirs:
                 add(cell, f"cohort differs from {baseline}", combo, offered=mine, b0=theirs)
         for field in identity:
-            if reference[field] and run.get(field) and run.get(field) != reference[field]:
-                add(cell, f"{field} differs", combo, value=run.get(field), expected=reference[field])
+            want = reference[field]
+            if field == "model_revision" and own_revision.get(cell):
+                want = own_revision[cell]  # a candidate that is another model revision, on purpose
+            if want and run.get(field) and run.get(field) != want:
+                add(cell, f"{field} differs", combo, value=run.get(field), expected=want)
             elif not run.get(field) and field not in unrecorded:
                 add(cell, f"no {field}", combo)
         if run.get("generation") is not None and run.get("generation") != reference["generation"]:

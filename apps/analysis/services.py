@@ -42,7 +42,7 @@ _BOOL_FIELDS = frozenset({"warmup", "sent", "cancelled", "unfinished"})
 def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
     workload = getattr(experiment, "workload", None)
     cells = [
-        {"cell_id": c.cell_id, "role": c.role, "args": c.args, "position": c.position}
+        {"cell_id": c.cell_id, "role": c.role, "args": c.args, "position": c.position, "engine": c.engine}
         for c in experiment.cells.all()
     ]
     classes = [

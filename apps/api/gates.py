@@ -60,6 +60,11 @@ GATE_REQUEST = inline_serializer(
         "candidate_args": serializers.CharField(
             required=False, help_text="JSON object: the overlay on B0's args"
         ),
+        "candidate_image": serializers.CharField(
+            required=False,
+            help_text="another engine build: an image the host lists in TAILTUNE_VLLM_COMMANDS",
+        ),
+        "candidate_model_revision": serializers.CharField(required=False),
         "repeats": serializers.IntegerField(required=False, default=2),
         "name": serializers.CharField(required=False),
     },
@@ -121,6 +126,8 @@ class GateCreate(ApiView):
             ("name", 200),
             ("spec", 1_000_000),
             ("baseline_manifest", 1_000_000),
+            ("candidate_image", 200),
+            ("candidate_model_revision", 200),
         ):
             raw = data.get(key)
             if raw in (None, ""):
@@ -161,6 +168,11 @@ class GateCreate(ApiView):
             baseline_args=baseline_args,
             candidate_args=candidate_args,
             name=texts.get("name"),
+            candidate_engine={
+                k: str(texts[f"candidate_{k}"])
+                for k in ("image", "model_revision")
+                if texts.get(f"candidate_{k}")
+            },
         )
         try:
             experiment = gate_create(request=gate_input, trace_data=upload.read(), owner=request.user)

@@ -121,6 +121,9 @@ def build_manifest(
             "effective_args": dict(candidate.get("effective_args") or {}),
             "changes": overlay_changes(base_args, cand_args),
         }
+        if candidate.get("engine"):
+            # Another engine build or model revision: part of what the overlay changes.
+            overlay["engine"] = dict(candidate["engine"])
     return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,

@@ -233,6 +233,8 @@ def experiment_approve(
     if chosen_cell != b0.cell_id:
         cand = _cell_record(experiment, cells[chosen_cell])
         candidate = {"cell_id": chosen_cell, "effective_args": cand["effective_args"]}
+        if cells[chosen_cell].engine:
+            candidate["engine"] = cells[chosen_cell].engine
     evidence = _evidence(experiment, decision)
     evidence["recovery"] = _recovery_evidence(
         decision, check4, chosen_cell=chosen_cell, baseline=b0.cell_id, override=override

@@ -101,6 +101,9 @@ class ServerConfig(models.Model):
     args = models.JSONField(default=dict)
     captured_from = models.TextField(blank=True)
     position = models.PositiveIntegerField(default=0)
+    # A candidate that is another engine build or model revision (blank: the experiment's).
+    engine_image = models.CharField(max_length=200, blank=True, default="")
+    model_revision = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
         ordering = ["position", "id"]
@@ -110,6 +113,14 @@ class ServerConfig(models.Model):
 
     def __str__(self) -> str:
         return self.cell_id
+
+    @property
+    def engine(self) -> dict[str, str]:
+        """The spec's ``engine`` override of this cell: only what differs from the experiment's."""
+        return {k: v for k, v in (("image", self.engine_image), ("model_revision", self.model_revision)) if v}
+
+    def revision(self, experiment: Experiment) -> str:
+        return self.model_revision or experiment.model_revision
 
 
 class RequestClass(models.Model):

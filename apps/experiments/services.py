@@ -111,6 +111,8 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
                 cell_id=cand["id"],
                 role=ServerConfig.Role.CANDIDATE,
                 args=cand["args"],
+                engine_image=(cand.get("engine") or {}).get("image", ""),
+                model_revision=(cand.get("engine") or {}).get("model_revision", ""),
                 position=i,
             )
         )
@@ -309,7 +311,9 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
         "engine": {"image": experiment.engine_image},
         "baseline": {"id": baseline.cell_id, "captured_from": baseline.captured_from, "args": baseline.args},
         "candidates": [
-            {"id": c.cell_id, "args": c.args} for c in cells if c.role == ServerConfig.Role.CANDIDATE
+            {"id": c.cell_id, "args": c.args, **({"engine": c.engine} if c.engine else {})}
+            for c in cells
+            if c.role == ServerConfig.Role.CANDIDATE
         ],
         "classes": [
             {

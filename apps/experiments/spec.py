@@ -423,13 +423,25 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         for i, item in enumerate(candidates_raw):
             path = f"candidates[{i}]"
             cand = c.mapping(item, path)
-            c.unknown(cand, {"id", "args"}, path)
-            candidates.append(
-                {
-                    "id": c.text(cand, "id", path, max_length=32),
-                    "args": _check_args(c, cand.get("args"), f"{path}.args", max_model_len),
+            c.unknown(cand, {"id", "args", "engine"}, path)
+            cell: dict[str, Any] = {
+                "id": c.text(cand, "id", path, max_length=32),
+                "args": _check_args(c, cand.get("args"), f"{path}.args", max_model_len),
+            }
+            if cand.get("engine") is not None:
+                # A candidate that is another engine build or model revision, not only other flags.
+                engine = c.mapping(cand.get("engine"), f"{path}.engine")
+                c.unknown(engine, {"image", "model_revision"}, f"{path}.engine")
+                override = {
+                    key: c.text(engine, key, f"{path}.engine", required=False, max_length=200)
+                    for key in ("image", "model_revision")
                 }
-            )
+                override = {k: v for k, v in override.items() if v}
+                if not override and not any(engine.get(k) for k in ("image", "model_revision")):
+                    c.fail(f"{path}.engine", "give image and/or model_revision, or leave engine out")
+                if override:
+                    cell["engine"] = override
+            candidates.append(cell)
     spec["candidates"] = candidates
     seen: dict[str, str] = {}
     for path, cell_id in [("baseline.id", spec["baseline"]["id"])] + [

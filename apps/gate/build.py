@@ -61,6 +61,8 @@ class GateInput:
     baseline_args: dict[str, Any] = field(default_factory=dict)
     candidate_args: dict[str, Any] = field(default_factory=dict)
     name: str | None = None
+    # Another engine build (an image the host lists) and/or model revision for the candidate.
+    candidate_engine: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -316,17 +318,24 @@ def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when
     w = base.workload
     candidate = {**base.args, **request.candidate_args}
     changes = {k: v for k, v in request.candidate_args.items() if base.args.get(k) != v}
+    changed = {**changes, **request.candidate_engine}
     spec: dict[str, Any] = {
         "name": request.name or base.name or f"gate {when}",
         "description": base.description
-        or f"gate: candidate {json.dumps(changes, sort_keys=True) if changes else '(unchanged)'} vs B0 "
+        or f"gate: candidate {json.dumps(changed, sort_keys=True) if changed else '(unchanged)'} vs B0 "
         f"on trace {window.sha256[:12]} ({window.requests} requests, {window.duration_s:.0f} s, "
         f"{request.trace_format}{f', busiest {request.busiest_s:g} s' if request.busiest_s else ''})",
         "model": base.model,
         "controls": base.controls,
         "engine": base.engine,
         "baseline": {"id": BASELINE_ID, "captured_from": base.captured_from, "args": base.args},
-        "candidates": [{"id": CANDIDATE_ID, "args": candidate}],
+        "candidates": [
+            {
+                "id": CANDIDATE_ID,
+                "args": candidate,
+                **({"engine": dict(request.candidate_engine)} if request.candidate_engine else {}),
+            }
+        ],
         "classes": classes,
         "workload": {
             "mixtures": {MIXTURE: _shares(window.counts)},
@@ -350,6 +359,8 @@ def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when
 # Spec field paths as the gate's user named them.
 _USER_PATHS = (
     ("candidates[0].args", "candidate_args"),
+    ("candidates[0].engine.image", "candidate_image"),
+    ("candidates[0].engine.model_revision", "candidate_model_revision"),
     ("baseline.args", "baseline_args"),
     ("workload.repeats", "repeats"),
 )

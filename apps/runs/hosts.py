@@ -15,13 +15,35 @@ def host_queue(name: str) -> str:
     return f"host.{name}"
 
 
+def _engines(raw: str) -> dict[str, list[str]]:
+    """``TAILTUNE_VLLM_COMMANDS``: a JSON object, image name -> argv prefix (as TAILTUNE_VLLM_COMMAND)."""
+    import json
+
+    if not raw:
+        return {}
+    try:
+        engines = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"TAILTUNE_VLLM_COMMANDS is not a JSON object: {exc}") from None
+    if not isinstance(engines, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)
+        for k, v in engines.items()
+    ):
+        raise ValueError(
+            'TAILTUNE_VLLM_COMMANDS must map image names to argv lists, e.g. {"vllm:v0.33.0": ["vllm", "serve"]}'
+        )
+    return engines
+
+
 def host_register_local() -> Host:
     """Register (or refresh) the host this process runs on, from the environment.
 
     ``TAILTUNE_HOST`` names it; ``TAILTUNE_VLLM_COMMAND`` (a JSON list) is its
     vLLM argv prefix, defaulting to the CPU engine built by ``make engine``;
     ``TAILTUNE_DEVICES`` becomes CUDA_VISIBLE_DEVICES for its servers;
-    ``TAILTUNE_IMAGE_DIGEST`` names the container image the command runs.
+    ``TAILTUNE_IMAGE_DIGEST`` names the container image the command runs;
+    ``TAILTUNE_VLLM_COMMANDS`` (a JSON object) lists other engine builds by the
+    image name a candidate's ``engine.image`` gives.
     """
     import json
 
@@ -41,11 +63,13 @@ def host_register_local() -> Host:
             "-m",
             "vllm.entrypoints.openai.api_server",
         ]
+    engines = _engines(os.environ.get("TAILTUNE_VLLM_COMMANDS", ""))
     host, _ = Host.objects.update_or_create(
         name=name,
         defaults={
             "queue": host_queue(name),
             "vllm_command": command,
+            "engines": engines,
             "devices": os.environ.get("TAILTUNE_DEVICES", ""),
             "bind_host": os.environ.get("TAILTUNE_BIND_HOST", "127.0.0.1"),
             "image_digest": os.environ.get("TAILTUNE_IMAGE_DIGEST", ""),

@@ -19,6 +19,9 @@ class Host(models.Model):
     queue = models.CharField(max_length=100, unique=True)
     devices = models.CharField(max_length=100, blank=True)  # CUDA_VISIBLE_DEVICES
     vllm_command = models.JSONField(default=list)  # argv prefix, e.g. ["vllm", "serve"]
+    # Other engine builds this host can start, by the image name a candidate's spec gives:
+    # {"vllm/vllm-openai:v0.33.0": ["docker", "run", ..., "vllm/vllm-openai:v0.33.0"]}.
+    engines = models.JSONField(default=dict, blank=True)
     bind_host = models.CharField(max_length=100, default="127.0.0.1")
     max_model_len = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)

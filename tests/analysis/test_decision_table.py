@@ -355,3 +355,28 @@ def test_it_calls_an_invalid_only_passing_cell_a_rerun_not_isolation():
     # Valid, the same C2 is adopted: it repairs what B0 broke.
     valid = build(Plan(), b0_and_c1_break_c2_keeps)
     assert (valid["decision"]["outcome"], valid["decision"]["chosen_cell"]) == ("retune", "C2")
+
+
+def test_a_candidate_that_names_its_own_model_revision_is_held_to_it():
+    """The spec's candidates[].engine.model_revision: that cell must run that revision, the others
+    the experiment's; any other mismatch stays invalid."""
+    plan = Plan()
+    plan.cells[1] = {**plan.cells[1], "engine": {"model_revision": "m2"}}
+
+    def revisions(c2_runs: str):  # type: ignore[no-untyped-def]
+        def apply(run: dict) -> None:
+            if run["cell"] == "C1":
+                run["model_revision"] = "m2"
+            if run["cell"] == "C2":
+                run["model_revision"] = c2_runs
+
+        return apply
+
+    ok = build(plan, healthy, run_overrides=revisions("m1"))["checks"]["validity"]
+    assert ok["invalid_cells"] == [], ok["problems"]
+    bad = build(plan, healthy, run_overrides=revisions("m2"))["checks"]["validity"]
+    assert bad["invalid_cells"] == ["C2"]
+    wrong = build(replace(plan, cells=[plan.cells[0], {**plan.cells[1], "engine": {"model_revision": "m3"}}]),
+                  healthy, run_overrides=revisions("m1"))["checks"]["validity"]  # fmt: skip
+    assert wrong["invalid_cells"] == ["C1"]
+    assert any(p["problem"] == "model_revision differs" and p["expected"] == "m3" for p in wrong["problems"])

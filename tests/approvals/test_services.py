@@ -341,3 +341,32 @@ def test_the_deployment_revision_is_its_own_field_never_guessed(analysed_experim
     )
     deployment = manifest.content["baseline"]["deployment"]
     assert deployment["revision"] == "not given" and deployment["captured_from"] == "prod"
+
+
+@pytest.mark.django_db
+def test_a_candidate_on_another_engine_build_is_in_the_manifests_overlay(approver) -> None:  # type: ignore[no-untyped-def]
+    from tests.experiments.factories import make_experiment, small_spec
+    from tests.ui.factories import analysed
+
+    spec = small_spec()
+    engine = {"image": "vllm/vllm-openai:v0.33.0", "model_revision": "rev-2"}
+    experiment = analysed(
+        make_experiment(
+            owner=UserFactory(roles=["experimenter"]),
+            candidates=[{**spec["candidates"][0], "engine": engine}],
+        )
+    )
+    # The manifest is the subject here, not the statistics: propose C1 as a retune would.
+    from apps.analysis.models import Decision
+
+    Decision.objects.filter(experiment=experiment).update(outcome="retune", chosen_cell="C1")
+    experiment_approve(
+        experiment=experiment,
+        approver=approver,
+        chosen_cell="C1",
+        reason="faster",
+        recovery_override="CPU test",
+    )
+    content = RollbackManifest.objects.get(experiment=experiment).content
+    assert content["overlay"]["engine"] == engine
+    assert content["baseline"]["image"] == experiment.engine_image  # rolling back: B0's own build

@@ -228,3 +228,21 @@ def test_a_real_approved_manifest_is_b0_and_a_revoked_one_is_refused(analysed_ex
     assert refused.status_code == 400
     (error,) = refused.json()["errors"]
     assert error["field"] == "baseline_manifest" and "revoked" in error["message"]
+
+
+def test_the_candidate_can_be_another_engine_build_or_model_revision(model_dir: Path) -> None:
+    make_host()
+    api = api_for(UserFactory(roles=["experimenter"]))
+    created = post_gate(
+        api,
+        spec=gate_file(model_dir),
+        candidate_image="vllm/vllm-openai:v0.33.0",
+        candidate_model_revision="rev-2",
+    )
+    assert created.status_code == 201, created.content
+    experiment = Experiment.objects.get(pk=created.json()["gate"])
+    c1 = experiment.cells.get(cell_id="C1")
+    assert c1.engine == {"image": "vllm/vllm-openai:v0.33.0", "model_revision": "rev-2"}
+    assert c1.args == experiment.cells.get(cell_id="B0").args  # only the engine differs
+    too_long = post_gate(api, spec=gate_file(model_dir), candidate_model_revision="r" * 300)
+    assert too_long.status_code == 400 and too_long.json()["errors"][0]["field"] == "candidate_model_revision"

@@ -82,6 +82,9 @@ class Command(BaseCommand):
             baseline_args=body["baseline_args"],
             candidate_args=body["candidate_args"],
             name=body.get("name"),
+            candidate_engine={
+                k: body[f"candidate_{k}"] for k in ("image", "model_revision") if body.get(f"candidate_{k}")
+            },
         )
         try:
             experiment = gate_create(request=request, trace_data=trace, owner=owner)
