@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -161,6 +162,9 @@ def _render_new(
 # --- the experiment page ----------------------------------------------------------------
 
 
+RUNS_PAGE = 200
+
+
 def _filters(request: HttpRequest) -> dict[str, str]:
     return {k: request.GET.get(k, "") for k in ("cell", "mixture", "rate", "status") if request.GET.get(k)}
 
@@ -181,16 +185,23 @@ def _live_context(request: HttpRequest, experiment: Experiment) -> dict[str, Any
             }
         )
     filters = _filters(request)
+    # A plan can hold thousands of runs: one page of them at a time, the page kept while polling.
+    page = Paginator(selectors.run_rows(experiment=experiment, filters=filters), RUNS_PAGE).get_page(
+        request.GET.get("page")
+    )
+    query = {**filters, **({"page": str(page.number)} if page.number > 1 else {})}
     return {
         "experiment": experiment,
         "progress": progress,
         "eta": selectors.human_duration(progress.eta_s),
         "current": current,
-        "runs": selectors.run_rows(experiment=experiment, filters=filters),
+        "runs": page.object_list,
+        "runs_page": page,
+        "page_query": urlencode(filters),
         "filters": filters,
         "live": experiment.status == Experiment.Status.RUNNING and progress.running,
         "live_url": reverse("experiments:live", args=[experiment.pk])
-        + (f"?{urlencode(filters)}" if filters else ""),
+        + (f"?{urlencode(query)}" if query else ""),
         "can_operate": selectors.can_operate(request.user, experiment),
     }
 

@@ -162,3 +162,28 @@ def test_it_serves_progress_as_json_from_the_database(client, viewer, experiment
     ]
     client.logout()
     assert client.get(f"/experiments/{experiment.pk}/progress.json").status_code == 302
+
+
+@pytest.mark.django_db
+def test_a_large_plan_is_shown_a_page_of_runs_at_a_time(client, viewer, author) -> None:  # type: ignore[no-untyped-def]
+    from tests.experiments.factories import make_experiment, small_spec
+
+    workload = {**small_spec()["workload"], "repeats": 100, "rates": {"low": 1.0, "high": 2.0}}
+    experiment = make_experiment(owner=author, workload=workload)
+    assert experiment.runs.count() == 400
+    client.force_login(viewer)
+
+    def rows(html: str) -> int:
+        table = html.split('id="run-table"', 1)[1].split("</table>", 1)[0]
+        return table.count("<tr class=")
+
+    first = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert rows(first) == 200 and "runs 1–200 of 400" in first
+    assert 'href="?page=2#runs">next ›</a>' in first
+    second = client.get(f"/experiments/{experiment.pk}/?page=2").content.decode()
+    assert rows(second) == 200 and "runs 201–400 of 400" in second and "‹ previous" in second
+    # Filters carry over to the pager's links; a filtered table of one page has no pager.
+    filtered = client.get(f"/experiments/{experiment.pk}/?cell=C1").content.decode()
+    assert "runs 1–200 of 200" not in filtered and 'id="run-pager"' not in filtered
+    both = client.get(f"/experiments/{experiment.pk}/?rate=low").content.decode()
+    assert "runs 1–200 of 200" not in both
