@@ -95,7 +95,7 @@ def junit_cases(path: Path) -> list[ET.Element]:
 
 
 def test_an_unchanged_candidate_passes_through_the_remote_client(
-    workers: Workers, live_server, tmp_path: Path
+    workers: Workers, live_server, tmp_path: Path, roles: None
 ) -> None:  # type: ignore[no-untyped-def]
     workers.start()
     _, plaintext = token_create(user=UserFactory(username="ci", roles=["experimenter"]), name="pipeline")
@@ -121,7 +121,9 @@ def test_an_unchanged_candidate_passes_through_the_remote_client(
     assert "pass" in summary and f"/experiments/{Experiment.objects.get().pk}/" in summary
 
 
-def test_a_starved_candidate_fails_the_gate_and_names_the_class(workers: Workers, tmp_path: Path) -> None:
+def test_a_starved_candidate_fails_the_gate_and_names_the_class(
+    workers: Workers, tmp_path: Path, roles: None
+) -> None:
     workers.start()
     UserFactory(username="release", roles=["experimenter"])
     code = local_gate(
@@ -143,7 +145,7 @@ def test_a_starved_candidate_fails_the_gate_and_names_the_class(workers: Workers
     assert {c.cell_id: c.args["max_num_seqs"] for c in experiment.cells.all()} == {"B0": 8, "C1": 1}
 
 
-def test_runs_made_invalid_on_purpose_are_inconclusive(workers: Workers, tmp_path: Path) -> None:
+def test_runs_made_invalid_on_purpose_are_inconclusive(workers: Workers, tmp_path: Path, roles: None) -> None:
     workers.start()
     UserFactory(username="release", roles=["experimenter"])
     # A dispatch-lag tolerance of a microsecond: no load generator meets it, so every run is invalid.
