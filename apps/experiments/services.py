@@ -69,8 +69,18 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
     The spec is validated again here, so no caller can save a half-valid one;
     everything happens in one transaction: a failure leaves nothing behind.
     """
-    spec = validate_spec(spec, limits=spec_limits())
-    owner = _resolve_owner(spec, owner)
+    errors: list[FieldError] = []
+    raw = spec
+    try:
+        spec = validate_spec(spec, limits=spec_limits())
+    except SpecError as exc:
+        errors += exc.errors
+    try:  # an unknown owner is reported with the spec's other errors, not after them
+        owner = _resolve_owner(spec if not errors else (raw if isinstance(raw, dict) else {}), owner)
+    except SpecError as exc:
+        errors += exc.errors
+    if errors:
+        raise SpecError(errors)
     _check_imported_trace(spec)
     spec["owner"] = owner.get_username()
     controls = spec["controls"]
