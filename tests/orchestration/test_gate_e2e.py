@@ -68,7 +68,11 @@ def gate_file(tmp: Path, **workload: object) -> Path:
             {"name": "short", "max_input_tokens": 1024, "contract": SMALL_SPEC["classes"][0]["contract"]},
             {"name": "long", "contract": SMALL_SPEC["classes"][1]["contract"]},
         ],
-        "workload": {"warmup_s": 2, "drain_deadline_s": 60, "max_dispatch_lag_ms": 2000, **workload},
+        # The client shares 2 cores with the engine (and, on a busy machine, with whatever else runs):
+        # a candidate serving one request at a time keeps a core saturated and the load generator
+        # was measured up to 2.1 s late at p99 under extra load. The claims here (the exit code, the
+        # class named) do not hinge on sub-second timing; a run later than this is still invalid.
+        "workload": {"warmup_s": 2, "drain_deadline_s": 60, "max_dispatch_lag_ms": 5000, **workload},
     }
     path = tmp / "gate.yaml"
     path.write_text(yaml.safe_dump(doc))
