@@ -195,3 +195,18 @@ def test_an_unanswered_candidate_is_infinitely_worse() -> None:
     m = r["comparisons"][1]["metrics"]["e2e_p99_ms"]
     m.update(harm=None, candidate=None, candidate_censored=True)
     assert gate_verdict(r)["verdict"] == "regression"
+
+
+def test_the_gate_file_shown_in_the_docs_is_accepted() -> None:
+    import re
+    from pathlib import Path
+
+    from apps.gate.build import GateInput, resolve_baseline, split_of
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "GATE.md").read_text()
+    example = re.findall(r"```yaml\n(.*?)```", doc, re.S)[0]
+    request = GateInput(trace_format="azure", spec_text=example)
+    base = resolve_baseline(request)
+    assert base.args == {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+    assert split_of(request, base) == "short:1024,long"
+    assert base.workload["max_dispatch_lag_ms"] == 50
