@@ -199,7 +199,12 @@ def _live_context(request: HttpRequest, experiment: Experiment) -> dict[str, Any
         "runs_page": page,
         "page_query": urlencode(filters),
         "filters": filters,
-        "live": experiment.status == Experiment.Status.RUNNING and progress.running,
+        # Polled for as long as the experiment runs: after its last run, until the analysis lands.
+        "live": experiment.status == Experiment.Status.RUNNING,
+        # A poll that finds the experiment no longer running has the page reload itself, so the
+        # badge, the buttons and the decision above the partial are the new state's.
+        "reload": request.headers.get("X-Requested-With") == "fetch"
+        and experiment.status != Experiment.Status.RUNNING,
         "live_url": reverse("experiments:live", args=[experiment.pk])
         + (f"?{urlencode(query)}" if query else ""),
         "can_operate": selectors.can_operate(request.user, experiment),

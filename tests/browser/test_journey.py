@@ -172,6 +172,12 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
             break
         time.sleep(3)
     assert experiment.status == "analysed", experiment.status_reason
+    # The open experiment page turns analysed by itself: badge, decision, a link to the results,
+    # without a navigation (the marker set before the runs survives).
+    erin.wait_for_selector("#experiment-status.status-analysed", timeout=30_000)
+    assert erin.evaluate("window.__journeyMarker") == 42
+    assert erin.query_selector("#cancel") is None
+    shot(erin, "j2b-analysed-in-place")
     erin.goto(f"/experiments/{experiment.pk}/results/")
     decision = experiment.decision
     assert decision.outcome in erin.inner_text("#decision")

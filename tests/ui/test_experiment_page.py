@@ -83,9 +83,14 @@ def test_it_shows_the_live_run_and_polls_only_while_running(client, author, expe
     page = client.get(f"/experiments/{experiment.pk}/").content.decode()
     assert 'id="cancel"' in page
 
+    # Every run finished, the analysis not yet landed: still polled (it used to stop here).
     Run.objects.filter(pk=live.pk).update(status="done", finished_at=timezone.now())
+    assert "data-live-url" in client.get(f"/experiments/{experiment.pk}/live/").content.decode()
     Experiment.objects.filter(pk=experiment.pk).update(status="analysed")
-    assert "data-live-url" not in client.get(f"/experiments/{experiment.pk}/live/").content.decode()
+    polled = client.get(f"/experiments/{experiment.pk}/live/", headers={"X-Requested-With": "fetch"})
+    assert "data-live-url" not in polled.content.decode() and 'data-reload="1"' in polled.content.decode()
+    # The page itself, loaded afresh, does not ask to reload.
+    assert 'data-reload="1"' not in client.get(f"/experiments/{experiment.pk}/").content.decode()
 
 
 @pytest.mark.django_db
