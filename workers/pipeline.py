@@ -37,6 +37,7 @@ from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.experiments.models import Experiment, ServerConfig
+from apps.runs.gauges import latest_gauges
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 WARMUP_REQUESTS = 4
 WATCH_INTERVAL_S = 0.5
+LIVE_EVERY_S = 2.0
 
 
 class RunCancelled(Exception):
@@ -125,6 +127,10 @@ class _Watcher(threading.Thread):
         self.cancelled = False
         self._done = threading.Event()
         self._phase = ""
+        # Set once the replay starts: the live page's gauges and log tail come from these.
+        self.scraper: Any = None
+        self.log_path: Path | None = None
+        self._live_at = 0.0
 
     def run(self) -> None:
         try:
@@ -145,8 +151,21 @@ class _Watcher(threading.Thread):
                     if phase != self._phase:
                         _set_phase(self.run_pk, phase)
                         self._phase = phase
+                    if time.monotonic() - self._live_at >= LIVE_EVERY_S:
+                        self._live_at = time.monotonic()
+                        self.publish_live()
         finally:
             close_old_connections()
+
+    def publish_live(self) -> None:
+        """The newest gauges the scraper saw and the server log's tail, for the live page."""
+        fields: dict[str, Any] = {}
+        if self.scraper is not None:
+            fields["live"] = {"gauges": latest_gauges(list(self.scraper.samples[-400:])), "at": time.time()}
+        if self.log_path is not None:
+            fields["log_tail"] = read_tail(self.log_path)
+        if fields:
+            Run.objects.filter(pk=self.run_pk, status__in=Run.ACTIVE).update(**fields)
 
     def finish(self) -> None:
         self._done.set()
@@ -273,6 +292,7 @@ def _with_server(
         except Exception as exc:  # scraping is evidence, not a precondition
             scraper.errors.append(f"before: {exc}")
         scraper.start_during()
+        watcher.scraper, watcher.log_path = scraper, server.log_path
         watcher.origin = time.monotonic()
         workload = run.experiment.workload
         result = run_replay_isolated(

@@ -23,6 +23,7 @@ from apps.analysis.models import Decision
 from apps.experiments.models import Experiment
 from apps.experiments.plan import expand_plan
 from apps.experiments.spec import RUN_OVERHEAD_S
+from apps.runs.gauges import GAUGE_NAMES
 from apps.runs.models import MetricSample, RequestRecord, Run
 
 LIVE_RECORD_LIMIT = 5000
@@ -31,12 +32,7 @@ HISTOGRAM_BUCKETS = 40
 NS_PER_MS = 1_000_000
 
 # The live gauges, under the names vLLM has used for them across releases.
-GAUGE_NAMES: dict[str, tuple[str, ...]] = {
-    "waiting": ("vllm:num_requests_waiting",),
-    "running": ("vllm:num_requests_running",),
-    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
-}
+# GAUGE_NAMES: apps/runs/gauges.py (the worker publishes the same gauges while a run goes).
 
 
 # --- access ------------------------------------------------------------------
@@ -302,7 +298,11 @@ def live_ttft(*, run: Run, limit: int = LIVE_RECORD_LIMIT) -> list[dict[str, Any
 
 
 def latest_gauges(*, run: Run) -> dict[str, float | None]:
-    """The newest scraped value of each live gauge (None when never scraped)."""
+    """The newest scraped value of each live gauge (None when never scraped): from the stored
+    samples once the run has ended, from what the worker publishes while it goes."""
+    live = (run.live or {}).get("gauges") if run.status in Run.ACTIVE else None
+    if live:
+        return {key: live.get(key) for key in GAUGE_NAMES}
     out: dict[str, float | None] = {}
     for key, names in GAUGE_NAMES.items():
         sample = (

@@ -90,6 +90,9 @@ class Run(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     # A run that failed through no fault of the candidate (host lost, worker
     # killed) is re-run once as a new row; the failed one stays as evidence.
+    # While the run goes: the newest scraped gauges, written every couple of seconds for the live
+    # page (the samples themselves are stored at the end of the run).
+    live = models.JSONField(default=dict, blank=True)
     retry_of = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retry"
     )

@@ -338,6 +338,11 @@ def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline
     boundary = Run.objects.get(experiment=experiment, scenario="context_boundary")
     assert boundary.cell.cell_id == "B0"
     assert run_execute(run_pk=boundary.pk) == "done", Run.objects.get(pk=boundary.pk).reason
+    # While it ran, the worker published the real server's gauges for the live page.
+    live = Run.objects.get(pk=boundary.pk).live
+    assert (
+        live.get("at") and live["gauges"]["running"] is not None and live["gauges"]["kv_usage"] is not None
+    ), live
     errored = RequestRecord.objects.get(run=boundary, index=1)
     assert errored.error_kind is not None and errored.http_status == 400
     report = scenario_reports(experiment_id=experiment.pk)
