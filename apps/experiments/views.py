@@ -75,6 +75,19 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
 # --- create -------------------------------------------------------------------------
 
 
+# The model the embedded default serves (make engine builds it).
+DEFAULT_MODEL_PATH = ".engine/models/tiny-llama"
+
+
+def _model_defaults(model_path: str) -> dict[str, str]:
+    """A model path that exists, with the revisions its directory records, as the form's defaults."""
+    from apps.workloads.services import model_revisions, tokenizer_dir
+
+    if not tokenizer_dir(model_path).is_dir():
+        return {}
+    return {"model_path": model_path, **model_revisions(model_path)}
+
+
 def experiment_new(request: HttpRequest) -> HttpResponse:
     """GET: the empty form. POST: preview (plan size) or create; nothing is saved until valid."""
     require_reader(request)
@@ -82,7 +95,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied("only experimenters can create experiments")
     estimate = None
     if request.method != "POST":
-        form = ExperimentForm()
+        form = ExperimentForm(initial=_model_defaults(request.GET.get("model_path") or DEFAULT_MODEL_PATH))
         cells = CellFormSet(prefix="cells")
         classes = ClassFormSet(prefix="classes")
         return _render_new(request, form, cells, classes, estimate)

@@ -190,6 +190,31 @@ def tokenizer_dir(model_path: str) -> Path:
     return path if path.is_absolute() else Path(settings.BASE_DIR) / path
 
 
+def model_revisions(model_path: str) -> dict[str, str]:
+    """The revisions a model directory records, as defaults for a spec's model.revision and
+    tokenizer_revision: tailtune's revision file (the tiny local model), or a Hugging Face
+    cache layout (``snapshots/<commit>`` itself, or a repo folder whose ``refs/main`` names it).
+    Empty when the directory records none."""
+    import json
+
+    if not model_path:
+        return {}
+    path = tokenizer_dir(model_path)
+    record = path / "tailtune-revision.json"
+    try:
+        if record.is_file():
+            data = json.loads(record.read_text())
+            return {k: str(data[k]) for k in ("model_revision", "tokenizer_revision") if data.get(k)}
+        commit = ""
+        if path.parent.name == "snapshots":
+            commit = path.name
+        elif (path / "refs" / "main").is_file():
+            commit = (path / "refs" / "main").read_text().strip()
+    except (OSError, ValueError):
+        return {}
+    return {"model_revision": commit, "tokenizer_revision": commit} if commit else {}
+
+
 def workload_traces_freeze(
     *, experiment: Any, uniform: bool = False, repeats: Sequence[int] | None = None
 ) -> dict[tuple[str, str, int], Trace]:
