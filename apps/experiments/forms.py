@@ -68,6 +68,9 @@ class ExperimentForm(forms.Form):
         label="Or upload a YAML spec",
         help_text="A spec in the format of examples/seed-sweep.yaml; it replaces everything typed below.",
     )
+    # The uploaded spec's text, kept across a preview so that Create uses it (a browser never
+    # re-sends a file input). Never typed; bounded like any spec.
+    spec_text = forms.CharField(required=False, widget=forms.HiddenInput, max_length=1_000_000)
     # Model and frozen controls
     model_path = forms.CharField(max_length=500, required=False, label="Model path")
     model_revision = forms.CharField(max_length=200, required=False, label="Model revision")
@@ -567,10 +570,15 @@ def spec_field_for(path: str, build: SpecBuild) -> tuple[str, int | None, str | 
 def attach_spec_errors(
     error: SpecError, build: SpecBuild, form: ExperimentForm, cells: Any, classes: Any
 ) -> None:
-    """Put each of the validator's errors beside its field (or above the form when it has none)."""
+    """Put each of the validator's errors beside its field (or above the form when it has none),
+    each once."""
+    seen: set[tuple[str, int | None, str | None, str]] = set()
     for e in error.errors:
         where, row, field = spec_field_for(e.path, build)
         message = f"{e.path}: {e.message}"
+        if (where, row, field, message) in seen:
+            continue
+        seen.add((where, row, field, message))
         if where == "form":
             form.add_error(field, message)
         else:
@@ -582,12 +590,20 @@ def attach_spec_errors(
 
 
 def spec_from_upload(form: ExperimentForm) -> dict[str, Any]:
-    """Parse the uploaded YAML spec; raise SpecError naming lines and fields."""
-    raw = form.cleaned_data["spec_file"].read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError([FieldError(f"byte {exc.start}", "the file is not UTF-8 text")]) from None
+    """Parse the uploaded YAML spec (or the one a preview kept); raise SpecError naming lines and
+    fields. The text is kept in the form's ``spec_text`` for the next step."""
+    upload = form.cleaned_data.get("spec_file")
+    if upload:
+        raw = upload.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpecError([FieldError(f"byte {exc.start}", "the file is not UTF-8 text")]) from None
+    else:
+        text = form.cleaned_data.get("spec_text") or ""
+    data = form.data.copy()
+    data["spec_text"] = text
+    form.data = data
     return parse_spec(text, limits=spec_limits())
 
 

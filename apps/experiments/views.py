@@ -107,12 +107,12 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     form_ok = form.is_valid()
     cells_ok = cells.is_valid()
     classes_ok = classes.is_valid()
-    if form_ok and form.cleaned_data.get("spec_file"):
+    if form_ok and (form.cleaned_data.get("spec_file") or form.cleaned_data.get("spec_text")):
         try:
             spec = spec_from_upload(form)
         except SpecError as exc:
-            for e in exc.errors:
-                form.add_error("spec_file", f"{e.path}: {e.message}")
+            for message in dict.fromkeys(f"{e.path}: {e.message}" for e in exc.errors):
+                form.add_error("spec_file", message)
     elif form_ok and cells_ok and classes_ok:
         build = build_spec(form, cells, classes, owner=request.user.get_username())
         try:

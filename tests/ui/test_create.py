@@ -149,3 +149,31 @@ def test_it_names_the_line_of_a_bad_trace_upload_and_saves_nothing(client, autho
     assert response.status_code == 400
     assert b"line 22" in response.content
     assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_preview_keeps_the_uploaded_spec_for_create(client, author, seed_spec_text) -> None:  # type: ignore[no-untyped-def]
+    import html as html_lib
+    import re
+
+    client.force_login(author)
+    upload = SimpleUploadedFile("seed.yaml", seed_spec_text.encode(), content_type="text/yaml")
+    preview = client.post("/experiments/new/", {"spec_file": upload, "preview": "1"})
+    page = preview.content.decode()
+    assert preview.context["estimate"].runs == 126 and 'id="spec-kept"' in page
+    kept = html_lib.unescape(re.search(r'name="spec_text" value="([^"]*)"', page, re.S).group(1))
+    assert kept == seed_spec_text
+    # The browser re-sends the hidden text, not the file: Create uses it.
+    response = client.post("/experiments/new/", {"spec_text": kept, "create": "1"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Experiment.objects.get().runs.count() == 126
+
+
+@pytest.mark.django_db
+def test_each_error_is_listed_once(client, author) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    page = client.post(
+        "/experiments/new/", {"spec_text": "name: x\nclasses: []\n", "create": "1"}
+    ).content.decode()
+    assert page.count("classes: must be a non-empty list") == 1, page
+    assert Experiment.objects.count() == 0
