@@ -601,7 +601,7 @@ def spec_from_upload(form: ExperimentForm) -> dict[str, Any]:
             raise SpecError([FieldError(f"byte {exc.start}", "the file is not UTF-8 text")]) from None
     else:
         text = form.cleaned_data.get("spec_text") or ""
-    data = form.data.copy()
+    data = form.data.copy()  # type: ignore[attr-defined]  # a QueryDict: copies are mutable
     data["spec_text"] = text
     form.data = data
     return parse_spec(text, limits=spec_limits())
