@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -52,43 +51,105 @@ class Command(BaseCommand):
         from apps.runs.hosts import host_register_local
 
         host = host_register_local()
-        procs: list[subprocess.Popen[bytes]] = []
-        if not options["no_worker"]:
-            procs.append(subprocess.Popen(worker_argv([settings.CELERY_TASK_DEFAULT_QUEUE, host.queue])))
         web = web_argv(options["addr"], options["port"], options["web_workers"])
-        procs.append(subprocess.Popen(web, cwd=settings.BASE_DIR))
+        worker = (
+            None if options["no_worker"] else worker_argv([settings.CELERY_TASK_DEFAULT_QUEUE, host.queue])
+        )
+        sup = Supervisor(
+            web=web, worker=worker, say=lambda line: self.stdout.write(line), cwd=settings.BASE_DIR
+        )
+        sup.start()
         db = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
         self.stdout.write(
             f"tailtune is up: http://{options['addr']}:{options['port']}/  "
             f"(database: {db}, broker: {settings.CELERY_BROKER_URL.split(':')[0]}, host: {host.name}). Ctrl-C stops it."
         )
-        stopping = False
 
         def stop(signum: int, frame: object) -> None:
-            nonlocal stopping
-            stopping = True
+            sup.stopping = True
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         try:
-            while not stopping and all(p.poll() is None for p in procs):
+            while not sup.stopping and sup.step():
                 time.sleep(0.5)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 30
-            for p in procs:
-                try:
-                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        failed = [_name(p.args) for p in procs if p.returncode not in (0, -15, None)]
-        if failed and not stopping:
-            self.stderr.write(f"a process exited unexpectedly (pid {os.getpid()}): {failed}")
+            sup.stop_all()
+        if sup.web_failed is not None and not sup.stopping:
+            self.stderr.write(
+                f"the web server (pid {sup.web_failed[0]}) exited with code {sup.web_failed[1]}"
+            )
             sys.exit(1)
 
 
-def _name(args: Any) -> Any:
-    """The program of a child's argv (``python -m <name> ...``), or the argv itself."""
-    return args[2] if isinstance(args, (list, tuple)) and len(args) > 2 else args
+class Supervisor:
+    """Keeps the web up and the worker running: a worker that exits is restarted with a growing
+    delay (1 s doubling to 60 s, back to 1 s after 10 minutes up), and each restart is said; the
+    web exiting ends the service (it is what people reach)."""
+
+    MAX_BACKOFF_S = 60.0
+    STEADY_S = 600.0
+
+    def __init__(
+        self,
+        *,
+        web: list[str],
+        worker: list[str] | None,
+        say: Any,
+        cwd: Any = None,
+        popen: Any = subprocess.Popen,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.web_argv, self.worker_argv, self.say, self.cwd = web, worker, say, cwd
+        self.popen, self.clock = popen, clock
+        self.web: Any = None
+        self.worker: Any = None
+        self.worker_started = 0.0
+        self.restart_at: float | None = None
+        self.backoff = 1.0
+        self.restarts = 0
+        self.stopping = False
+        self.web_failed: tuple[int, int | None] | None = None
+
+    def start(self) -> None:
+        if self.worker_argv is not None:
+            self._start_worker()
+        self.web = self.popen(self.web_argv, cwd=self.cwd)
+
+    def _start_worker(self) -> None:
+        self.worker = self.popen(self.worker_argv)
+        self.worker_started = self.clock()
+
+    def step(self) -> bool:
+        """One look at the children; False once the web is gone."""
+        now = self.clock()
+        if self.web.poll() is not None:
+            self.web_failed = (self.web.pid, self.web.returncode)
+            return False
+        if self.worker is not None and self.restart_at is None and self.worker.poll() is not None:
+            if now - self.worker_started >= self.STEADY_S:
+                self.backoff = 1.0
+            self.restart_at = now + self.backoff
+            self.say(
+                f"the worker (pid {self.worker.pid}) exited with code {self.worker.returncode}; "
+                f"restarting it in {self.backoff:g} s"
+            )
+            self.backoff = min(self.MAX_BACKOFF_S, self.backoff * 2)
+        if self.restart_at is not None and now >= self.restart_at:
+            self.restart_at = None
+            self.restarts += 1
+            self._start_worker()
+            self.say(f"worker restarted (pid {self.worker.pid}; restart {self.restarts})")
+        return True
+
+    def stop_all(self) -> None:
+        procs = [p for p in (self.worker, self.web) if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
