@@ -238,7 +238,9 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     deployable, local = mf.split_test_run_local(b0_run.effective_args)
     assert doc["baseline"]["effective_args"]["args"] == deployable
     # The test server's port and served name are kept apart, labelled, not in the config to deploy.
-    assert doc["baseline"]["effective_args"]["test_run_only"] == local and "port" not in json.dumps(deployable)
+    assert doc["baseline"]["effective_args"]["test_run_only"] == local and "port" not in json.dumps(
+        deployable
+    )
     assert doc["evidence"]["trace_sha256"] == sorted({r.trace_sha256 for r in runs})
     assert doc["evidence"]["decision"]["outcome"] == decision.outcome
     assert doc["baseline"]["model"]["revision"] == revision
