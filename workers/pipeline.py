@@ -153,7 +153,10 @@ class _Watcher(threading.Thread):
                         self._phase = phase
                     if time.monotonic() - self._live_at >= LIVE_EVERY_S:
                         self._live_at = time.monotonic()
-                        self.publish_live()
+                        try:
+                            self.publish_live()
+                        except Exception:  # the live view is a courtesy: never stop watching for a cancel
+                            log.exception("run %s: publishing live values failed", self.run_pk)
         finally:
             close_old_connections()
 
