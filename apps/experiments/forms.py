@@ -148,7 +148,14 @@ class ExperimentForm(forms.Form):
     warmup_s = forms.FloatField(required=False, initial=10, label="Warm-up (s)")
     observation_s = forms.FloatField(required=False, initial=120, label="Observation window (s)")
     drain_deadline_s = forms.FloatField(required=False, initial=60, label="Drain deadline (s)")
-    max_dispatch_lag_ms = forms.FloatField(required=False, initial=5, label="Dispatch-lag tolerance (ms)")
+    max_dispatch_lag_ms = forms.FloatField(
+        required=False,
+        initial=5,
+        label="Dispatch-lag tolerance (ms)",
+        help_text="How late the load generator may send a request (p99 of send time minus planned time) "
+        "before the run is invalid: later than this, the offered load was not the planned one. A few ms "
+        "on a quiet client machine; more where the client shares CPUs with the engine.",
+    )
     # A real trace to replay instead of generated arrivals (stored when the experiment is created).
     trace_file = forms.FileField(
         required=False,

@@ -177,3 +177,11 @@ def test_each_error_is_listed_once(client, author) -> None:  # type: ignore[no-u
     ).content.decode()
     assert page.count("classes: must be a non-empty list") == 1, page
     assert Experiment.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_the_dispatch_lag_tolerance_is_explained_beside_its_field(client, author) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    page = client.get("/experiments/new/").content.decode()
+    field = page.split('id="field-max_dispatch_lag_ms"', 1)[1].split("</div>", 1)[0]
+    assert "How late the load generator may send a request" in field
