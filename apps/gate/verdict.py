@@ -99,8 +99,9 @@ def gate_verdict(
             detail = {k: v for k, v in p.items() if k not in ("cell", "problem", "mixture", "rate", "repeat")}
             extra = f" {detail}" if detail else ""
             reasons.append(f"{p['cell']} {where}: {p['problem']}{extra}".replace("  ", " "))
-    if report.get("decision", {}).get("outcome") == "inconclusive" and not reasons:
-        reasons.append(str(report["decision"].get("rule")))
+    # The tuning decision's own "inconclusive" (B0 breaks a contract and the candidates that keep
+    # it are worse elsewhere, say) answers another question; only data that is not valid makes
+    # the gate's answer unknown, and validity names every such run above.
 
     b0_broken = _contract_failures(acceptance, baseline)
     cand_broken = _contract_failures(acceptance, candidate)

@@ -148,6 +148,17 @@ def test_invalid_runs_make_it_inconclusive_even_with_a_regression() -> None:
     assert v["reasons"] == ["C1 window/window/1: dispatch lag p99 above tolerance"]
 
 
+def test_the_tuning_decisions_own_inconclusive_is_not_the_gates() -> None:
+    r = with_failures(report(), "B0", [failure("long", ["e2e"])])
+    r["decision"] = {
+        "outcome": "inconclusive",
+        "rule": "B0 breaks a contract; the candidates that keep every contract are materially worse "
+        "than B0 on some class: a person must weigh it",
+    }
+    v = gate_verdict(r)
+    assert v["verdict"] == "pass" and v["reasons"] == [], v
+
+
 def test_b0_failing_is_inconclusive() -> None:
     r = report(decision={"outcome": "inconclusive", "rule": "B0 has invalid or missing runs"})
     r["checks"]["validity"]["problems"] = [
