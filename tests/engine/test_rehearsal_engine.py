@@ -160,7 +160,9 @@ def test_cold_standby_shows_the_cold_start_and_fails_check_4_when_it_is_longer_t
     # the two polls land is not asserted: once the held requests reach B0, a /health call can wait
     # its 2 s timeout on this 2-core machine (CI saw 3.6 s), which says nothing about the code.
     started, healthy, ready = facts["b0_started_at_s"], facts["b0_healthy_at_s"], facts["b0_ready_at_s"]
-    assert 5 <= started < 6.5 and ready - started > 5 and healthy - started > 5, facts
+    # (Not started before the switch; how late after it the switch thread woke on a loaded 2-core
+    # machine is scheduling, not the code, and is not asserted.)
+    assert started >= 5 and ready - started > 5 and healthy - started > 5, facts
     after = list(RequestRecord.objects.filter(run=run, planned_ns__gte=5e9).order_by("planned_ns"))
     assert after and all(r.backend == "b0" for r in after)
     # No first token after the switch before B0 was up: the cold start is in every latency.
@@ -173,7 +175,8 @@ def test_cold_standby_shows_the_cold_start_and_fails_check_4_when_it_is_longer_t
     measures = rehearsal_inputs(experiment=run.experiment)["C1"]["measures"]
     timeline = measures["timeline"]["ttft_p99_ms_per_second"]
     post = [p for points in timeline.values() for p in points if p[0] >= 5 and p[1] is not None]
-    assert post and min(p[1] for p in post) >= (ready - 9) * 1000  # even the last arrival waited for B0
+    # Every arrival in second [t, t+1) waited for B0 at least until ready: its TTFT >= ready - (t + 1).
+    assert post and all(p[1] >= (ready - (p[0] + 1)) * 1000 for p in post), (ready, post)
     check = recovery_check(
         {"exists": False},
         chosen_cell="C1",
