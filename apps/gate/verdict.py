@@ -228,7 +228,3 @@ def _holm_worse(comps: Sequence[Mapping[str, Any]], alpha: float) -> set[tuple[s
         if _material_harm(v):
             out.add(key)
     return out
-
-
-def regressions(verdict: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    return [c for c in verdict.get("cases") or [] if c["outcome"] == "fail"]

@@ -50,16 +50,6 @@ def _repaired(experiment: Experiment, repair: str, **detail: Any) -> dict[str, A
     return {"experiment": experiment.pk, "repair": repair, **detail}
 
 
-def _send_analysis(experiment: Experiment) -> None:
-    from workers.tasks import analyse_experiment
-
-    transaction.on_commit(
-        lambda: analyse_experiment.apply_async(
-            kwargs={"experiment_pk": experiment.pk}, queue=settings.CELERY_TASK_DEFAULT_QUEUE
-        )
-    )
-
-
 def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
     runs = experiment.runs
     last_finished = runs.filter(finished_at__gte=now - _stale_after()).exists()
@@ -79,7 +69,9 @@ def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
                 **{"from": Experiment.Status.RUNNING, "to": Experiment.Status.CANCELLED},
             )  # fmt: skip
         Experiment.objects.filter(pk=experiment.pk).update(updated_at=now)
-        _send_analysis(experiment)
+        from apps.runs.services import analysis_enqueue
+
+        analysis_enqueue(experiment_id=experiment.pk)
         return _repaired(experiment, "analysis sent again: every run had finished", failures=failures.count())
     if experiment.status_reason == FREEZING and not runs.exclude(status=Run.Status.QUEUED).exists():
         if not runs.exclude(trace_sha256="").exists():

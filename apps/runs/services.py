@@ -313,6 +313,12 @@ def experiment_check_finished(*, experiment_id: int) -> bool:
         return False
     if experiment.runs.exclude(status__in=Run.FINISHED).exists():
         return False
+    analysis_enqueue(experiment_id=experiment_id)
+    return True
+
+
+def analysis_enqueue(*, experiment_id: int) -> None:
+    """Send the experiment's analysis to the default queue once this transaction commits."""
     from workers.tasks import analyse_experiment
 
     transaction.on_commit(
@@ -320,7 +326,6 @@ def experiment_check_finished(*, experiment_id: int) -> bool:
             kwargs={"experiment_pk": experiment_id}, queue=settings.CELERY_TASK_DEFAULT_QUEUE
         )
     )
-    return True
 
 
 def experiment_mark_analysed(*, experiment_id: int) -> None:
