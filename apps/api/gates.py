@@ -30,7 +30,7 @@ from apps.api.auth import TokenAuthentication
 from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors
 from apps.experiments.spec import SpecError
 from apps.gate.build import GateInput
-from apps.gate.services import GateUnavailable, gate_create, gate_resource
+from apps.gate.services import GATE_FORMATS, GateUnavailable, gate_create, gate_resource
 
 CLIENT = Path(settings.BASE_DIR) / "clients" / "tailtune_gate.py"
 
@@ -38,9 +38,7 @@ GATE_REQUEST = inline_serializer(
     "GateRequest",
     {
         "trace": serializers.FileField(help_text="the real traffic window"),
-        "format": serializers.ChoiceField(
-            choices=["azure", "mooncake", "burstgpt", "vllm-timed", "tailtune"]
-        ),
+        "format": serializers.ChoiceField(choices=list(GATE_FORMATS)),
         "busiest": serializers.FloatField(
             required=False, help_text="keep the busiest window of this many seconds"
         ),
@@ -158,21 +156,8 @@ class GateCreate(ApiView):
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         assert upload is not None
-        gate_input = GateInput(
-            trace_format=str(texts["format"]),
-            repeats=numbers.get("repeats", 2),
-            busiest_s=numbers.get("busiest"),
-            classes=texts.get("classes"),
-            spec_text=texts.get("spec"),
-            manifest_text=texts.get("baseline_manifest"),
-            baseline_args=baseline_args,
-            candidate_args=candidate_args,
-            name=texts.get("name"),
-            candidate_engine={
-                k: str(texts[f"candidate_{k}"])
-                for k in ("image", "model_revision")
-                if texts.get(f"candidate_{k}")
-            },
+        gate_input = GateInput.from_fields(
+            {**texts, **numbers, "baseline_args": baseline_args, "candidate_args": candidate_args}
         )
         try:
             experiment = gate_create(request=gate_input, trace_data=upload.read(), owner=request.user)

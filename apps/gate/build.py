@@ -64,6 +64,27 @@ class GateInput:
     # Another engine build (an image the host lists) and/or model revision for the candidate.
     candidate_engine: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any]) -> GateInput:
+        """From the request's fields, named as the client sends them (``POST /api/v1/gates``,
+        clients/tailtune_gate.gate_request): the API and ``manage.py gate`` build it here."""
+        return cls(
+            trace_format=str(fields["format"]),
+            repeats=fields.get("repeats", 2),
+            busiest_s=fields.get("busiest"),
+            classes=fields.get("classes"),
+            spec_text=fields.get("spec"),
+            manifest_text=fields.get("baseline_manifest"),
+            baseline_args=dict(fields.get("baseline_args") or {}),
+            candidate_args=dict(fields.get("candidate_args") or {}),
+            name=fields.get("name"),
+            candidate_engine={
+                k: str(fields[f"candidate_{k}"])
+                for k in ("image", "model_revision")
+                if fields.get(f"candidate_{k}")
+            },
+        )
+
 
 @dataclass
 class Baseline:

@@ -21,8 +21,7 @@ from apps.experiments.services import experiment_create
 from apps.experiments.spec import FieldError, SpecError
 from apps.gate.build import GateInput, gate_spec, resolve_baseline, split_of, summarize, user_path
 from apps.gate.verdict import gate_verdict
-
-GATE_FORMATS = ("azure", "mooncake", "burstgpt", "vllm-timed", "tailtune")
+from clients.tailtune_gate import FORMATS as GATE_FORMATS  # one list for the client and the server
 
 
 class GateUnavailable(Exception):

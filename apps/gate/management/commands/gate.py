@@ -72,20 +72,7 @@ class Command(BaseCommand):
             raise client.GateError(f"--owner: no user named {ns.owner!r}")
         body = client.gate_request(ns)
         trace = client.read_file(ns.trace, "--trace", binary=True, limit=None)
-        request = GateInput(
-            trace_format=body["format"],
-            repeats=body["repeats"],
-            busiest_s=body.get("busiest"),
-            classes=body.get("classes"),
-            spec_text=body.get("spec"),
-            manifest_text=body.get("baseline_manifest"),
-            baseline_args=body["baseline_args"],
-            candidate_args=body["candidate_args"],
-            name=body.get("name"),
-            candidate_engine={
-                k: body[f"candidate_{k}"] for k in ("image", "model_revision") if body.get(f"candidate_{k}")
-            },
-        )
+        request = GateInput.from_fields(body)
         try:
             experiment = gate_create(request=request, trace_data=trace, owner=owner)
         except SpecError as exc:
