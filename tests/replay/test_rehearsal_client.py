@@ -141,3 +141,35 @@ def test_a_request_planned_before_the_switch_but_dispatched_after_its_deadline_i
         )
     late = {r.index: r for r in result.records}[1]
     assert not late.ok and (late.cut or not late.sent), late
+
+
+def test_a_stream_whose_end_a_stalled_client_saw_only_after_the_deadline_is_cut(monkeypatch):
+    # The candidate's stream (0.5 s) is open at the deadline (switch 0.1 s + 0.3 s). The client's
+    # loop is then blocked from 0.36 s to ~0.8 s (as a starved load generator is: a core-less
+    # client on a host running two servers), so the stream's last frames and the deadline's timer
+    # are handled in one pass. The stream was open at the deadline: it is cut, never "ok".
+    import time
+
+    from workers.replay.rehearsal import RehearsalReplay
+
+    requests = make_requests(1, output_tokens=50) + make_requests(1, output_tokens=2, start_s=0.35)
+    requests[1]["index"] = 1
+    stream = MockConfig(default=Behaviour(ttft_s=0.01, itl_s=0.01))
+
+    def stall(self, record, response):
+        if record.index == 1:
+            time.sleep(0.45)
+
+    monkeypatch.setattr(RehearsalReplay, "_on_response", stall)
+    with MockServer(stream) as candidate, MockServer(stream) as b0:
+        result = _replay(
+            requests,
+            candidate.base_url,
+            {"switch_at_s": 0.1, "cut_after_s": 0.3, "b0_url": b0.base_url, "wait_for_b0": False},
+            observation_s=0.5,
+        )
+    first = next(r for r in result.records if r.index == 0)
+    assert result.loop_stall_max_ms >= 300  # the stall happened, measured by the client itself
+    assert first.backend == "candidate" and first.cut and first.unfinished and first.error == CUT_ERROR
+    assert first.end_ns >= 0.4e9
+    assert result.rehearsal["cut"] == 1

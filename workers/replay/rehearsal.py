@@ -262,16 +262,39 @@ class RehearsalReplay(_Replay):
             await super()._stream(session, semaphore, request, record, sent_early)
         finally:
             self._open_before.pop(record.index, None)
+        if before and self._ended_after_cut(record) and self._close_reason != "cancelled":
+            # Its [DONE] was stamped after the deadline, and its task ran before the deadline's:
+            # a stalled loop read the last frames and fired the cut's timer in one pass.
+            self._cut(record, perf_ns())
+
+    def _ended_after_cut(self, record: RequestRecord) -> bool:
+        return (
+            record.sent
+            and not record.cut
+            and record.error_kind is None
+            and record.end_ns is not None
+            and record.end_ns > self.cut_ns
+        )
+
+    def _cut(self, record: RequestRecord, now: int) -> None:
+        record.cut = True
+        record.unfinished = True
+        record.error = CUT_ERROR
+        record.end_ns = now - self.origin_ns
+        self.cut_count += 1
 
     def _mark_interrupted(self, record: RequestRecord, now: int) -> None:
-        if record.index in self._cutting and record.end_ns is not None and record.error_kind is None:
+        if (
+            record.index in self._cutting
+            and record.end_ns is not None
+            and record.error_kind is None
+            and record.end_ns <= self.cut_ns
+        ):
             return  # its [DONE] had arrived before the cut reached its task: it finished, it is not cut
+        # A [DONE] stamped after the deadline was not seen by then (a stalled loop read the last
+        # frames and fired the cut's timer in one pass): the stream was open at the deadline.
         if record.index in self._cutting and record.sent and self._close_reason != "cancelled":
-            record.cut = True
-            record.unfinished = True
-            record.error = CUT_ERROR
-            record.end_ns = now - self.origin_ns
-            self.cut_count += 1
+            self._cut(record, now)
             return
         super()._mark_interrupted(record, now)
 
