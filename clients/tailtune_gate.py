@@ -160,8 +160,10 @@ def read_file(
 
 def gate_request(opts: argparse.Namespace) -> dict[str, Any]:
     """Everything but the trace bytes, as the server's ``POST /api/v1/gates`` takes it."""
-    if opts.repeats < 1:
-        raise GateError("--repeats: must be at least 1")
+    if opts.repeats < 2:
+        raise GateError(
+            "--repeats: must be at least 2 (the gate tells a regression from run-to-run noise by the spread between repeats)"
+        )
     if opts.busiest is not None and opts.busiest <= 0:
         raise GateError("--busiest: must be positive")
     if opts.timeout <= 0 or opts.poll <= 0:

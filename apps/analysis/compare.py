@@ -351,6 +351,11 @@ def judge(
     noninferior = bool(judged and math.isfinite(margin) and harm_hi < margin) if not higher else None
     rep = diffs[1 : 1 + n_rep]
     rep_known = rep[np.isfinite(rep)]
+    # The same worse test on the repeats' own values: a whole run slower than the others is
+    # invisible to the bootstrap, which draws requests within runs (inference.repeats_p_worse).
+    p_worse_repeats = inference.repeats_p_worse(
+        (cand.hi if higher else cand.lo)[1 : 1 + n_rep], base.hi[1 : 1 + n_rep], higher_is_better=higher
+    )
     return {
         "b0": _num(b0),
         "candidate": _num(float(cand.hi[0])),
@@ -373,6 +378,7 @@ def judge(
         "harm": _num(harm),
         "p_better": float(round(p_better, 6)),
         "p_worse": float(round(p_worse, 6)),
+        "p_worse_repeats": None if p_worse_repeats is None else float(round(p_worse_repeats, 6)),
         "draws": draws,
         "noninferior": noninferior,
         "noninferiority_margin": _num(margin),

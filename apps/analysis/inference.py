@@ -7,6 +7,7 @@ docs/ANALYSIS.md ("How much the verdict can be trusted") states each rule and wh
 - ``family_resamples``: how many bootstrap draws a family of tests needs;
 - ``holm``: family-wise control of the gains a retune may rest on;
 - ``share_breaks``: an exact binomial test of a contract limit;
+- ``repeats_p_worse``: whether a harm stands out from the run-to-run spread of the repeats;
 - ``detectable``: the smallest change the design finds with the stated power;
 - ``planned_power``: the same figure before any run, from the planned request counts.
 """
@@ -18,7 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
+import numpy as np
 from scipy.stats import binom
+from scipy.stats import t as student_t
 
 # Power the design is judged by: the chance of finding a true change of the stated size.
 POWER = 0.80
@@ -89,6 +92,48 @@ def share_breaks(over: int, n: int, limit_share: float, alpha: float) -> tuple[b
         return True, 0.0
     p = float(binom.sf(over - 1, n, limit_share))
     return p <= alpha, p
+
+
+def repeats_p_worse(
+    candidate: Sequence[float] | np.ndarray,
+    baseline: Sequence[float] | np.ndarray,
+    *,
+    higher_is_better: bool = False,
+) -> float | None:
+    """One-sided p-value that the candidate is worse, from the repeats' own values alone.
+
+    The bootstrap draws requests within runs, so it cannot see a run that was
+    slower as a whole (the host busy with something else, a noisy neighbour):
+    with two repeats a side, two slow candidate runs look like a regression.
+    This test takes each repeat's value as one observation and asks whether the
+    candidate's mean is worse than B0's by more than the spread between repeats
+    explains: Student's two-sample t with the variance pooled over both sides
+    (under "no change" both sides share one distribution, so pooling is exact
+    there), on the log scale when every value is positive (a slower host scales
+    a tail latency) and on the plain scale otherwise. Its degrees of freedom
+    are the repeats less two, so two repeats a side give 2.
+
+    ``None`` when a side has fewer than two repeats (no spread to compare with);
+    1.0 when a B0 repeat is unbounded (censored: it supports no claim that the
+    candidate is worse). Pass a censored candidate repeat as its lower bound.
+    """
+    c = np.asarray(candidate, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    if c.size < 2 or b.size < 2 or np.isnan(c).any() or np.isnan(b).any():
+        return None
+    if not np.isfinite(b).all():
+        return 1.0
+    if not np.isfinite(c).all():
+        return None
+    if (c > 0).all() and (b > 0).all():
+        c, b = np.log(c), np.log(b)
+    harm = float(b.mean() - c.mean()) if higher_is_better else float(c.mean() - b.mean())
+    df = c.size + b.size - 2
+    pooled = (float(((c - c.mean()) ** 2).sum()) + float(((b - b.mean()) ** 2).sum())) / df
+    se = math.sqrt(pooled * (1 / c.size + 1 / b.size))
+    if se == 0:
+        return 0.0 if harm > 0 else 1.0
+    return float(student_t.sf(harm / se, df))
 
 
 def z(p: float) -> float:

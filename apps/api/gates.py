@@ -29,7 +29,7 @@ from apps.accounts.tokens import token_check
 from apps.api.auth import TokenAuthentication
 from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors
 from apps.experiments.spec import SpecError
-from apps.gate.build import GateInput
+from apps.gate.build import MIN_REPEATS, GateInput
 from apps.gate.services import GATE_FORMATS, GateUnavailable, gate_create, gate_resource
 
 CLIENT = Path(settings.BASE_DIR) / "clients" / "tailtune_gate.py"
@@ -147,8 +147,8 @@ class GateCreate(ApiView):
                 )
         if "busiest" in numbers and not 0 < numbers["busiest"] <= 86_400:
             errors.append({"field": "busiest", "message": "must be between 0 and 86400 seconds"})
-        if "repeats" in numbers and not 1 <= numbers["repeats"] <= 100:
-            errors.append({"field": "repeats", "message": "must be between 1 and 100"})
+        if "repeats" in numbers and not MIN_REPEATS <= numbers["repeats"] <= 100:
+            errors.append({"field": "repeats", "message": f"must be between {MIN_REPEATS} and 100"})
         baseline_args = _json_object(data, "baseline_args", errors)
         candidate_args = _json_object(data, "candidate_args", errors)
         if not texts.get("format"):

@@ -45,6 +45,13 @@ NO_CONTRACT = {
     "max_stall_ms": MAX_LATENCY_MS,
     "error_rate": 1.0,
 }
+# A regression is told from a run that was slow as a whole by the spread between repeats
+# (apps/analysis/inference.repeats_p_worse): one repeat a side has no spread.
+MIN_REPEATS = 2
+MIN_REPEATS_MESSAGE = (
+    f"must be an integer of at least {MIN_REPEATS}: the gate tells a regression from run-to-run "
+    "noise by the spread between repeats"
+)
 DEFAULTS = {"warmup_s": 5.0, "drain_deadline_s": 60.0, "max_dispatch_lag_ms": 50.0, "seed": 0}
 
 

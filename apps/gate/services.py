@@ -19,7 +19,16 @@ from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
 from apps.experiments.spec import FieldError, SpecError
-from apps.gate.build import GateInput, gate_spec, resolve_baseline, split_of, summarize, user_path
+from apps.gate.build import (
+    MIN_REPEATS,
+    MIN_REPEATS_MESSAGE,
+    GateInput,
+    gate_spec,
+    resolve_baseline,
+    split_of,
+    summarize,
+    user_path,
+)
 from apps.gate.verdict import gate_verdict
 from clients.tailtune_gate import FORMATS as GATE_FORMATS  # one list for the client and the server
 
@@ -92,8 +101,12 @@ def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experim
 
     if request.trace_format not in GATE_FORMATS:
         raise SpecError([FieldError("format", f"must be one of {', '.join(GATE_FORMATS)}")])
-    if not isinstance(request.repeats, int) or isinstance(request.repeats, bool) or request.repeats < 1:
-        raise SpecError([FieldError("repeats", "must be a positive integer")])
+    if (
+        not isinstance(request.repeats, int)
+        or isinstance(request.repeats, bool)
+        or request.repeats < MIN_REPEATS
+    ):
+        raise SpecError([FieldError("repeats", MIN_REPEATS_MESSAGE)])
     if request.manifest_text is not None:
         _refuse_revoked(request.manifest_text)
     try:

@@ -16,7 +16,9 @@ The model of one run (a (cell, mixture, rate, repeat) replay):
   neighbours are slow too), drawn afresh for every cell and repeat;
 - short requests: TTFT = 60 ms x effects; long requests: end-to-end =
   2,000 ms x effects (TTFT a quarter of it); a candidate's ``long_factor``
-  scales the long class's latencies (0.6 = 40% better everywhere, p99 included).
+  scales the long class's latencies (0.6 = 40% better everywhere, p99 included);
+- ``host_sigma``: a whole run slower or faster (the host busy elsewhere for its
+  length): one log-normal factor per run, drawn afresh for every cell and repeat.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Design:
     long_factor: Mapping[str, float] = field(default_factory=dict)  # cell -> latency factor
     near_limit: bool = False  # contracts at B0's true p99: B0 breaks them by chance
     observation_s: float = 60.0
+    host_sigma: float = 0.0  # log-sigma of a factor on a whole run; 0 = every run on an idle host
 
 
 def _true_p99(base_ms: float) -> float:
@@ -123,6 +126,8 @@ def result_set(design: Design, seed: int) -> dict[str, Any]:
             for cell in cell_ids:
                 key = f"{cell}|{mix}|{rep}"
                 run_noise = np.exp(RUN_SIGMA * _noise(rng, n, design.phi))
+                if design.host_sigma > 0:
+                    run_noise = run_noise * math.exp(design.host_sigma * rng.standard_normal())
                 factor = np.where(is_short, 1.0, design.long_factor.get(cell, 1.0))
                 e2e = np.where(is_short, SHORT_TTFT_MS * 3, LONG_E2E_MS) * request_effect * run_noise * factor
                 ttft = np.where(is_short, SHORT_TTFT_MS * request_effect * run_noise, e2e / 4)

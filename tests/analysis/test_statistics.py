@@ -194,3 +194,60 @@ def test_it_estimates_the_power_before_the_plan_starts():
     # Ten times the requests: about a third of the detectable change.
     short10 = _planned_80_20(80.0)["short"]
     assert short10.detectable_rel == pytest.approx(by["short"].detectable_rel / 10**0.5, rel=1e-6)
+
+
+def _runs_with_slow_hosts(rng: np.random.Generator, *, repeats: int, effect: float = 1.0) -> list[float]:
+    """Each run's p99 of 60 requests, the whole run scaled by how busy its host was (log-normal)."""
+    out = []
+    for _ in range(repeats):
+        host = float(np.exp(rng.normal(0.0, 0.25)))
+        out.append(float(np.quantile(rng.exponential(400.0, 60), 0.99)) * host * effect)
+    return out
+
+
+def test_it_weighs_a_slow_run_against_the_spread_between_repeats():
+    rng = np.random.default_rng(7)
+    trials = 4000
+    false = sum(
+        inference.repeats_p_worse(
+            _runs_with_slow_hosts(rng, repeats=2), _runs_with_slow_hosts(rng, repeats=2)
+        )
+        <= 0.05
+        for _ in range(trials)
+    )
+    # Identical configs, whole runs slower or faster by chance: about 5%, never far above.
+    assert false / trials <= 0.065, false / trials
+    # A candidate five times slower in the tail is found under the same noise (bench/results/gate_power.md
+    # states the power at each size and number of repeats).
+    found = sum(
+        inference.repeats_p_worse(
+            _runs_with_slow_hosts(rng, repeats=2, effect=5.0), _runs_with_slow_hosts(rng, repeats=2)
+        )
+        <= 0.05
+        for _ in range(500)
+    )
+    assert found / 500 >= 0.85, found / 500
+
+
+def test_it_judges_the_repeats_on_their_own_values_and_refuses_what_they_cannot_show():
+    # Two slow candidate runs inside the spread of B0's own repeats: no evidence.
+    assert inference.repeats_p_worse([1900.0, 1950.0], [1500.0, 2100.0]) > 0.2
+    # Consistently three times slower: strong evidence, on the log scale.
+    assert inference.repeats_p_worse([6000.0, 6400.0], [1500.0, 1600.0]) < 0.01
+    # Higher is better (goodput): less is worse.
+    assert inference.repeats_p_worse([1.0, 1.1], [3.0, 3.1], higher_is_better=True) < 0.01
+    assert inference.repeats_p_worse([3.0, 3.1], [1.0, 1.1], higher_is_better=True) > 0.99
+    # Zeros (an error rate): the plain scale.
+    assert inference.repeats_p_worse([0.0, 0.0], [0.0, 0.0]) == 1.0
+    assert inference.repeats_p_worse([0.1, 0.1], [0.0, 0.0]) == 0.0
+    # One repeat a side has no spread; a censored B0 repeat supports no claim.
+    assert inference.repeats_p_worse([5000.0], [100.0]) is None
+    assert inference.repeats_p_worse([5000.0, 5000.0], [100.0, float("inf")]) == 1.0
+    assert inference.repeats_p_worse([5000.0, float("nan")], [100.0, 100.0]) is None
+
+
+def test_it_reports_the_repeats_worse_test_beside_the_bootstrap():
+    rows = Rows(hi=np.array([1.0, 1.0, 1.0]), lo=np.array([1.0, 1.0, 1.0]))
+    cand = Rows(hi=np.array([3.0, 3.0, 3.1]), lo=np.array([3.0, 3.0, 3.1]))
+    out = judge("ttft_p99_ms", cand, rows, n_rep=2, options=CompareOptions())
+    assert out["p_worse_repeats"] is not None and out["p_worse_repeats"] < 0.01
