@@ -46,6 +46,8 @@ from apps.analysis.columns import RecordTable
 from apps.analysis.metrics import Contract, class_metrics, derive, run_window
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, ServerConfig, Workload
+from apps.runs import dispatch
+from apps.runs.hosts import hosts_alive
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
 from apps.runs.scenarios import CALIBRATION, UNIFORM, probe_run_create
@@ -487,9 +489,6 @@ def goodput_capacity_request(*, experiment: Experiment, cell_id: str, mixture: s
     same search is queued, or with no live host. The search is marked
     ``queued`` in the derivation at once, so the UI shows it is on its way.
     """
-    from apps.runs.services import hosts_alive
-    from workers.tasks import cell_goodput_capacity as task
-
     if not experiment.cells.filter(cell_id=cell_id).exists():
         raise GoodputRequestError(f"cell: no cell {cell_id!r} in this experiment")
     if mixture not in (experiment.workload.mixtures or {}):
@@ -521,11 +520,10 @@ def goodput_capacity_request(*, experiment: Experiment, cell_id: str, mixture: s
             experiment=experiment,
             detail={"cell": cell_id, "mixture": mixture, "host": host.name},
         )
-        transaction.on_commit(
-            lambda: task.apply_async(
-                kwargs={"experiment_pk": experiment.pk, "cell_id": cell_id, "mixture": mixture},
-                queue=host.queue,
-            )
+        dispatch.send_on_commit(
+            dispatch.CELL_GOODPUT_CAPACITY,
+            kwargs={"experiment_pk": experiment.pk, "cell_id": cell_id, "mixture": mixture},
+            queue=host.queue,
         )
     return host.name
 

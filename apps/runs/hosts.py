@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.runs.models import Host
+
+# A host whose last heartbeat is older than this is not alive: no run is sent to it, and the
+# run it held is failed and requeued (apps/runs/services.hosts_reap_lost).
+HEARTBEAT_TIMEOUT = timedelta(seconds=90)
+
+
+def hosts_alive(*, max_model_len: int | None = None) -> list[Host]:
+    """The enabled hosts with a fresh heartbeat that can serve ``max_model_len``, by name."""
+    cutoff = timezone.now() - HEARTBEAT_TIMEOUT
+    qs = Host.objects.filter(enabled=True, last_heartbeat__gte=cutoff).order_by("name")
+    if max_model_len:
+        qs = qs.filter(Q(max_model_len__isnull=True) | Q(max_model_len__gte=max_model_len))
+    return list(qs)
 
 
 def host_queue(name: str) -> str:

@@ -25,6 +25,8 @@ from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.experiments.spec import RUN_OVERHEAD_S
+from apps.runs.dispatch import run_enqueue
+from apps.runs.hosts import hosts_alive
 from apps.runs.models import Run
 
 REHEARSAL = REHEARSAL_SCENARIO
@@ -92,9 +94,6 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
 
 
 def _enqueue(run: Run, experiment: Experiment, *, actor: Any, reason: str) -> None:
-    from apps.runs.services import _enqueue as enqueue_on
-    from apps.runs.services import hosts_alive
-
     hosts = hosts_alive(max_model_len=experiment.max_model_len)
     if not hosts:
         raise RehearsalError("no host is alive to run the rehearsal (start a worker)")
@@ -117,7 +116,7 @@ def _enqueue(run: Run, experiment: Experiment, *, actor: Any, reason: str) -> No
             "to": Experiment.Status.RUNNING,
         },
     )
-    enqueue_on(run, hosts[0])
+    run_enqueue(run, hosts[0])
 
 
 @transaction.atomic

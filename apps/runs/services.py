@@ -8,47 +8,33 @@ worker or a racing cancel can never move a run twice.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment
+from apps.runs import dispatch
+from apps.runs.dispatch import run_enqueue
+from apps.runs.hosts import HEARTBEAT_TIMEOUT, hosts_alive
 from apps.runs.models import Host, Run
 
 log = logging.getLogger(__name__)
 
 # A host whose worker has not written a heartbeat for this long is lost.
-HEARTBEAT_TIMEOUT = timedelta(seconds=90)
 
 
 class StartError(ValueError):
     pass
 
 
-def hosts_alive(*, max_model_len: int | None = None) -> list[Host]:
-    cutoff = timezone.now() - HEARTBEAT_TIMEOUT
-    qs = Host.objects.filter(enabled=True, last_heartbeat__gte=cutoff).order_by("name")
-    if max_model_len:
-        qs = qs.filter(Q(max_model_len__isnull=True) | Q(max_model_len__gte=max_model_len))
-    return list(qs)
-
-
-def _enqueue(run: Run, host: Host) -> None:
-    from workers.tasks import execute_run
-
-    Run.objects.filter(pk=run.pk).update(host=host)
-    transaction.on_commit(lambda: execute_run.apply_async(kwargs={"run_pk": run.pk}, queue=host.queue))
-
-
 def _assign(runs: list[Run], hosts: list[Host]) -> None:
     """Round-robin in plan order: several hosts drain one plan in parallel."""
     for i, run in enumerate(runs):
-        _enqueue(run, hosts[i % len(hosts)])
+        run_enqueue(run, hosts[i % len(hosts)])
 
 
 def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
@@ -59,8 +45,6 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
     the web request. Returns the number of runs that will be enqueued. The task
     is sent only after this transaction commits.
     """
-    from workers.tasks import freeze_experiment
-
     if experiment.status not in (Experiment.Status.PLANNED, Experiment.Status.CANCELLED):
         raise StartError(f"experiment is {experiment.status}; only a planned experiment can start")
     hosts = hosts_alive(max_model_len=experiment.max_model_len)
@@ -88,8 +72,8 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
             },
         )
         queue = hosts[0].queue
-        transaction.on_commit(
-            lambda: freeze_experiment.apply_async(kwargs={"experiment_pk": experiment.pk}, queue=queue)
+        dispatch.send_on_commit(
+            dispatch.FREEZE_EXPERIMENT, kwargs={"experiment_pk": experiment.pk}, queue=queue
         )
     return n
 
@@ -278,7 +262,7 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
     hosts = hosts_alive(max_model_len=run.experiment.max_model_len) or ([run.host] if run.host else [])
     if hosts:  # with none alive it stays queued: the next start of the experiment enqueues it
         with transaction.atomic():
-            _enqueue(retry, hosts[0])
+            run_enqueue(retry, hosts[0])
     audit_record(
         action="run.requeued", experiment=run.experiment, target=str(run.run_id), detail={"reason": reason}
     )
@@ -319,12 +303,10 @@ def experiment_check_finished(*, experiment_id: int) -> bool:
 
 def analysis_enqueue(*, experiment_id: int) -> None:
     """Send the experiment's analysis to the default queue once this transaction commits."""
-    from workers.tasks import analyse_experiment
-
-    transaction.on_commit(
-        lambda: analyse_experiment.apply_async(
-            kwargs={"experiment_pk": experiment_id}, queue=settings.CELERY_TASK_DEFAULT_QUEUE
-        )
+    dispatch.send_on_commit(
+        dispatch.ANALYSE_EXPERIMENT,
+        kwargs={"experiment_pk": experiment_id},
+        queue=settings.CELERY_TASK_DEFAULT_QUEUE,
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from workers.replay.client import run_replay
+from workers.replay.run import run_replay
 
 
 def constant_rate_requests(

@@ -22,11 +22,13 @@ from apps.analysis.decide import recovery_check
 from apps.analysis.services import rehearsal_inputs
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
+from apps.runs.dispatch import ANALYSE_EXPERIMENT, EXECUTE_RUN
 from apps.runs.hosts import host_register_local
 from apps.runs.models import MetricSample, RequestRecord, Run
 from apps.runs.rehearsal import rehearsal_start
 from apps.runs.services import experiment_freeze_and_enqueue
 from apps.workloads.services import trace_load
+from tests.dispatch_support import hold_tasks
 from tests.engine_support import ENGINE_MARKS
 from tests.experiments.factories import UserFactory, small_spec
 from workers.engine.procs import alive_pids
@@ -44,8 +46,7 @@ def _rehearsal(
 ) -> Run:
     """An experiment whose sweep traces are frozen, analysed on paper, then rehearsed for C1."""
     # No task reaches the shared broker: this test runs the pipeline itself and analyses nothing.
-    monkeypatch.setattr("workers.tasks.execute_run.apply_async", lambda kwargs, queue: None)
-    monkeypatch.setattr("workers.tasks.analyse_experiment.apply_async", lambda kwargs, queue: None)
+    hold_tasks(monkeypatch, EXECUTE_RUN, ANALYSE_EXPERIMENT)
     spec = small_spec()
     # Long streams (1,700 tokens: 2.4-6 s at this engine's 1.4-3.6 ms per token) are still open
     # at the drain deadline after the switch (0.75 s in the warm test).

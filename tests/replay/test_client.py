@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from tests.replay.helpers import make_requests
-from workers.replay.client import ReplayResult, request_body, run_replay
+from workers.replay.client import ReplayResult, request_body
 from workers.replay.mockserver import Behaviour, MockConfig, MockServer
 from workers.replay.records import RequestRecord
+from workers.replay.run import run_replay
 
 # Every behaviour is checked on both HTTP paths: the raw protocol (default) and aiohttp.
 _transport = {"name": "raw"}

@@ -7,7 +7,7 @@ from pathlib import Path
 from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.server import EngineServer
-from workers.replay.client import run_replay
+from workers.replay.run import run_replay
 
 pytestmark = ENGINE_MARKS
 

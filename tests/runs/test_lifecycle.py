@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 
 from apps.experiments.models import Experiment
+from apps.runs.dispatch import EXECUTE_RUN
 from apps.runs.models import Host, Run
 from apps.runs.services import (
     experiment_cancel,
@@ -13,6 +12,7 @@ from apps.runs.services import (
     hosts_reap_lost,
     run_claim,
 )
+from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment
 from tests.runs.factories import make_host
 
@@ -54,7 +54,7 @@ def test_it_dequeues_the_rest_when_cancelled() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_fails_and_requeues_once_the_run_of_a_lost_host() -> None:
+def test_it_fails_and_requeues_once_the_run_of_a_lost_host(monkeypatch) -> None:
     experiment = make_experiment()
     Experiment.objects.filter(pk=experiment.pk).update(status="running")
     run = experiment.runs.first()
@@ -62,8 +62,8 @@ def test_it_fails_and_requeues_once_the_run_of_a_lost_host() -> None:
     make_host("alive")
     Run.objects.filter(pk=run.pk).update(status=Run.Status.MEASURING, host=dead)
     Host.objects.filter(pk=dead.pk).update(current_run=run)
-    with mock.patch("workers.tasks.execute_run.apply_async") as send:
-        retried = hosts_reap_lost()
+    sent = hold_tasks(monkeypatch, EXECUTE_RUN)
+    retried = hosts_reap_lost()
     assert len(retried) == 1
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED and "host lost" in run.reason
@@ -75,10 +75,9 @@ def test_it_fails_and_requeues_once_the_run_of_a_lost_host() -> None:
         run.rate_name,
         run.repeat,
     )
-    assert send.call_args.kwargs["queue"] == "host.alive"
+    assert sent[-1][2] == "host.alive"
     # A retry that is lost too is not retried again.
     Run.objects.filter(pk=retry.pk).update(status=Run.Status.MEASURING, host=dead)
     Host.objects.filter(pk=dead.pk).update(current_run=retry)
-    with mock.patch("workers.tasks.execute_run.apply_async"):
-        assert hosts_reap_lost() == []
+    assert hosts_reap_lost() == []
     assert Run.objects.get(pk=retry.pk).status == Run.Status.FAILED

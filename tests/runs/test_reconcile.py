@@ -10,8 +10,10 @@ from django.utils import timezone
 
 from apps.approvals.models import AuditEvent
 from apps.experiments.models import Experiment
+from apps.runs.dispatch import ANALYSE_EXPERIMENT, EXECUTE_RUN
 from apps.runs.models import Run
 from apps.runs.reconcile import MAX_ANALYSIS_FAILURES, experiments_reconcile
+from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment
 from tests.runs.factories import make_host
 
@@ -37,14 +39,14 @@ def repairs(experiment: Experiment) -> list[str]:
 
 
 def test_finished_runs_with_no_analysis_get_it_sent_again_then_cancelled_if_it_keeps_failing(
-    django_capture_on_commit_callbacks,
+    django_capture_on_commit_callbacks, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     experiment = running(make_experiment(), status="done", finished_at=timezone.now() - LATER)
-    with mock.patch("workers.tasks.analyse_experiment.apply_async") as send:
-        with django_capture_on_commit_callbacks(execute=True):
-            done = experiments_reconcile()
+    sent = hold_tasks(monkeypatch, ANALYSE_EXPERIMENT)
+    with django_capture_on_commit_callbacks(execute=True):
+        done = experiments_reconcile()
     assert [r["repair"] for r in done] == ["analysis sent again: every run had finished"]
-    assert send.call_args.kwargs["kwargs"] == {"experiment_pk": experiment.pk}
+    assert sent[-1][1] == {"experiment_pk": experiment.pk}
     # Nothing twice within the window: it touched the experiment.
     assert experiments_reconcile() == []
     for _ in range(MAX_ANALYSIS_FAILURES):
@@ -72,13 +74,15 @@ def test_a_lost_freeze_goes_back_to_planned() -> None:
     assert repairs(experiment) == ["back to planned: the freeze never ran"]
 
 
-def test_lost_run_messages_are_sent_again_and_claimed_once(django_capture_on_commit_callbacks) -> None:  # type: ignore[no-untyped-def]
+def test_lost_run_messages_are_sent_again_and_claimed_once(
+    django_capture_on_commit_callbacks, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     host = make_host()
     experiment = running(make_experiment(), trace_sha256="a" * 64, host=host)
-    with mock.patch("workers.tasks.execute_run.apply_async") as send:
-        with django_capture_on_commit_callbacks(execute=True):
-            experiments_reconcile()
-    assert send.call_count == experiment.runs.count() > 0
+    sent = hold_tasks(monkeypatch, EXECUTE_RUN)
+    with django_capture_on_commit_callbacks(execute=True):
+        experiments_reconcile()
+    assert len(sent) == experiment.runs.count() > 0
     assert repairs(experiment) == ["queued runs sent again: none was running"]
     # A run that is going is never second-guessed.
     other = running(make_experiment(name="busy"), trace_sha256="b" * 64, host=host)

@@ -18,10 +18,12 @@ import pytest
 
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
+from apps.runs.dispatch import ANALYSE_EXPERIMENT, EXECUTE_RUN
 from apps.runs.hosts import host_register_local
 from apps.runs.models import Host, RequestRecord, Run
 from apps.runs.rehearsal import rehearsal_start
 from apps.runs.services import experiment_freeze_and_enqueue
+from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import UserFactory, small_spec
 from tests.support_router import running_router
 from workers.engine.launcher import free_port
@@ -42,8 +44,7 @@ def router() -> Iterator[dict[str, Any]]:
 
 def _rehearse(monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str) -> Run:
     # No task reaches the shared broker: this test runs the pipeline itself and analyses nothing.
-    monkeypatch.setattr("workers.tasks.execute_run.apply_async", lambda kwargs, queue: None)
-    monkeypatch.setattr("workers.tasks.analyse_experiment.apply_async", lambda kwargs, queue: None)
+    hold_tasks(monkeypatch, EXECUTE_RUN, ANALYSE_EXPERIMENT)
     monkeypatch.setenv("TAILTUNE_VLLM_COMMAND", json.dumps([sys.executable, str(FAKE)]))
     spec = small_spec()
     spec["workload"] = {

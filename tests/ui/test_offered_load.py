@@ -7,7 +7,9 @@ from django.utils import timezone
 
 from apps.experiments.models import Workload
 from apps.runs.calibration import cell_goodput_capacity, offered_load
+from apps.runs.dispatch import CELL_GOODPUT_CAPACITY
 from apps.runs.models import Host
+from tests.dispatch_support import hold_tasks
 
 
 def _probed(experiment) -> None:  # type: ignore[no-untyped-def]
@@ -65,10 +67,8 @@ def test_it_marks_probe_rates_provisional_until_the_probe_ran(client, viewer, ex
 def test_it_queues_a_goodput_search_on_a_live_host_once(
     client, author, viewer, experiment, monkeypatch, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
-    sent = []
-    monkeypatch.setattr(
-        "workers.tasks.cell_goodput_capacity.apply_async", lambda kwargs, queue: sent.append((kwargs, queue))
-    )
+    held = hold_tasks(monkeypatch, CELL_GOODPUT_CAPACITY)
+    sent = held
     url = f"/experiments/{experiment.pk}/goodput/"
     client.force_login(viewer)
     assert client.post(url, {"cell": "C1", "mixture": "80-20"}).status_code == 403
@@ -79,7 +79,13 @@ def test_it_queues_a_goodput_search_on_a_live_host_once(
     with django_capture_on_commit_callbacks(execute=True):
         page = client.post(url, {"cell": "C1", "mixture": "80-20"}, follow=True).content.decode()
     assert "queued on cpu-a" in page and 'class="badge status-queued"' in page
-    assert sent == [({"experiment_pk": experiment.pk, "cell_id": "C1", "mixture": "80-20"}, "host.cpu-a")]
+    assert sent == [
+        (
+            CELL_GOODPUT_CAPACITY,
+            {"experiment_pk": experiment.pk, "cell_id": "C1", "mixture": "80-20"},
+            "host.cpu-a",
+        )
+    ]
     again = client.post(url, {"cell": "C1", "mixture": "80-20"}, follow=True).content.decode()
     assert "being measured already" in again and len(sent) == 1
     wrong = client.post(url, {"cell": "C9", "mixture": "80-20"}, follow=True).content.decode()

@@ -16,7 +16,8 @@ machine a streaming ``httpx.AsyncClient`` loop needed about four times the
 CPU for the same load and fell behind at 200 req/s (issue 4), and the send
 loop is the one place where the client's own cost becomes measurement error.
 
-Algorithm of :func:`run_replay`:
+Algorithm of a replay (:func:`workers.replay.run.run_replay` is the entry point, which
+also fans a replay out over processes through :mod:`workers.replay.shard`):
 
 1. Build one record per request (planned time, class, warm-up flag) and fix
    the origin a little in the future so the first sends are not late.
@@ -121,95 +122,6 @@ class ReplayResult:
     def summary(self) -> dict[str, Any]:
         """Everything but the records, JSON-ready (for Run.summary and logs)."""
         return {k: v for k, v in self.__dict__.items() if k != "records"}
-
-
-def run_replay(
-    requests: Sequence[dict[str, Any]],
-    *,
-    base_url: str,
-    model: str,
-    run_id: str,
-    warmup_s: float,
-    observation_s: float,
-    drain_deadline_s: float,
-    max_dispatch_lag_ms: float,
-    on_batch: BatchCallback | None = None,
-    batch_interval_s: float = 1.0,
-    on_progress: ProgressCallback | None = None,
-    stop: threading.Event | None = None,
-    endpoint: str = "completions",
-    max_concurrency: int | None = None,
-    connect_timeout_s: float = 10.0,
-    read_timeout_s: float | None = None,
-    extra_body: dict[str, Any] | None = None,
-    processes: int = 1,
-    transport: str = "raw",
-    origin_ns: int | None = None,
-) -> ReplayResult:
-    """Replay ``requests`` (canonical trace request objects, in arrival order) and wait for the result.
-
-    Synchronous: runs its own event loop (uvloop when installed), so it can
-    be called from a Celery task thread. ``on_batch`` receives each record
-    exactly once, about every ``batch_interval_s`` and once more at the end;
-    if it raises, the run stops and the exception is re-raised here.
-
-    ``processes > 1`` spreads the requests round-robin over that many child
-    processes (``python -m workers.replay.shard``), each with its own event
-    loop and the same origin on the shared monotonic clock, for rates one
-    event loop cannot keep on schedule. Children are plain subprocesses, so
-    this also works inside a daemonic Celery worker process.
-
-    ``origin_ns`` fixes the origin on the monotonic clock (``time.perf_counter_ns``, shared by
-    every process of the host), so a caller can act at planned offsets too (one process only).
-    A recovery rehearsal drives its own replay through :func:`drive`
-    (:func:`workers.replay.rehearsal.run_rehearsal`).
-    """
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint must be one of {sorted(ENDPOINTS)}, not {endpoint!r}")
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError("max_concurrency must be >= 1 (or None for no cap)")
-    check_requests(requests, endpoint=endpoint)
-    if processes < 1:
-        raise ValueError("processes must be >= 1")
-    if transport not in ("raw", "aiohttp"):
-        raise ValueError(f"transport must be 'raw' or 'aiohttp', not {transport!r}")
-    options: dict[str, Any] = {
-        "base_url": base_url,
-        "model": model,
-        "run_id": run_id,
-        "warmup_s": warmup_s,
-        "observation_s": observation_s,
-        "drain_deadline_s": drain_deadline_s,
-        "endpoint": endpoint,
-        "max_concurrency": max_concurrency,
-        "connect_timeout_s": connect_timeout_s,
-        "read_timeout_s": read_timeout_s,
-        "extra_body": extra_body or {},
-        "transport": transport,
-    }
-    if processes > 1 and origin_ns is not None:
-        raise ValueError("origin_ns needs processes=1")
-    if processes > 1:
-        from workers.replay.shard import run_sharded
-
-        return run_sharded(
-            requests,
-            options=options,
-            processes=processes,
-            tolerance_ms=max_dispatch_lag_ms,
-            on_batch=on_batch,
-            batch_interval_s=batch_interval_s,
-            on_progress=on_progress,
-            stop=stop or threading.Event(),
-        )
-    replay = _Replay(requests, **options, stop=stop or threading.Event(), origin_ns=origin_ns)
-    return drive(
-        replay,
-        on_batch=on_batch,
-        on_progress=on_progress,
-        batch_interval_s=batch_interval_s,
-        tolerance_ms=max_dispatch_lag_ms,
-    )
 
 
 def check_requests(requests: Sequence[dict[str, Any]], *, endpoint: str) -> None:

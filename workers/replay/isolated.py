@@ -31,8 +31,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.replay.client import ReplayResult, run_replay
+from workers.replay.client import ReplayResult
 from workers.replay.records import RequestRecord
+from workers.replay.run import run_replay
 
 
 class ReplayProcessError(RuntimeError):

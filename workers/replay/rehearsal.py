@@ -95,7 +95,7 @@ def run_rehearsal(
     read_timeout_s: float | None = None,
     extra_body: dict[str, Any] | None = None,
 ) -> ReplayResult:
-    """:func:`workers.replay.client.run_replay` for a rehearsal: one process, the raw transport,
+    """:func:`workers.replay.run.run_replay` for a rehearsal: one process, the raw transport,
     no concurrency cap; the result's ``rehearsal`` holds the client's facts."""
     check_requests(requests, endpoint="completions")
     replay = RehearsalReplay(
