@@ -59,7 +59,8 @@ class Workers:
         from django.utils import timezone
 
         started_at = timezone.now()
-        log = open(self.tmp / f"worker-{len(self.procs)}.log", "wb")  # closed with the process
+        path = self.tmp / f"worker-{len(self.procs)}.log"
+        log = open(path, "wb")  # closed with the process
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "run_worker"],
             cwd=settings.BASE_DIR,
@@ -73,7 +74,9 @@ class Workers:
         wait_for(
             lambda: Host.objects.filter(name=self.host_name, last_heartbeat__gt=started_at).exists(), 120
         )
-        time.sleep(3)  # the heartbeat thread starts just before the consumer; give it a moment
+        # The heartbeat thread starts just before the consumer: wait for Celery's own word that
+        # the consumer is up ("<node> ready." in the worker's log).
+        wait_for(lambda: b" ready." in path.read_bytes(), 120)
         return proc
 
     def logs(self) -> str:
