@@ -169,6 +169,14 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = not any(STATIC_ROOT.iterdir())
+# plotly.js comes from the installed package under a versioned folder (apps/experiments/staticfiles.py):
+# a new version is a new URL, so it is cached for a year.
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "apps.experiments.staticfiles.PlotlyFinder",
+]
+WHITENOISE_IMMUTABLE_FILE_TEST = r"/vendor/plotly-[^/]+/"
 
 # --- Behind a TLS-terminating proxy (docs: README "Production") ------------
 # TAILTUNE_HTTPS=true: cookies only over HTTPS, HSTS, and redirects to HTTPS, trusting the proxy's

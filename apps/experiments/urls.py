@@ -17,5 +17,4 @@ urlpatterns = [
     path("experiments/<int:pk>/goodput/", views.experiment_goodput, name="goodput"),
     path("experiments/<int:pk>/results/", views.experiment_results, name="results"),
     path("experiments/<int:pk>/spec.yaml", views.experiment_spec, name="spec"),
-    path("assets/plotly.min.js", views.plotly_bundle, name="plotly"),
 ]

@@ -5,15 +5,13 @@ Views stay thin: one access check, a form or a selector, one service call.
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -522,20 +520,3 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
         }
     )
     return render(request, "experiments/results.html", context)
-
-
-# --- static assets --------------------------------------------------------------------
-
-
-@lru_cache(maxsize=1)
-def _plotly_path() -> Path:
-    import plotly
-
-    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-
-
-def plotly_bundle(request: HttpRequest) -> FileResponse:
-    """plotly.js from the installed plotly package: one version, no CDN, no copy in the repo."""
-    response = FileResponse(_plotly_path().open("rb"), content_type="text/javascript")
-    response["Cache-Control"] = "private, max-age=86400"
-    return response
