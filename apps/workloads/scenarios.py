@@ -40,14 +40,6 @@ from apps.workloads.prompts import PromptTokenizer, build_prompts, corpus_sha256
 from apps.workloads.tracefile import T_DECIMALS, Trace, TraceRequest
 
 GENERATOR = "tailtune.workloads.scenarios/1"
-SCENARIOS = (
-    "long_burst",
-    "decode_pressure",
-    "context_boundary",
-    "cancellation",
-    "kv_pressure",
-    "priority_flood",
-)
 # The automatic priority verification replays a short priority_flood.
 PRIORITY_CHECK = "priority_check"
 # Priority values (vLLM schedules the lower value first).
@@ -541,6 +533,9 @@ _BUILDERS = {
     "kv_pressure": _kv_pressure,
     "priority_flood": _priority_flood,
 }
+# The one list of the failure scenarios: each has a generator here and a check in
+# apps/analysis/scenarios.py (tests/scenarios/test_generators.py holds the two to it).
+SCENARIOS = tuple(_BUILDERS)
 
 
 def scenario_windows(name: str, params: Mapping[str, Any] | None = None) -> dict[str, float]:

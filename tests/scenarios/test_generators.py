@@ -226,3 +226,11 @@ def test_it_makes_decode_pressure_streams_outlast_their_ramp(context, tokenizer)
     )
     assert {r.output_tokens for r in t.requests} == {2048 - 64}
     assert t.meta["sizing"]["derived"]["output_tokens"]["inputs"]["capped"]
+
+
+def test_every_failure_scenario_has_one_generator_one_check_and_its_defaults():
+    from apps.analysis.scenarios import _CHECKS
+    from apps.workloads.scenarios import DEFAULTS
+
+    assert tuple(_CHECKS) == SCENARIOS
+    assert set(DEFAULTS) == {*SCENARIOS, PRIORITY_CHECK}
