@@ -157,6 +157,16 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# --- Uploads (config/uploadhandlers.py) --------------------------------------
+# Every uploaded file streams to a temporary file on the data volume, capped while it arrives;
+# the rest of a request body (form fields, JSON) is capped by Django itself. A trace uploaded
+# with a new experiment is then imported by a worker (apps/experiments/uploads.py).
+TAILTUNE_MAX_UPLOAD_BYTES = envint("TAILTUNE_MAX_UPLOAD_BYTES", 512 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("TAILTUNE_MAX_REQUEST_BYTES", 8 * 1024 * 1024)
+FILE_UPLOAD_HANDLERS = ["config.uploadhandlers.CappedTemporaryFileUploadHandler"]
+FILE_UPLOAD_TEMP_DIR = str(DATA_DIR / "uploads" / "tmp")
+Path(FILE_UPLOAD_TEMP_DIR).mkdir(parents=True, exist_ok=True)
+
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"

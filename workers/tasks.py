@@ -85,3 +85,11 @@ def analyse_experiment(*, experiment_pk: int) -> str:
         return f"{decision.outcome} {decision.chosen_cell}: rehearsing its rollback".strip()
     experiment_mark_analysed(experiment_id=experiment_pk)
     return f"{decision.outcome} {decision.chosen_cell}".strip()
+
+
+@shared_task(name="tailtune.import_trace", acks_late=True)
+def import_trace(*, upload_pk: int) -> str:
+    """Import a trace uploaded with a new experiment and create the experiment (any worker)."""
+    from apps.experiments.uploads import trace_upload_import
+
+    return trace_upload_import(upload_pk=upload_pk)

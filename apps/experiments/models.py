@@ -181,3 +181,38 @@ class Workload(models.Model):
         """The req/s of one (mixture, rate): the mixture's own when it has one, else the shared one."""
         own = (self.mixture_rates or {}).get(mixture) or {}
         return float(own[rate_name] if rate_name in own else self.rates[rate_name])
+
+
+class TraceUpload(models.Model):
+    """A real trace uploaded with a new experiment, imported by a worker, not the web request.
+
+    The web process streams the file to disk (``path``), checks the spec and saves this row;
+    the ``tailtune.import_trace`` task parses the file, cuts the busiest window, builds the
+    prompts and creates the experiment, all in one transaction (apps/experiments/uploads.py).
+    A file that does not parse leaves ``errors`` (each naming its line) and nothing else.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        IMPORTING = "importing"
+        DONE = "done"
+        FAILED = "failed"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    spec = models.JSONField()  # the validated spec the experiment is created from
+    file_name = models.CharField(max_length=255)
+    path = models.CharField(max_length=1024)  # the stored upload, deleted once imported
+    size_bytes = models.BigIntegerField()
+    trace_format = models.CharField(max_length=32)
+    thresholds = models.JSONField()  # [[class, max input tokens or null], ...]
+    busiest_s = models.FloatField(null=True, blank=True)
+    errors = models.JSONField(default=list, blank=True)
+    experiment = models.OneToOneField(
+        Experiment, null=True, blank=True, on_delete=models.SET_NULL, related_name="trace_upload"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"upload {self.pk} ({self.file_name}, {self.status})"

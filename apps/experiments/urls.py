@@ -8,6 +8,7 @@ app_name = "experiments"
 urlpatterns = [
     path("", views.experiment_list, name="list"),
     path("experiments/new/", views.experiment_new, name="new"),
+    path("experiments/uploads/<int:pk>/", views.upload_detail, name="upload"),
     path("experiments/<int:pk>/", views.experiment_detail, name="detail"),
     path("experiments/<int:pk>/live/", views.experiment_live, name="live"),
     path("experiments/<int:pk>/progress.json", views.experiment_progress_json, name="progress"),

@@ -30,13 +30,15 @@ from apps.experiments.forms import (
     spec_from_upload,
     validate_built,
 )
-from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create, experiment_create_with_trace, experiment_to_spec
+from apps.experiments.models import Experiment, TraceUpload
+from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
+from apps.experiments.uploads import trace_upload_queue
 from apps.runs.calibration import GoodputRequestError, goodput_capacity_request, offered_load
 from apps.runs.models import Run
 from apps.runs.rehearsal import rehearsal_cost_s
-from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
+from apps.workloads.importers import parse_class_thresholds
+from config.uploadhandlers import too_large_message
 
 
 def require_reader(request: HttpRequest) -> None:
@@ -103,6 +105,11 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     classes = ClassFormSet(request.POST, prefix="classes")
     spec: dict[str, Any] | None = None
     form_ok = form.is_valid()
+    # A file over the upload cap was dropped while it arrived (config/uploadhandlers.py).
+    for field, limit in (getattr(request, "uploads_too_large", None) or {}).items():
+        if field in form.fields:
+            form.add_error(field, too_large_message(limit))
+            form_ok = False
     cells_ok = cells.is_valid()
     classes_ok = classes.is_valid()
     if form_ok and (form.cleaned_data.get("spec_file") or form.cleaned_data.get("spec_text")):
@@ -120,14 +127,28 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     if spec is not None:
         estimate = selectors.plan_estimate(spec)
         if "create" in request.POST:
+            upload = form.cleaned_data.get("trace_file")
             try:
-                experiment = _create(form, spec, request.user)
+                if upload:
+                    # Stored now, imported by a worker: the page says "importing…" until it is done.
+                    queued = trace_upload_queue(
+                        spec=spec,
+                        owner=request.user,
+                        upload=upload,
+                        trace_format=form.cleaned_data.get("trace_format") or "azure",
+                        thresholds=parse_class_thresholds(
+                            form.cleaned_data.get("trace_classes") or "short:1024,long"
+                        ),
+                        busiest_s=form.cleaned_data.get("trace_busiest_s"),
+                    )
+                    return redirect("experiments:upload", pk=queued.pk)
+                experiment = experiment_create(spec=spec, owner=request.user)
             except SpecError as exc:
-                field = "trace_file" if form.cleaned_data.get("trace_file") else "spec_file"
+                field = "trace_file" if upload else "spec_file"
                 for e in exc.errors:
                     form.add_error(field, f"{e.path}: {e.message}")
-            except ValueError as exc:  # a bad trace file: the importer names the line
-                form.add_error("trace_file", str(exc))
+            except ValueError as exc:  # the class thresholds of the trace
+                form.add_error("trace_classes", str(exc))
             else:
                 messages.success(
                     request, f"Created {experiment.name}: {estimate.runs} runs planned. Start it when ready."
@@ -137,21 +158,18 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     return _render_new(request, form, cells, classes, estimate, status=200 if spec is not None else 400)
 
 
-def _create(form: ExperimentForm, spec: dict[str, Any], owner: Any) -> Experiment:
-    """Create from the validated spec; with a trace upload, store it and replay it (one transaction)."""
-    upload = form.cleaned_data.get("trace_file")
-    if not upload:
-        return experiment_create(spec=spec, owner=owner)
-    if upload.size > DEFAULT_MAX_BYTES:
-        raise ValueError(f"the trace file is {upload.size} bytes; the limit is {DEFAULT_MAX_BYTES}")
-    return experiment_create_with_trace(
-        spec=spec,
-        owner=owner,
-        trace_data=upload.read(),
-        trace_format=form.cleaned_data.get("trace_format") or "azure",
-        thresholds=parse_class_thresholds(form.cleaned_data.get("trace_classes") or "short:1024,long"),
-        busiest_s=form.cleaned_data.get("trace_busiest_s"),
-    )
+def upload_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """A trace upload being imported: "importing…" (the page refreshes itself), its errors with
+    their lines, or, once imported, the experiment it created."""
+    require_reader(request)
+    upload = get_object_or_404(TraceUpload.objects.select_related("owner", "experiment"), pk=pk)
+    if upload.owner_id != request.user.pk and not request.user.is_staff:
+        raise PermissionDenied("only the author of an upload can follow its import")
+    if upload.status == TraceUpload.Status.DONE and upload.experiment is not None:
+        messages.success(request, f"Imported {upload.file_name} and created {upload.experiment.name}.")
+        return redirect("experiments:detail", pk=upload.experiment.pk)
+    status = 400 if upload.status == TraceUpload.Status.FAILED else 200
+    return render(request, "experiments/upload.html", {"upload": upload}, status=status)
 
 
 def _render_new(

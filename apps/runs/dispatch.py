@@ -22,7 +22,8 @@ FREEZE_EXPERIMENT = "tailtune.freeze_experiment"
 EXECUTE_RUN = "tailtune.execute_run"
 ANALYSE_EXPERIMENT = "tailtune.analyse_experiment"
 CELL_GOODPUT_CAPACITY = "tailtune.cell_goodput_capacity"
-TASKS = (FREEZE_EXPERIMENT, EXECUTE_RUN, ANALYSE_EXPERIMENT, CELL_GOODPUT_CAPACITY)
+IMPORT_TRACE = "tailtune.import_trace"
+TASKS = (FREEZE_EXPERIMENT, EXECUTE_RUN, ANALYSE_EXPERIMENT, CELL_GOODPUT_CAPACITY, IMPORT_TRACE)
 
 
 def send(name: str, *, kwargs: dict[str, Any], queue: str) -> None:

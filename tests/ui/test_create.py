@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from apps.approvals.models import AuditEvent
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, TraceUpload
+from apps.experiments.uploads import trace_upload_import
+from apps.runs.dispatch import IMPORT_TRACE
+from tests.dispatch_support import hold_tasks
 from tests.ui.forms_data import form_data
 
 
@@ -110,6 +115,14 @@ def test_it_accepts_a_bare_upload_without_the_typed_fields(client, author, seed_
     assert Experiment.objects.get().runs.count() == 126
 
 
+@pytest.fixture(autouse=True)
+def upload_dirs(settings, tmp_path):  # type: ignore[no-untyped-def]
+    """Uploads (and Django's temporary files) under this test's own folder."""
+    settings.DATA_DIR = tmp_path / "data"
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path / "upload-tmp")
+    Path(settings.FILE_UPLOAD_TEMP_DIR).mkdir()
+
+
 AZURE_ROWS = (
     "TIMESTAMP,ContextTokens,GeneratedTokens\n"
     + "".join(f"2023-11-16 18:15:{10 + i:02d}.0000000,{300 + 200 * (i % 4)},{8 + i % 3}\n" for i in range(20))
@@ -117,27 +130,48 @@ AZURE_ROWS = (
 
 
 @pytest.mark.django_db
-def test_it_creates_an_experiment_replaying_an_uploaded_real_trace(client, author, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_it_creates_an_experiment_replaying_an_uploaded_real_trace(
+    client, author, tmp_path, monkeypatch, settings, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
     from apps.workloads.models import Trace
     from workers.engine.tinymodel import build_tokenizer
 
+    held = hold_tasks(monkeypatch, IMPORT_TRACE)
     model = build_tokenizer(tmp_path / "model")
     client.force_login(author)
     upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
     data = form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure")
     data["trace_classes"] = "short:600,long"
-    response = client.post("/experiments/new/", data)
-    assert response.status_code == 302, response.content[:2000]
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/experiments/new/", data)
+    # The web request stored the file and queued its import: nothing is parsed here.
+    row = TraceUpload.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/experiments/uploads/{row.pk}/"
+    assert held == [(IMPORT_TRACE, {"upload_pk": row.pk}, settings.CELERY_TASK_DEFAULT_QUEUE)]
+    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
+    assert Path(row.path).read_bytes() == AZURE_ROWS and row.size_bytes == len(AZURE_ROWS)
+    page = client.get(response["Location"])
+    assert page.status_code == 200 and "importing…" in page.content.decode()
+    assert '<meta http-equiv="refresh"' in page.content.decode()
+
+    assert trace_upload_import(upload_pk=row.pk) == "done"
     experiment = Experiment.objects.get()
     trace = Trace.objects.get(sha256=experiment.workload.imported_trace_sha256)
     assert experiment.workload.arrival_process == "trace" and trace.requests == 20
+    assert experiment.owner == author and not Path(row.path).exists()
+    # The page now opens the experiment; a second delivery of the task changes nothing.
+    assert client.get(response["Location"])["Location"] == f"/experiments/{experiment.pk}/"
+    assert trace_upload_import(upload_pk=row.pk) == "done" and Experiment.objects.count() == 1
 
 
 @pytest.mark.django_db
-def test_it_names_the_line_of_a_bad_trace_upload_and_saves_nothing(client, author, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_it_names_the_line_of_a_bad_trace_upload_and_saves_nothing(
+    client, author, tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     from apps.workloads.models import Trace
     from workers.engine.tinymodel import build_tokenizer
 
+    hold_tasks(monkeypatch, IMPORT_TRACE)
     model = build_tokenizer(tmp_path / "model")
     client.force_login(author)
     bad = AZURE_ROWS.replace(b",308,", b",-5,", 1) + b"2023-11-16 18:16:00.0000000,abc,3\n"
@@ -146,9 +180,48 @@ def test_it_names_the_line_of_a_bad_trace_upload_and_saves_nothing(client, autho
         "/experiments/new/",
         form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure"),
     )
+    row = TraceUpload.objects.get()
+    assert trace_upload_import(upload_pk=row.pk) == "failed"
+    page = client.get(response["Location"])
+    assert page.status_code == 400
+    assert b"line 22" in page.content and b"The import failed" in page.content
+    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0 and not Path(row.path).exists()
+
+
+@pytest.mark.django_db
+def test_an_upload_over_the_cap_is_a_field_error_and_nothing_is_stored(
+    client, author, tmp_path, settings
+) -> None:  # type: ignore[no-untyped-def]
+    from workers.engine.tinymodel import build_tokenizer
+
+    settings.TAILTUNE_MAX_UPLOAD_BYTES = 100
+    model = build_tokenizer(tmp_path / "model")
+    client.force_login(author)
+    upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
+    response = client.post(
+        "/experiments/new/",
+        form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure"),
+    )
     assert response.status_code == 400
-    assert b"line 22" in response.content
-    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
+    assert "the file is larger than the upload limit of 100 bytes" in response.content.decode()
+    assert TraceUpload.objects.count() == 0 and Experiment.objects.count() == 0
+    assert not any(Path(settings.FILE_UPLOAD_TEMP_DIR).iterdir())
+
+
+@pytest.mark.django_db
+def test_only_its_author_follows_an_upload(client, author, approver, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from workers.engine.tinymodel import build_tokenizer
+
+    hold_tasks(monkeypatch, IMPORT_TRACE)
+    model = build_tokenizer(tmp_path / "model")
+    client.force_login(author)
+    upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
+    response = client.post(
+        "/experiments/new/",
+        form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure"),
+    )
+    client.force_login(approver)
+    assert client.get(response["Location"]).status_code == 403
 
 
 @pytest.mark.django_db

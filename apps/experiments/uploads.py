@@ -1,0 +1,138 @@
+"""A real trace uploaded with a new experiment: stored by the web request, imported by a worker.
+
+The web request only streams the file to disk (Django writes every upload to a temporary
+file: ``config/uploadhandlers.py`` caps its size while it arrives), checks the spec, stores the
+file under ``TAILTUNE_DATA/uploads/`` and saves a :class:`TraceUpload`; the page then shows
+"importing…". The ``tailtune.import_trace`` task runs :func:`trace_upload_import` on a worker:
+parse strictly (every error names its line), cut the busiest window, build the prompts and
+create the experiment, in one transaction. So the web process never holds a whole trace in
+memory (bench/results/upload_memory.md measures it), and a bad file leaves only its errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
+from django.db import transaction
+
+from apps.approvals.audit import audit_record
+from apps.experiments.models import TraceUpload
+from apps.experiments.services import experiment_create_with_trace, spec_limits
+from apps.experiments.spec import SpecError, validate_spec
+from apps.runs import dispatch
+
+log = logging.getLogger(__name__)
+
+
+def uploads_dir() -> Path:
+    folder = Path(settings.DATA_DIR) / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _store(upload: UploadedFile) -> Path:
+    """Move (or stream, chunk by chunk) the upload to its own file under uploads_dir()."""
+    dest = uploads_dir() / f"{uuid.uuid4().hex}.upload"
+    temporary = getattr(upload, "temporary_file_path", None)
+    if temporary is not None:
+        shutil.move(temporary(), dest)
+        upload.close()  # Django's temporary file was moved: closing it deletes nothing
+    else:
+        with dest.open("wb") as out:
+            for chunk in upload.chunks():
+                out.write(chunk)
+    return dest
+
+
+def trace_upload_queue(
+    *,
+    spec: dict[str, Any],
+    owner: Any,
+    upload: UploadedFile,
+    trace_format: str,
+    thresholds: list[tuple[str, int | None]],
+    busiest_s: float | None,
+) -> TraceUpload:
+    """Check the spec, store the file and queue its import (sent once this transaction commits).
+
+    Raises SpecError for a spec error (nothing is stored then).
+    """
+    spec = validate_spec(spec, limits=spec_limits())
+    path = _store(upload)
+    try:
+        with transaction.atomic():
+            row = TraceUpload.objects.create(
+                owner=owner,
+                spec=spec,
+                file_name=(upload.name or "trace")[:255],
+                path=str(path),
+                size_bytes=path.stat().st_size,
+                trace_format=trace_format,
+                thresholds=[list(t) for t in thresholds],
+                busiest_s=busiest_s,
+            )
+            dispatch.send_on_commit(
+                dispatch.IMPORT_TRACE, kwargs={"upload_pk": row.pk}, queue=settings.CELERY_TASK_DEFAULT_QUEUE
+            )
+    except Exception:
+        path.unlink(missing_ok=True)
+        raise
+    return row
+
+
+def trace_upload_import(*, upload_pk: int) -> str:
+    """The task's work: import the stored file and create the experiment; returns the status.
+
+    Runs once: a row no longer queued (imported, failed, or taken by another worker) is left
+    alone. A bad file or a spec the trace does not fit ends ``failed`` with its errors and
+    nothing else saved; an unexpected error too, with its reason, never silently.
+    """
+    taken = TraceUpload.objects.filter(pk=upload_pk, status=TraceUpload.Status.QUEUED).update(
+        status=TraceUpload.Status.IMPORTING
+    )
+    row = TraceUpload.objects.select_related("owner").get(pk=upload_pk)
+    if not taken:
+        return row.status
+    path = Path(row.path)
+    errors: list[str] = []
+    experiment = None
+    try:
+        data = path.read_bytes()
+        with transaction.atomic():  # the trace and the experiment, or neither
+            experiment = experiment_create_with_trace(
+                spec=row.spec,
+                owner=row.owner,
+                trace_data=data,
+                trace_format=row.trace_format,
+                thresholds=[
+                    (str(name), None if limit is None else int(limit)) for name, limit in row.thresholds
+                ],
+                busiest_s=row.busiest_s,
+            )
+    except SpecError as exc:
+        errors = [f"{e.path}: {e.message}" for e in exc.errors]
+    except (ValueError, OSError) as exc:  # a bad trace file: the importer names the line
+        errors = [f"trace_file: {exc}"]
+    except Exception as exc:  # a bug must still end the upload with its reason
+        log.exception("trace upload %s failed", upload_pk)
+        errors = [f"the import failed: {type(exc).__name__}: {exc}"[:2000]]
+    if experiment is not None:
+        TraceUpload.objects.filter(pk=row.pk).update(status=TraceUpload.Status.DONE, experiment=experiment)
+        audit_record(
+            action="experiment.trace_imported",
+            actor=row.owner,
+            experiment=experiment,
+            detail={"upload": row.pk, "file": row.file_name, "bytes": row.size_bytes},
+        )
+    else:
+        TraceUpload.objects.filter(pk=row.pk).update(
+            status=TraceUpload.Status.FAILED, errors=list(dict.fromkeys(errors))
+        )
+    path.unlink(missing_ok=True)
+    return TraceUpload.Status.DONE if experiment is not None else TraceUpload.Status.FAILED
