@@ -27,7 +27,7 @@ from rest_framework.views import APIView
 from apps.accounts.roles import EXPERIMENTER
 from apps.accounts.tokens import token_check
 from apps.api.auth import TokenAuthentication
-from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors
+from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors, upload_too_large
 from apps.experiments.spec import SpecError
 from apps.gate.build import MIN_REPEATS, GateInput
 from apps.gate.services import GATE_FORMATS, GateUnavailable, gate_create, gate_resource
@@ -115,7 +115,10 @@ class GateCreate(ApiView):
         data = request.data
         errors: list[dict[str, str]] = []
         upload = request.FILES.get("trace")
-        if upload is None:
+        too_large = upload_too_large(request, "trace")
+        if too_large:
+            errors.append({"field": "trace", "message": too_large})
+        elif upload is None:
             errors.append({"field": "trace", "message": "is required (the traffic window's file)"})
         texts: dict[str, str | None] = {}
         for key, limit in (

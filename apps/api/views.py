@@ -41,6 +41,7 @@ from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create, spec_limits
 from apps.experiments.spec import MAX_SPEC_BYTES, MAX_TOKENS, SpecError, load_yaml, validate_spec
 from apps.runs.models import RequestRecord, Run
+from config.uploadhandlers import too_large_message
 from workers.replay.records import SCALAR_RECORD_FIELDS
 
 MAX_PAGE_SIZE = 5000
@@ -370,7 +371,10 @@ class TraceUpload(ApiView):
         upload = request.FILES.get("file")
         data = request.data
         errors = []
-        if upload is None:
+        too_large = upload_too_large(request, "file")
+        if too_large:
+            errors.append({"field": "file", "message": too_large})
+        elif upload is None:
             errors.append({"field": "file", "message": "is required"})
         elif upload.size > DEFAULT_MAX_BYTES:
             errors.append(
@@ -488,6 +492,12 @@ def _uuid(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def upload_too_large(request: Request, field: str) -> str | None:
+    """The field error for a file dropped past the upload cap (config/uploadhandlers.py), if any."""
+    limit = (getattr(request._request, "uploads_too_large", None) or {}).get(field)
+    return None if limit is None else too_large_message(limit)
 
 
 def _clean_text(value: Any, limit: int) -> bool:

@@ -242,6 +242,21 @@ def test_a_trace_upload_returns_its_sha256_and_a_bad_one_names_the_line(author, 
     assert Trace.objects.count() == 1
 
 
+def test_a_trace_over_the_upload_cap_is_named_as_such(author, settings) -> None:  # type: ignore[no-untyped-def]
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    settings.TAILTUNE_MAX_UPLOAD_BYTES = 10
+    api = client_for(author)
+    big = api.post(
+        "/api/v1/traces",
+        {"format": "tailtune", "file": SimpleUploadedFile("t.jsonl", b"x" * 100)},
+        format="multipart",
+    )
+    assert big.status_code == 400
+    assert {"field": "file", "message": "the file is larger than the upload limit of 10 bytes "
+            "(TAILTUNE_MAX_UPLOAD_BYTES)"} in big.json()["errors"]  # fmt: skip
+
+
 def test_hostile_input_is_a_field_error_never_a_500(analysed_experiment, approver, author, settings) -> None:  # type: ignore[no-untyped-def]
     odd = APIClient()
     odd.credentials(HTTP_AUTHORIZATION="Bearer tt_\u00b9_x")  # a digit to isdigit(), not to int()
