@@ -15,8 +15,8 @@ from apps.approvals import manifest as mf
 from apps.approvals.audit import audit_record
 from apps.approvals.models import Approval, Revocation, RollbackManifest
 from apps.experiments.models import Experiment, ServerConfig
-from apps.runs.calibration import offered_load
 from apps.runs.models import Run
+from apps.runs.selectors import offered_load
 
 
 class ApprovalError(ValueError):

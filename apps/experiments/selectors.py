@@ -439,7 +439,7 @@ def partial_results(*, experiment: Experiment) -> list[dict[str, Any]]:
 
 def goodput_cost(*, experiment: Experiment) -> dict[str, Any]:
     """What one goodput-capacity search costs: at most max_steps runs of the probe's windows, each on a fresh server."""
-    from apps.runs.calibration import goodput_settings
+    from apps.runs.selectors import goodput_settings
 
     cal = goodput_settings(experiment)
     per_run = float(cal["warmup_s"]) + float(cal["observation_s"]) + float(cal["drain_deadline_s"])

@@ -34,9 +34,10 @@ from apps.experiments.models import Experiment, TraceUpload
 from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
 from apps.experiments.uploads import trace_upload_queue
-from apps.runs.calibration import GoodputRequestError, goodput_capacity_request, offered_load
+from apps.runs.calibration import GoodputRequestError, goodput_capacity_request
 from apps.runs.models import Run
 from apps.runs.rehearsal import rehearsal_cost_s
+from apps.runs.selectors import offered_load
 from apps.workloads.importers import parse_class_thresholds
 from config.uploadhandlers import too_large_message
 

@@ -28,14 +28,16 @@ Steps of :func:`experiment_calibrate`:
    written in one transaction together with every planned sweep run's
    rate_rps.
 
-The search itself (:func:`next_rate`, :func:`capacity_of`,
-:func:`probe_passed`) is pure, and tested without an engine.
+The search itself (``next_rate``, ``capacity_of``, ``probe_passed``,
+``frozen_rates``) is pure, in apps/runs/capacity.py, and tested without an
+engine; what the page, report and manifest say of the rates is
+apps/runs/selectors.offered_load.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -47,10 +49,12 @@ from apps.analysis.metrics import Contract, class_metrics, derive, run_window
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, ServerConfig, Workload
 from apps.runs import dispatch
+from apps.runs.capacity import capacity_of, frozen_rates, next_rate, probe_passed
 from apps.runs.hosts import hosts_alive
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
 from apps.runs.scenarios import CALIBRATION, UNIFORM, probe_run_create
+from apps.runs.selectors import calibration_settings, goodput_settings
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.services import tokenizer_dir, trace_store
@@ -63,77 +67,6 @@ Executor = Callable[..., str]
 
 class CalibrationError(RuntimeError):
     """The probe could not find a capacity (the message says for which mixture and why)."""
-
-
-# -- the search (pure) -------------------------------------------------------
-
-
-def next_rate(
-    *, history: Sequence[tuple[float, bool]], start_rps: float, tolerance: float, max_steps: int
-) -> float | None:
-    """The next rate to probe, or None when the search is over.
-
-    1. No step yet: ``start_rps``.
-    2. Every step passed: double the highest rate.
-    3. A step failed: bisect between the highest pass below the lowest
-       failure (0 if none) and that failure; stop once (hi - lo) / hi is
-       within ``tolerance``.
-    4. Never more than ``max_steps`` steps.
-    """
-    if len(history) >= max_steps:
-        return None
-    if not history:
-        return float(start_rps)
-    fails = [r for r, ok in history if not ok]
-    if not fails:
-        return max(r for r, _ in history) * 2.0
-    hi = min(fails)
-    lo = max((r for r, ok in history if ok and r < hi), default=0.0)
-    if lo > 0 and (hi - lo) / hi <= tolerance:
-        return None
-    return round((lo + hi) / 2.0, 6)
-
-
-def capacity_of(history: Sequence[tuple[float, bool]]) -> tuple[float | None, bool]:
-    """(highest passing rate below the lowest failure, whether a failure bracketed it).
-
-    A pass above a failure is noise at the edge: the capacity stays below
-    every failure, so it is never overstated.
-    """
-    fails = [r for r, ok in history if not ok]
-    ceiling = min(fails) if fails else float("inf")
-    passes = [r for r, ok in history if ok and r < ceiling]
-    return (max(passes) if passes else None), bool(fails)
-
-
-def probe_passed(
-    *,
-    status: str,
-    per_class: Mapping[str, Mapping[str, Any]],
-    weights: Mapping[str, float],
-    min_accepted_share: float,
-) -> tuple[bool, list[str]]:
-    """Did one probe step pass? Returns (passed, reasons it failed)."""
-    reasons: list[str] = []
-    if status != "done":
-        reasons.append(f"run {status}")
-    for name in sorted(n for n, w in weights.items() if w > 0):
-        m = per_class.get(name)
-        if m is None or not m["counts"]["offered"]:
-            reasons.append(f"{name}: no requests in the window")
-            continue
-        verdict = m["contract"]
-        if not verdict["met"]:
-            broken = sorted(k for k, v in verdict.items() if v is False and k != "met")
-            reasons.append(f"{name}: contract broken ({', '.join(broken) or verdict.get('reason', '?')})")
-        share = m["accepted_share"]
-        if share is None or share < min_accepted_share:
-            reasons.append(f"{name}: accepted/offered {share} below {min_accepted_share}")
-    return not reasons, reasons
-
-
-def frozen_rates(*, capacity_rps: float, fractions: Mapping[str, float]) -> dict[str, float]:
-    return {name: round(float(f) * capacity_rps, 4) for name, f in sorted(fractions.items())}
 
 
 # -- one step against the database ------------------------------------------
@@ -189,19 +122,6 @@ def _classes(experiment: Experiment) -> list[dict[str, Any]]:
         }
         for c in experiment.classes.all()
     ]
-
-
-def calibration_settings(experiment: Experiment) -> dict[str, Any] | None:
-    """The spec's calibration block (normalised by apps/experiments/spec.py), or None."""
-    cal = (experiment.spec or {}).get("calibration")
-    return dict(cal) if cal and cal.get("enabled", True) else None
-
-
-def goodput_settings(experiment: Experiment) -> dict[str, Any]:
-    """The search settings a goodput-capacity measurement uses: the calibration block's, else the defaults."""
-    from apps.experiments.spec import CALIBRATION_DEFAULTS
-
-    return calibration_settings(experiment) or dict(CALIBRATION_DEFAULTS)
 
 
 def probe_step(
@@ -526,90 +446,3 @@ def goodput_capacity_request(*, experiment: Experiment, cell_id: str, mixture: s
             queue=host.queue,
         )
     return host.name
-
-
-def offered_load(*, experiment: Experiment) -> dict[str, Any]:
-    """Where the sweep's rates came from, in the words the UI, the report and the manifest use.
-
-    ``source``: ``manual`` (typed in the spec) or ``probe`` (frozen from B0's
-    measured capacity); ``frozen``: whether they are final (a probe that has
-    not run yet leaves provisional values); then the probe's capacities,
-    binding mixture, fractions and runs, and any goodput capacity per cell
-    (labelled as measured per cell, never used as a rate).
-    """
-    workload = experiment.workload
-    d = workload.rates_derivation or {}
-    rates = dict(workload.rates or {})
-    out: dict[str, Any] = {
-        "source": workload.rates_source,
-        "values": rates,
-        "per_mixture": {
-            m: {name: workload.rate_for(m, name) for name in sorted(rates)} for m in sorted(workload.mixtures)
-        },
-        "mixture_specific": bool(workload.mixture_rates),
-    }
-    if workload.rates_source == "probe" and d.get("rates"):
-        fractions = ", ".join(f"{name} {float(f):g}" for name, f in sorted(d["fractions"].items()))
-        steps = sum(len(p["steps"]) for p in d.get("probes", []))
-        if d.get("mixture_rates"):
-            caps = ", ".join(f"{m} {float(c):g}" for m, c in sorted(d["capacities"].items()))
-            said = (
-                f"frozen per mixture from B0's measured capacity: {fractions} of each mixture's own "
-                f"capacity ({caps} req/s; {steps} probe runs)"
-            )
-        else:
-            cap = d["capacities"][d["binding_mixture"]]
-            said = (
-                f"frozen from B0's measured capacity: {fractions} of {cap:g} req/s "
-                f"(mixture {d['binding_mixture']}, the first to saturate; {steps} probe runs)"
-            )
-        out.update(
-            frozen=True,
-            said=said,
-            capacities=d["capacities"],
-            bracketed=d.get("bracketed", {}),
-            binding_mixture=d["binding_mixture"],
-            fractions=d["fractions"],
-            frozen_at=d.get("frozen_at"),
-            probes=[
-                {
-                    "mixture": p["mixture"],
-                    "capacity_rps": p["capacity_rps"],
-                    "steps": [
-                        {
-                            k: st.get(k)
-                            for k in ("step", "run", "rate_rps", "status", "passed", "failed_because")
-                        }
-                        for st in p["steps"]
-                    ],
-                }
-                for p in d.get("probes", [])
-            ],
-        )
-    elif workload.rates_source == "probe":
-        out.update(
-            frozen=False,
-            said="provisional: the capacity probe on B0 freezes the rates when the experiment starts, "
-            "before any candidate runs",
-        )
-    else:
-        out.update(
-            frozen=True,
-            said="typed by hand in the spec (workload.rates), frozen when the experiment was created",
-        )
-    goodput = d.get("goodput_capacity") or {}
-    if goodput:
-        out["goodput_capacity"] = {
-            cell: {
-                mixture: {
-                    "status": s.get("status", "done"),
-                    "capacity_rps": s.get("capacity_rps"),
-                    "bracketed": s.get("bracketed"),
-                    "steps": len(s.get("steps") or []),
-                    "reason": s.get("reason"),
-                }
-                for mixture, s in sorted(per.items())
-            }
-            for cell, per in sorted(goodput.items())
-        }
-    return out

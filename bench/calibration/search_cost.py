@@ -5,7 +5,7 @@ observation window and drain), so on a GPU host the number of steps is the
 cost. This script counts steps, it does not time anything: for true
 capacities spread log-uniformly over 0.5-200 req/s, it runs
 
-- the probe's search (apps/runs/calibration.py ``next_rate``: doubling from
+- the probe's search (apps/runs/capacity.py ``next_rate``: doubling from
   ``start_rps``, then bisecting to ``tolerance``, at most ``max_steps``), and
 - the peer: a geometric ladder start x 1.1^k, stepped up until a step fails
   (the same 10 % resolution the search's default tolerance asks for),
@@ -34,7 +34,7 @@ import django
 
 django.setup()  # the search is pure, but its module imports models
 
-from apps.runs.calibration import capacity_of, next_rate  # noqa: E402
+from apps.runs.capacity import capacity_of, next_rate  # noqa: E402
 
 START, TOLERANCE, MAX_STEPS = 1.0, 0.1, 8
 LADDER_FACTOR, LADDER_MAX = 1.1, 200

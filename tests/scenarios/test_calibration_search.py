@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.runs.calibration import capacity_of, frozen_rates, next_rate, probe_passed
+from apps.runs.capacity import capacity_of, frozen_rates, next_rate, probe_passed
 
 
 def search(

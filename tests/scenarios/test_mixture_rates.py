@@ -6,7 +6,7 @@ import pytest
 
 from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import validate_spec
-from apps.runs.calibration import offered_load
+from apps.runs.selectors import offered_load
 from apps.runs.services import experiment_freeze_and_enqueue
 from apps.workloads.services import trace_load
 from tests.experiments.factories import make_experiment, small_spec

@@ -6,9 +6,10 @@ import pytest
 from django.utils import timezone
 
 from apps.experiments.models import Workload
-from apps.runs.calibration import cell_goodput_capacity, offered_load
+from apps.runs.calibration import cell_goodput_capacity
 from apps.runs.dispatch import CELL_GOODPUT_CAPACITY
 from apps.runs.models import Host
+from apps.runs.selectors import offered_load
 from tests.dispatch_support import hold_tasks
 
 

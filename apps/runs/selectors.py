@@ -1,0 +1,111 @@
+"""What the pages, the report and the manifest read about runs' rates: no writes, no tasks.
+
+``offered_load`` and the probe's settings live here, not beside the probe that
+writes the rates (apps/runs/calibration.py), so that approvals and experiments
+read them without importing the probe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.experiments.models import Experiment
+from apps.experiments.spec import CALIBRATION_DEFAULTS
+
+
+def calibration_settings(experiment: Experiment) -> dict[str, Any] | None:
+    """The spec's calibration block (normalised by apps/experiments/spec.py), or None."""
+    cal = (experiment.spec or {}).get("calibration")
+    return dict(cal) if cal and cal.get("enabled", True) else None
+
+
+def goodput_settings(experiment: Experiment) -> dict[str, Any]:
+    """The search settings a goodput-capacity measurement uses: the calibration block's, else the defaults."""
+    return calibration_settings(experiment) or dict(CALIBRATION_DEFAULTS)
+
+
+def offered_load(*, experiment: Experiment) -> dict[str, Any]:
+    """Where the sweep's rates came from, in the words the UI, the report and the manifest use.
+
+    ``source``: ``manual`` (typed in the spec) or ``probe`` (frozen from B0's
+    measured capacity); ``frozen``: whether they are final (a probe that has
+    not run yet leaves provisional values); then the probe's capacities,
+    binding mixture, fractions and runs, and any goodput capacity per cell
+    (labelled as measured per cell, never used as a rate).
+    """
+    workload = experiment.workload
+    d = workload.rates_derivation or {}
+    rates = dict(workload.rates or {})
+    out: dict[str, Any] = {
+        "source": workload.rates_source,
+        "values": rates,
+        "per_mixture": {
+            m: {name: workload.rate_for(m, name) for name in sorted(rates)} for m in sorted(workload.mixtures)
+        },
+        "mixture_specific": bool(workload.mixture_rates),
+    }
+    if workload.rates_source == "probe" and d.get("rates"):
+        fractions = ", ".join(f"{name} {float(f):g}" for name, f in sorted(d["fractions"].items()))
+        steps = sum(len(p["steps"]) for p in d.get("probes", []))
+        if d.get("mixture_rates"):
+            caps = ", ".join(f"{m} {float(c):g}" for m, c in sorted(d["capacities"].items()))
+            said = (
+                f"frozen per mixture from B0's measured capacity: {fractions} of each mixture's own "
+                f"capacity ({caps} req/s; {steps} probe runs)"
+            )
+        else:
+            cap = d["capacities"][d["binding_mixture"]]
+            said = (
+                f"frozen from B0's measured capacity: {fractions} of {cap:g} req/s "
+                f"(mixture {d['binding_mixture']}, the first to saturate; {steps} probe runs)"
+            )
+        out.update(
+            frozen=True,
+            said=said,
+            capacities=d["capacities"],
+            bracketed=d.get("bracketed", {}),
+            binding_mixture=d["binding_mixture"],
+            fractions=d["fractions"],
+            frozen_at=d.get("frozen_at"),
+            probes=[
+                {
+                    "mixture": p["mixture"],
+                    "capacity_rps": p["capacity_rps"],
+                    "steps": [
+                        {
+                            k: st.get(k)
+                            for k in ("step", "run", "rate_rps", "status", "passed", "failed_because")
+                        }
+                        for st in p["steps"]
+                    ],
+                }
+                for p in d.get("probes", [])
+            ],
+        )
+    elif workload.rates_source == "probe":
+        out.update(
+            frozen=False,
+            said="provisional: the capacity probe on B0 freezes the rates when the experiment starts, "
+            "before any candidate runs",
+        )
+    else:
+        out.update(
+            frozen=True,
+            said="typed by hand in the spec (workload.rates), frozen when the experiment was created",
+        )
+    goodput = d.get("goodput_capacity") or {}
+    if goodput:
+        out["goodput_capacity"] = {
+            cell: {
+                mixture: {
+                    "status": s.get("status", "done"),
+                    "capacity_rps": s.get("capacity_rps"),
+                    "bracketed": s.get("bracketed"),
+                    "steps": len(s.get("steps") or []),
+                    "reason": s.get("reason"),
+                }
+                for mixture, s in sorted(per.items())
+            }
+            for cell, per in sorted(goodput.items())
+        }
+    return out

@@ -1,0 +1,35 @@
+"""The pure layer imports without Django (docs/ARCHITECTURE.md: pure modules at the bottom)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PURE = [
+    "apps.runs.capacity",
+    "apps.analysis.inference",
+    "apps.analysis.resample",
+    "apps.analysis.family",
+    "apps.analysis.paired",
+    "apps.gate.verdict",
+    "apps.experiments.plan",
+    "workers.replay.records",
+    "workers.replay.sse",
+]
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_a_pure_module_imports_without_django(module: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    code = f"import sys, json, {module}; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'django')))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [], f"{module} pulls in Django"
