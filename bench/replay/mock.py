@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import uvloop
 
-from workers.replay.mockserver import Behaviour, MockConfig, bind_socket, serve_forever
+from tests.replay.mockserver import Behaviour, MockConfig, bind_socket, serve_forever
 
 
 def main() -> None:

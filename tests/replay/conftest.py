@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers.replay.mockserver import Behaviour, MockConfig, MockServer
+from tests.replay.mockserver import Behaviour, MockConfig, MockServer
 
 
 @pytest.fixture

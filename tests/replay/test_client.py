@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.replay.helpers import make_requests
+from tests.replay.mockserver import Behaviour, MockConfig, MockServer
 from workers.replay.client import ReplayResult, request_body
-from workers.replay.mockserver import Behaviour, MockConfig, MockServer
 from workers.replay.records import RequestRecord
 from workers.replay.run import run_replay
 

@@ -6,8 +6,8 @@ import threading
 import time
 
 from tests.replay.helpers import make_requests
+from tests.replay.mockserver import MockServer
 from workers.replay.isolated import run_replay_isolated
-from workers.replay.mockserver import MockServer
 
 OPTIONS = {
     "model": "mock",

@@ -6,9 +6,9 @@ import threading
 import urllib.request
 
 from tests.replay.helpers import make_requests
+from tests.replay.mockserver import Behaviour, MockConfig, MockServer
 from tests.support_router import running_router
 from workers.engine.launcher import free_port
-from workers.replay.mockserver import Behaviour, MockConfig, MockServer
 from workers.replay.rehearsal import CUT_ERROR, run_rehearsal
 
 

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tests.replay.helpers import make_requests
-from workers.replay.mockserver import Behaviour, MockConfig, MockServer
+from tests.replay.mockserver import Behaviour, MockConfig, MockServer
 from workers.replay.records import RequestRecord
 
 
