@@ -14,12 +14,15 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from apps.approvals.audit import audit_record
 from apps.experiments.models import TraceUpload
@@ -28,6 +31,9 @@ from apps.experiments.spec import SpecError, validate_spec
 from apps.runs import dispatch
 
 log = logging.getLogger(__name__)
+
+# An import still "importing" after this long lost its worker; a redelivered task takes it over.
+IMPORT_LOST_AFTER = timedelta(minutes=30)
 
 
 def uploads_dir() -> Path:
@@ -89,12 +95,18 @@ def trace_upload_queue(
 def trace_upload_import(*, upload_pk: int) -> str:
     """The task's work: import the stored file and create the experiment; returns the status.
 
-    Runs once: a row no longer queued (imported, failed, or taken by another worker) is left
-    alone. A bad file or a spec the trace does not fit ends ``failed`` with its errors and
-    nothing else saved; an unexpected error too, with its reason, never silently.
+    Runs once: a row no longer queued (imported, failed, or being imported) is left alone,
+    unless its import started over ``IMPORT_LOST_AFTER`` ago (the worker died: the task's
+    message is delivered again, acks_late). A bad file or a spec the trace does not fit ends
+    ``failed`` with its errors and nothing else saved; an unexpected error too, with its reason, never silently.
     """
-    taken = TraceUpload.objects.filter(pk=upload_pk, status=TraceUpload.Status.QUEUED).update(
-        status=TraceUpload.Status.IMPORTING
+    now = timezone.now()
+    # Queued, or importing on a worker that died long enough ago (its message came back).
+    takeable = Q(status=TraceUpload.Status.QUEUED) | Q(
+        status=TraceUpload.Status.IMPORTING, updated_at__lt=now - IMPORT_LOST_AFTER
+    )
+    taken = TraceUpload.objects.filter(takeable, pk=upload_pk).update(
+        status=TraceUpload.Status.IMPORTING, updated_at=now
     )
     row = TraceUpload.objects.select_related("owner").get(pk=upload_pk)
     if not taken:
@@ -104,7 +116,9 @@ def trace_upload_import(*, upload_pk: int) -> str:
     experiment = None
     try:
         data = path.read_bytes()
-        with transaction.atomic():  # the trace and the experiment, or neither
+        # The trace, the experiment and the upload marked done, or none of them: a worker that
+        # dies in between leaves the upload to be imported again, never twice.
+        with transaction.atomic():
             experiment = experiment_create_with_trace(
                 spec=row.spec,
                 owner=row.owner,
@@ -115,6 +129,15 @@ def trace_upload_import(*, upload_pk: int) -> str:
                 ],
                 busiest_s=row.busiest_s,
             )
+            TraceUpload.objects.filter(pk=row.pk).update(
+                status=TraceUpload.Status.DONE, experiment=experiment, updated_at=timezone.now()
+            )
+            audit_record(
+                action="experiment.trace_imported",
+                actor=row.owner,
+                experiment=experiment,
+                detail={"upload": row.pk, "file": row.file_name, "bytes": row.size_bytes},
+            )
     except SpecError as exc:
         errors = [f"{e.path}: {e.message}" for e in exc.errors]
     except (ValueError, OSError) as exc:  # a bad trace file: the importer names the line
@@ -122,17 +145,9 @@ def trace_upload_import(*, upload_pk: int) -> str:
     except Exception as exc:  # a bug must still end the upload with its reason
         log.exception("trace upload %s failed", upload_pk)
         errors = [f"the import failed: {type(exc).__name__}: {exc}"[:2000]]
-    if experiment is not None:
-        TraceUpload.objects.filter(pk=row.pk).update(status=TraceUpload.Status.DONE, experiment=experiment)
-        audit_record(
-            action="experiment.trace_imported",
-            actor=row.owner,
-            experiment=experiment,
-            detail={"upload": row.pk, "file": row.file_name, "bytes": row.size_bytes},
-        )
-    else:
+    if experiment is None:
         TraceUpload.objects.filter(pk=row.pk).update(
-            status=TraceUpload.Status.FAILED, errors=list(dict.fromkeys(errors))
+            status=TraceUpload.Status.FAILED, errors=list(dict.fromkeys(errors)), updated_at=timezone.now()
         )
     path.unlink(missing_ok=True)
     return TraceUpload.Status.DONE if experiment is not None else TraceUpload.Status.FAILED

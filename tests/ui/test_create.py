@@ -258,3 +258,29 @@ def test_the_dispatch_lag_tolerance_is_explained_beside_its_field(client, author
     page = client.get("/experiments/new/").content.decode()
     field = page.split('id="field-max_dispatch_lag_ms"', 1)[1].split("</div>", 1)[0]
     assert "How late the load generator may send a request" in field
+
+
+@pytest.mark.django_db
+def test_an_import_whose_worker_died_is_taken_over_once_and_a_live_one_is_left_alone(
+    client, author, tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    import datetime
+
+    from apps.experiments.uploads import IMPORT_LOST_AFTER
+    from workers.engine.tinymodel import build_tokenizer
+
+    hold_tasks(monkeypatch, IMPORT_TRACE)
+    model = build_tokenizer(tmp_path / "model")
+    client.force_login(author)
+    upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
+    data = form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure")
+    data["trace_classes"] = "short:600,long"
+    client.post("/experiments/new/", data)
+    row = TraceUpload.objects.get()
+    # Being imported right now (a second delivery of its message): left alone.
+    TraceUpload.objects.filter(pk=row.pk).update(status="importing")
+    assert trace_upload_import(upload_pk=row.pk) == "importing" and Experiment.objects.count() == 0
+    # Its worker died long ago, and the message came back: taken over, imported once.
+    stale = datetime.datetime.now(datetime.UTC) - IMPORT_LOST_AFTER - datetime.timedelta(minutes=1)
+    TraceUpload.objects.filter(pk=row.pk).update(updated_at=stale)
+    assert trace_upload_import(upload_pk=row.pk) == "done" and Experiment.objects.count() == 1
