@@ -153,12 +153,14 @@ def test_a_starved_candidate_fails_the_gate_and_names_the_class(
     workers.start()
     UserFactory(username="release", roles=["experimenter"])
     # Every request of the window (5.6 req/s): B0's 8 sequence slots serve it, one slot builds a
-    # queue in every repeat. At half the rate the engine of this machine served even one slot
-    # with p95s only 1.3-2.7x B0's, which two repeats cannot tell from a run slow as a whole
-    # (docs/GATE.md, bench/results/gate_power.md): the gate then rightly said pass.
-    code = local_gate(
-        tmp_path, "release", "--spec", str(gate_file(tmp_path)), "--candidate-args", "max_num_seqs=1", every=1
-    )
+    # queue that grows through the window in every repeat (the contracts B0 keeps break). At half
+    # the rate this machine served even one slot with p95s only 1.3-2.7x B0's, which two repeats
+    # cannot tell from a run slow as a whole (docs/GATE.md, bench/results/gate_power.md): the
+    # gate then rightly said pass. Against the queued server this 2-core host's client sends up
+    # to 7 s late (measured in CI; B0's runs stay within 5 s): the claim here is the verdict, and
+    # late sends only understate the candidate's harm, so its tolerance is wide.
+    spec = gate_file(tmp_path, max_dispatch_lag_ms=30000)
+    code = local_gate(tmp_path, "release", "--spec", str(spec), "--candidate-args", "max_num_seqs=1", every=1)
     experiment = Experiment.objects.get()
     assert code == 1, (
         (tmp_path / "gate.md").read_text() if (tmp_path / "gate.md").exists() else "",
