@@ -129,21 +129,27 @@ AZURE_ROWS = (
 ).encode()
 
 
+def _post_trace(client, tmp_path, rows: bytes = AZURE_ROWS):  # type: ignore[no-untyped-def]
+    """Create on the page with a real trace upload (a tokenizer of the tiny model's kind)."""
+    from workers.engine.tinymodel import build_tokenizer
+
+    model = build_tokenizer(tmp_path / "model")
+    upload = SimpleUploadedFile("azure.csv", rows, content_type="text/csv")
+    data = form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure")
+    data["trace_classes"] = "short:600,long"
+    return client.post("/experiments/new/", data)
+
+
 @pytest.mark.django_db
 def test_it_creates_an_experiment_replaying_an_uploaded_real_trace(
     client, author, tmp_path, monkeypatch, settings, django_capture_on_commit_callbacks
 ) -> None:  # type: ignore[no-untyped-def]
     from apps.workloads.models import Trace
-    from workers.engine.tinymodel import build_tokenizer
 
     held = hold_tasks(monkeypatch, IMPORT_TRACE)
-    model = build_tokenizer(tmp_path / "model")
     client.force_login(author)
-    upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
-    data = form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure")
-    data["trace_classes"] = "short:600,long"
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post("/experiments/new/", data)
+        response = _post_trace(client, tmp_path)
     # The web request stored the file and queued its import: nothing is parsed here.
     row = TraceUpload.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/experiments/uploads/{row.pk}/"
@@ -169,17 +175,11 @@ def test_it_names_the_line_of_a_bad_trace_upload_and_saves_nothing(
     client, author, tmp_path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     from apps.workloads.models import Trace
-    from workers.engine.tinymodel import build_tokenizer
 
     hold_tasks(monkeypatch, IMPORT_TRACE)
-    model = build_tokenizer(tmp_path / "model")
     client.force_login(author)
     bad = AZURE_ROWS.replace(b",308,", b",-5,", 1) + b"2023-11-16 18:16:00.0000000,abc,3\n"
-    upload = SimpleUploadedFile("azure.csv", bad, content_type="text/csv")
-    response = client.post(
-        "/experiments/new/",
-        form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure"),
-    )
+    response = _post_trace(client, tmp_path, bad)
     row = TraceUpload.objects.get()
     assert trace_upload_import(upload_pk=row.pk) == "failed"
     page = client.get(response["Location"])
@@ -192,16 +192,9 @@ def test_it_names_the_line_of_a_bad_trace_upload_and_saves_nothing(
 def test_an_upload_over_the_cap_is_a_field_error_and_nothing_is_stored(
     client, author, tmp_path, settings
 ) -> None:  # type: ignore[no-untyped-def]
-    from workers.engine.tinymodel import build_tokenizer
-
     settings.TAILTUNE_MAX_UPLOAD_BYTES = 100
-    model = build_tokenizer(tmp_path / "model")
     client.force_login(author)
-    upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
-    response = client.post(
-        "/experiments/new/",
-        form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure"),
-    )
+    response = _post_trace(client, tmp_path)
     assert response.status_code == 400
     assert "the file is larger than the upload limit of 100 bytes" in response.content.decode()
     assert TraceUpload.objects.count() == 0 and Experiment.objects.count() == 0
@@ -210,16 +203,9 @@ def test_an_upload_over_the_cap_is_a_field_error_and_nothing_is_stored(
 
 @pytest.mark.django_db
 def test_only_its_author_follows_an_upload(client, author, approver, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from workers.engine.tinymodel import build_tokenizer
-
     hold_tasks(monkeypatch, IMPORT_TRACE)
-    model = build_tokenizer(tmp_path / "model")
     client.force_login(author)
-    upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
-    response = client.post(
-        "/experiments/new/",
-        form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure"),
-    )
+    response = _post_trace(client, tmp_path)
     client.force_login(approver)
     assert client.get(response["Location"]).status_code == 403
 
@@ -267,15 +253,10 @@ def test_an_import_whose_worker_died_is_taken_over_once_and_a_live_one_is_left_a
     import datetime
 
     from apps.experiments.uploads import IMPORT_LOST_AFTER
-    from workers.engine.tinymodel import build_tokenizer
 
     hold_tasks(monkeypatch, IMPORT_TRACE)
-    model = build_tokenizer(tmp_path / "model")
     client.force_login(author)
-    upload = SimpleUploadedFile("azure.csv", AZURE_ROWS, content_type="text/csv")
-    data = form_data(create="1", model_path=str(model), trace_file=upload, trace_format="azure")
-    data["trace_classes"] = "short:600,long"
-    client.post("/experiments/new/", data)
+    _post_trace(client, tmp_path)
     row = TraceUpload.objects.get()
     # Being imported right now (a second delivery of its message): left alone.
     TraceUpload.objects.filter(pk=row.pk).update(status="importing")
