@@ -325,9 +325,7 @@ def kills(tmp: Path) -> list[str]:
         start(exp)
         for _ in range(20):
             time.sleep(rng.uniform(2, 25))
-            current = Run.objects.filter(
-                experiment=exp, status__in=["starting", "measuring", "draining"]
-            ).first()
+            current = Run.objects.filter(experiment=exp, status__in=sorted(Run.ACTIVE)).first()
             phases.append(current.status if current else status_of(exp))
             worker.kill()
             worker.start()
