@@ -224,6 +224,7 @@ def _replay(
     b0_scraper = Scraper(b0.base_url, interval_s=SCRAPE_INTERVAL_S, clock=clock)
     side_errors: list[str] = []
     done = threading.Event()
+    b0_up = threading.Event()  # a cold B0 answered its health check
 
     def switch_command() -> None:
         try:
@@ -246,6 +247,7 @@ def _replay(
             if cold:
                 facts["b0_started_at_s"] = _since(origin_ns)
                 b0.start()
+                b0_up.set()
                 facts["b0_healthy_at_s"] = _since(origin_ns)
                 track()
                 if not done.is_set():
@@ -300,8 +302,10 @@ def _replay(
         )
     finally:
         done.set()
-        if switcher.is_alive() and cold:
+        if switcher.is_alive() and cold and not b0_up.is_set():
             b0.stop()  # still starting when the replay ended: its start() fails and says so
+        # A B0 that is up is never stopped here: the switch thread may still be confirming its
+        # args (slow on a loaded host), and stopping it then read as "B0 exited during the run".
         switcher.join()  # bounded: a switch command times out, a stopped B0 ends start()
         for who, scraper in (("", cand_scraper), ("b0", b0_scraper)):
             scraper.stop_during()
