@@ -21,6 +21,7 @@ urlpatterns = [
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
     path("runs/<str:run_id>/records", views.RunRecords.as_view(), name="records"),
     path("traces", views.TraceUpload.as_view(), name="traces"),
+    path("traces/uploads/<int:pk>", views.TraceUploadDetail.as_view(), name="trace-upload"),
     path("gates", gates.GateCreate.as_view(), name="gates"),
     path("gates/<int:pk>", gates.GateVerdict.as_view(), name="gate"),
     # The remote client is code, not data: public like the OpenAPI document.

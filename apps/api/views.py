@@ -360,12 +360,19 @@ class TraceUpload(ApiView):
 
     @extend_schema(
         request={"multipart/form-data": TRACE_UPLOAD},
-        responses={201: OpenApiTypes.OBJECT, 400: SPEC_ERRORS},
-        summary="Upload a trace (its real arrival times kept) and get its sha256",
+        responses={202: OpenApiTypes.OBJECT, 400: SPEC_ERRORS},
+        summary="Upload a trace (its real arrival times kept); a worker imports it",
+        description=(
+            "The file streams to disk (capped by TAILTUNE_MAX_UPLOAD_BYTES) and the fields are "
+            "checked here; parsing, the busiest window and the prompts run on a worker. The "
+            "answer (202) names the upload; GET its url until status is done (then sha256) or "
+            "failed (then errors, each naming its field and line)."
+        ),
     )
     def post(self, request: Request) -> Response:
+        from apps.experiments.uploads import trace_upload_alone_queue
         from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
-        from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
+        from apps.workloads.services import tokenizer_dir
 
         self.need(EXPERIMENTER)
         upload = request.FILES.get("file")
@@ -399,54 +406,87 @@ class TraceUpload(ApiView):
             data, "max_model_len", errors, integer=True, low=2, high=MAX_TOKENS, required=imported
         )
         busiest = _number(data, "busiest", errors, integer=False, low=1e-3, high=86_400.0, required=False)
-        thresholds = None
+        thresholds: list[tuple[str, int | None]] = []
         if imported and "classes" in texts:
             try:
                 thresholds = parse_class_thresholds(texts["classes"])
             except ValueError as exc:
                 errors.append({"field": "classes", "message": str(exc)})
+        if imported and texts.get("model_dir"):
+            model_dir = tokenizer_dir(texts["model_dir"])
+            if not (model_dir / "tokenizer.json").is_file():
+                errors.append({"field": "model_dir", "message": f"no tokenizer.json in {model_dir}"})
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         assert upload is not None
-        label = texts.get("label") or upload.name[:200]
-        try:
-            if not imported:
-                row = trace_store_bytes(data=upload.read(), label=label)
-            else:
-                try:
-                    tokenizer = tokenizer_dir(texts["model_dir"])
-                except Exception as exc:  # no tokenizer there: the field, not a 500
-                    return Response(
-                        {"errors": [{"field": "model_dir", "message": str(exc)[:500]}]}, status=400
-                    )
-                assert thresholds is not None and max_model_len is not None
-                row = trace_import(
-                    data=upload.read(),
-                    fmt=fmt,
-                    tokenizer_dir=tokenizer,
-                    tokenizer_revision=texts["tokenizer_revision"],
-                    thresholds=thresholds,
-                    max_model_len=int(max_model_len),
-                    busiest_s=busiest,
-                    label=label,
-                )
-        except (ValueError, OSError) as exc:  # the importers name the line; nothing was saved
-            return Response({"errors": [{"field": "file", "message": str(exc)[:2000]}]}, status=400)
-        except Exception as exc:  # a tokenizer that cannot be read, and the like
-            return Response(
-                {"errors": [{"field": "model_dir", "message": f"{type(exc).__name__}: {exc}"[:500]}]},
-                status=400,
+        options: dict[str, Any] = {"label": texts.get("label") or upload.name[:200]}
+        if imported:
+            options.update(
+                model_dir=texts["model_dir"],
+                tokenizer_revision=texts["tokenizer_revision"],
+                max_model_len=int(max_model_len or 0),
             )
+        row = trace_upload_alone_queue(
+            owner=request.user,
+            upload=upload,
+            trace_format=fmt,
+            thresholds=thresholds,
+            busiest_s=busiest,
+            options=options,
+        )
         audit_record(
-            action="trace.stored",
+            action="trace.uploaded",
             actor=request.user,
-            target=row.sha256,
-            detail={"format": fmt, "label": label},
+            target=f"trace upload {row.pk}",
+            detail={"format": fmt, "label": options["label"], "bytes": row.size_bytes},
         )
-        return Response(
-            {"sha256": row.sha256, "requests": row.requests, "duration_s": row.duration_s},
-            status=status.HTTP_201_CREATED,
-        )
+        body = _upload_resource(row)
+        return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["url"]})
+
+
+class TraceUploadDetail(ApiView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT},
+        summary="A trace upload: queued, importing, done (its sha256) or failed (its errors)",
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        from apps.experiments.models import TraceUpload as Upload
+
+        self.need(EXPERIMENTER)
+        row = Upload.objects.filter(pk=pk, spec__isnull=True, owner=request.user).first()
+        if row is None:  # another user's upload is not found, not forbidden: ids tell nothing
+            raise NotFound("no such trace upload of yours")
+        return Response(_upload_resource(row))
+
+
+def _upload_resource(row: Any) -> dict[str, Any]:
+    """What the API says of a trace uploaded alone (apps/experiments/uploads.py)."""
+    from django.urls import reverse
+
+    from apps.workloads.models import Trace
+
+    body: dict[str, Any] = {
+        "upload": row.pk,
+        "url": reverse("api:trace-upload", args=[row.pk]),
+        "status": row.status,
+        "file": row.file_name,
+        "bytes": row.size_bytes,
+        "format": row.trace_format,
+    }
+    if row.status == row.Status.DONE:
+        trace = Trace.objects.filter(sha256=row.trace_sha256).first()
+        body["sha256"] = row.trace_sha256
+        if trace is not None:
+            body.update(requests=trace.requests, duration_s=trace.duration_s)
+    if row.status == row.Status.FAILED:
+        errors = []
+        for error in row.errors:  # "field: message" as the import wrote it
+            field, _, message = error.partition(": ")
+            if field not in ("file", "model_dir"):
+                field, message = "file", error
+            errors.append({"field": field, "message": message})
+        body["errors"] = errors
+    return body
 
 
 class RunRecords(ApiView):

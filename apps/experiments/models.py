@@ -184,12 +184,14 @@ class Workload(models.Model):
 
 
 class TraceUpload(models.Model):
-    """A real trace uploaded with a new experiment, imported by a worker, not the web request.
+    """A real trace uploaded, imported by a worker, not the web request.
 
-    The web process streams the file to disk (``path``), checks the spec and saves this row;
+    The web process streams the file to disk (``path``), checks the fields and saves this row;
     the ``tailtune.import_trace`` task parses the file, cuts the busiest window, builds the
-    prompts and creates the experiment, all in one transaction (apps/experiments/uploads.py).
-    A file that does not parse leaves ``errors`` (each naming its line) and nothing else.
+    prompts and stores the trace, all in one transaction (apps/experiments/uploads.py). An
+    upload with a ``spec`` (the create page) creates that experiment in the same transaction;
+    one without (``POST /api/v1/traces``) stores the trace alone and keeps its ``trace_sha256``.
+    A file that does not parse leaves ``errors`` (each naming its field and line) and nothing else.
     """
 
     class Status(models.TextChoices):
@@ -200,7 +202,12 @@ class TraceUpload(models.Model):
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    spec = models.JSONField()  # the validated spec the experiment is created from
+    # The validated spec the experiment is created from; null for a trace uploaded alone.
+    spec = models.JSONField(null=True, blank=True)
+    # A trace uploaded alone: label, and for an imported format model_dir, tokenizer_revision
+    # and max_model_len.
+    options = models.JSONField(default=dict, blank=True)
+    trace_sha256 = models.CharField(max_length=64, blank=True)
     file_name = models.CharField(max_length=255)
     path = models.CharField(max_length=1024)  # the stored upload, deleted once imported
     size_bytes = models.BigIntegerField()

@@ -1,11 +1,13 @@
-"""A real trace uploaded with a new experiment: stored by the web request, imported by a worker.
+"""A real trace uploaded (with a new experiment, or alone through the API): stored by the web
+request, imported by a worker.
 
 The web request only streams the file to disk (Django writes every upload to a temporary
 file: ``config/uploadhandlers.py`` caps its size while it arrives), checks the spec, stores the
 file under ``TAILTUNE_DATA/uploads/`` and saves a :class:`TraceUpload`; the page then shows
 "importing…". The ``tailtune.import_trace`` task runs :func:`trace_upload_import` on a worker:
 parse strictly (every error names its line), cut the busiest window, build the prompts and
-create the experiment, in one transaction. So the web process never holds a whole trace in
+create the experiment (or, for a trace uploaded alone, store it and keep its sha256 for the
+API to answer), in one transaction. So the web process never holds a whole trace in
 memory (bench/results/upload_memory.md measures it), and a bad file leaves only its errors.
 """
 
@@ -70,6 +72,41 @@ def trace_upload_queue(
     Raises SpecError for a spec error (nothing is stored then).
     """
     spec = validate_spec(spec, limits=spec_limits())
+    return _queue(
+        owner=owner,
+        upload=upload,
+        spec=spec,
+        trace_format=trace_format,
+        thresholds=thresholds,
+        busiest_s=busiest_s,
+    )
+
+
+def trace_upload_alone_queue(
+    *,
+    owner: Any,
+    upload: UploadedFile,
+    trace_format: str,
+    thresholds: list[tuple[str, int | None]],
+    busiest_s: float | None,
+    options: dict[str, Any],
+) -> TraceUpload:
+    """Store a trace uploaded without an experiment (``POST /api/v1/traces``) and queue its
+    import; the fields are checked by the caller. ``options``: label, and for an imported
+    format model_dir, tokenizer_revision and max_model_len."""
+    return _queue(
+        owner=owner,
+        upload=upload,
+        spec=None,
+        trace_format=trace_format,
+        thresholds=thresholds,
+        busiest_s=busiest_s,
+        options=options,
+    )
+
+
+def _queue(*, owner: Any, upload: UploadedFile, spec: dict[str, Any] | None, **fields: Any) -> TraceUpload:
+    thresholds = fields.pop("thresholds")
     path = _store(upload)
     try:
         with transaction.atomic():
@@ -79,9 +116,8 @@ def trace_upload_queue(
                 file_name=(upload.name or "trace")[:255],
                 path=str(path),
                 size_bytes=path.stat().st_size,
-                trace_format=trace_format,
                 thresholds=[list(t) for t in thresholds],
-                busiest_s=busiest_s,
+                **fields,
             )
             dispatch.send_on_commit(
                 dispatch.IMPORT_TRACE, kwargs={"upload_pk": row.pk}, queue=settings.CELERY_TASK_DEFAULT_QUEUE
@@ -113,41 +149,95 @@ def trace_upload_import(*, upload_pk: int) -> str:
         return row.status
     path = Path(row.path)
     errors: list[str] = []
-    experiment = None
+    done = False
     try:
         data = path.read_bytes()
-        # The trace, the experiment and the upload marked done, or none of them: a worker that
+        # What the upload makes and the upload marked done, or none of them: a worker that
         # dies in between leaves the upload to be imported again, never twice.
         with transaction.atomic():
-            experiment = experiment_create_with_trace(
-                spec=row.spec,
-                owner=row.owner,
-                trace_data=data,
-                trace_format=row.trace_format,
-                thresholds=[
-                    (str(name), None if limit is None else int(limit)) for name, limit in row.thresholds
-                ],
-                busiest_s=row.busiest_s,
-            )
-            TraceUpload.objects.filter(pk=row.pk).update(
-                status=TraceUpload.Status.DONE, experiment=experiment, updated_at=timezone.now()
-            )
-            audit_record(
-                action="experiment.trace_imported",
-                actor=row.owner,
-                experiment=experiment,
-                detail={"upload": row.pk, "file": row.file_name, "bytes": row.size_bytes},
-            )
+            if row.spec is None:
+                _import_alone(row, data)
+            else:
+                _import_with_experiment(row, data)
+        done = True
     except SpecError as exc:
         errors = [f"{e.path}: {e.message}" for e in exc.errors]
+    except _ModelDirError as exc:
+        errors = [f"model_dir: {exc}"[:2000]]
     except (ValueError, OSError) as exc:  # a bad trace file: the importer names the line
-        errors = [f"trace_file: {exc}"]
+        errors = [f"{'trace_file' if row.spec is not None else 'file'}: {exc}"[:2000]]
     except Exception as exc:  # a bug must still end the upload with its reason
         log.exception("trace upload %s failed", upload_pk)
         errors = [f"the import failed: {type(exc).__name__}: {exc}"[:2000]]
-    if experiment is None:
+    if not done:
         TraceUpload.objects.filter(pk=row.pk).update(
             status=TraceUpload.Status.FAILED, errors=list(dict.fromkeys(errors)), updated_at=timezone.now()
         )
     path.unlink(missing_ok=True)
-    return TraceUpload.Status.DONE if experiment is not None else TraceUpload.Status.FAILED
+    return TraceUpload.Status.DONE if done else TraceUpload.Status.FAILED
+
+
+class _ModelDirError(Exception):
+    """The model directory named for an imported trace has no readable tokenizer."""
+
+
+def _thresholds(row: TraceUpload) -> list[tuple[str, int | None]]:
+    return [(str(name), None if limit is None else int(limit)) for name, limit in row.thresholds]
+
+
+def _import_with_experiment(row: TraceUpload, data: bytes) -> None:
+    assert row.spec is not None
+    experiment = experiment_create_with_trace(
+        spec=row.spec,
+        owner=row.owner,
+        trace_data=data,
+        trace_format=row.trace_format,
+        thresholds=_thresholds(row),
+        busiest_s=row.busiest_s,
+    )
+    TraceUpload.objects.filter(pk=row.pk).update(
+        status=TraceUpload.Status.DONE, experiment=experiment, updated_at=timezone.now()
+    )
+    audit_record(
+        action="experiment.trace_imported",
+        actor=row.owner,
+        experiment=experiment,
+        detail={"upload": row.pk, "file": row.file_name, "bytes": row.size_bytes},
+    )
+
+
+def _import_alone(row: TraceUpload, data: bytes) -> None:
+    from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
+
+    options = row.options or {}
+    label = str(options.get("label") or row.file_name)[:200]
+    if row.trace_format == "tailtune":
+        trace = trace_store_bytes(data=data, label=label)
+    else:
+        try:
+            tokenizer = tokenizer_dir(str(options["model_dir"]))
+            if not (tokenizer / "tokenizer.json").is_file():  # gone since the upload was checked
+                raise _ModelDirError(f"no tokenizer.json in {tokenizer}")
+            trace = trace_import(
+                data=data,
+                fmt=row.trace_format,
+                tokenizer_dir=tokenizer,
+                tokenizer_revision=str(options["tokenizer_revision"]),
+                thresholds=_thresholds(row),
+                max_model_len=int(options["max_model_len"]),
+                busiest_s=row.busiest_s,
+                label=label,
+            )
+        except (ValueError, OSError, _ModelDirError):
+            raise  # the file's own errors, with their line
+        except Exception as exc:  # a tokenizer that cannot be read, and the like
+            raise _ModelDirError(f"{type(exc).__name__}: {exc}") from None
+    TraceUpload.objects.filter(pk=row.pk).update(
+        status=TraceUpload.Status.DONE, trace_sha256=trace.sha256, updated_at=timezone.now()
+    )
+    audit_record(
+        action="trace.stored",
+        actor=row.owner,
+        target=trace.sha256,
+        detail={"format": row.trace_format, "label": label, "upload": row.pk, "bytes": row.size_bytes},
+    )

@@ -163,7 +163,9 @@ def upload_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """A trace upload being imported: "importing…" (the page refreshes itself), its errors with
     their lines, or, once imported, the experiment it created."""
     require_reader(request)
-    upload = get_object_or_404(TraceUpload.objects.select_related("owner", "experiment"), pk=pk)
+    # A trace uploaded alone is the API's resource (GET /api/v1/traces/uploads/<pk>).
+    uploads = TraceUpload.objects.select_related("owner", "experiment").filter(spec__isnull=False)
+    upload = get_object_or_404(uploads, pk=pk)
     if upload.owner_id != request.user.pk and not request.user.is_staff:
         raise PermissionDenied("only the author of an upload can follow its import")
     if upload.status == TraceUpload.Status.DONE and upload.experiment is not None:

@@ -40,6 +40,8 @@ ENDPOINTS = [
     ("post", "/api/v1/experiments/{pk}/approve"),
     ("get", "/api/v1/experiments/{pk}/manifest.json"),
     ("get", "/api/v1/runs/{run}/records"),
+    ("post", "/api/v1/traces"),
+    ("get", "/api/v1/traces/uploads/1"),
     ("post", "/api/v1/gates"),
     ("get", "/api/v1/gates/{pk}"),
     ("post", "/api/v1/gates/{pk}"),
@@ -199,14 +201,20 @@ def test_the_tokens_page_creates_shows_once_lists_and_revokes(client, author) ->
     assert client.post("/accounts/tokens/", {"name": ""}).status_code == 400
 
 
-def test_a_trace_upload_returns_its_sha256_and_a_bad_one_names_the_line(author, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_trace_upload_is_imported_by_a_worker_and_a_bad_one_names_the_line(
+    author, other_experimenter, tmp_path, monkeypatch, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
     from pathlib import Path
 
     from django.core.files.uploadedfile import SimpleUploadedFile
 
+    from apps.experiments.uploads import trace_upload_import
+    from apps.runs.dispatch import IMPORT_TRACE
     from apps.workloads.models import Trace
+    from tests.dispatch_support import hold_tasks
     from workers.engine.tinymodel import build_tokenizer
 
+    held = hold_tasks(monkeypatch, IMPORT_TRACE)
     model_dir = build_tokenizer(tmp_path / "tok")
     api = client_for(author)
     fixture = Path(__file__).resolve().parents[1] / "workloads" / "fixtures" / "azure_2024.csv"
@@ -217,18 +225,38 @@ def test_a_trace_upload_returns_its_sha256_and_a_bad_one_names_the_line(author, 
         "max_model_len": "2048",
         "classes": "short:1024,long",
     }
-    ok = api.post(
-        "/api/v1/traces",
-        {**form, "file": SimpleUploadedFile("azure.csv", fixture.read_bytes())},
-        format="multipart",
-    )
-    assert ok.status_code == 201, ok.content
-    assert Trace.objects.filter(sha256=ok.json()["sha256"]).exists() and ok.json()["requests"] == 3
+    with django_capture_on_commit_callbacks(execute=True):
+        ok = api.post(
+            "/api/v1/traces",
+            {**form, "file": SimpleUploadedFile("azure.csv", fixture.read_bytes())},
+            format="multipart",
+        )
+    # The request only stored the file: nothing parsed, the import queued for a worker.
+    assert ok.status_code == 202, ok.content
+    body = ok.json()
+    assert body["status"] == "queued" and ok["Location"] == body["url"] and "sha256" not in body
+    assert Trace.objects.count() == 0 and [h[1] for h in held] == [{"upload_pk": body["upload"]}]
+    assert api.get(body["url"]).json()["status"] == "queued"
+    uploaded = AuditEvent.objects.get(action="trace.uploaded")
+    assert uploaded.actor == author and uploaded.detail["api_token"] == "test"
+    assert client_for(other_experimenter, name="other").get(body["url"]).status_code == 404  # not theirs
+    assert trace_upload_import(upload_pk=body["upload"]) == "done"
+    done = api.get(body["url"]).json()
+    assert done["status"] == "done" and done["requests"] == 3
+    assert Trace.objects.filter(sha256=done["sha256"]).exists()
+    assert AuditEvent.objects.filter(action="trace.stored", target=done["sha256"]).exists()
+
     bad_file = b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,12,x\n"
-    bad = api.post(
-        "/api/v1/traces", {**form, "file": SimpleUploadedFile("bad.csv", bad_file)}, format="multipart"
-    )
-    assert bad.status_code == 400 and "line 2" in bad.json()["errors"][0]["message"]
+    with django_capture_on_commit_callbacks(execute=True):
+        bad = api.post(
+            "/api/v1/traces", {**form, "file": SimpleUploadedFile("bad.csv", bad_file)}, format="multipart"
+        )
+    assert bad.status_code == 202
+    assert trace_upload_import(upload_pk=bad.json()["upload"]) == "failed"
+    failed = api.get(bad.json()["url"]).json()
+    assert failed["status"] == "failed" and failed["errors"][0]["field"] == "file"
+    assert "line 2" in failed["errors"][0]["message"]
+
     missing = api.post("/api/v1/traces", {"format": "nope"}, format="multipart")
     assert {e["field"] for e in missing.json()["errors"]} == {
         "file", "format", "max_model_len", "model_dir", "tokenizer_revision", "classes"
@@ -239,7 +267,13 @@ def test_a_trace_upload_returns_its_sha256_and_a_bad_one_names_the_line(author, 
         format="multipart",
     )
     assert infinite.status_code == 400 and infinite.json()["errors"][0]["field"] == "max_model_len"
-    assert Trace.objects.count() == 1
+    nowhere = api.post(
+        "/api/v1/traces",
+        {**form, "model_dir": str(tmp_path / "none"), "file": SimpleUploadedFile("a.csv", b"x")},
+        format="multipart",
+    )
+    assert nowhere.status_code == 400 and nowhere.json()["errors"][0]["field"] == "model_dir"
+    assert Trace.objects.count() == 1 and len(held) == 2
 
 
 def test_a_trace_over_the_upload_cap_is_named_as_such(author, settings) -> None:  # type: ignore[no-untyped-def]
@@ -283,3 +317,31 @@ def test_a_valid_token_is_never_throttled_by_others_guesses(settings, author) ->
     wrong.credentials(HTTP_AUTHORIZATION="Bearer tt_9_guess")
     assert [wrong.get("/api/v1/experiments").status_code for _ in range(3)] == [401, 401, 429]
     assert client_for(author).get("/api/v1/experiments").status_code == 200  # same address, real token
+
+
+def test_a_canonical_trace_upload_is_stored_as_sent(
+    author, monkeypatch, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from apps.experiments.uploads import trace_upload_import
+    from apps.runs.dispatch import IMPORT_TRACE
+    from apps.workloads.tracefile import Trace, TraceRequest, trace_dumps, trace_sha256
+    from tests.dispatch_support import hold_tasks
+
+    hold_tasks(monkeypatch, IMPORT_TRACE)
+    trace = Trace(
+        meta={"warmup_s": 0.0},
+        requests=[TraceRequest(0, 0.5, "short", 3, 4, 0, False, prompt_token_ids=[7, 8, 9])],
+    )
+    api = client_for(author)
+    with django_capture_on_commit_callbacks(execute=True):
+        sent = api.post(
+            "/api/v1/traces",
+            {"format": "tailtune", "label": "one", "file": SimpleUploadedFile("t.jsonl", trace_dumps(trace))},
+            format="multipart",
+        )
+    assert sent.status_code == 202, sent.content
+    assert trace_upload_import(upload_pk=sent.json()["upload"]) == "done"
+    done = api.get(sent.json()["url"]).json()
+    assert done["sha256"] == trace_sha256(trace_dumps(trace)) and done["requests"] == 1
