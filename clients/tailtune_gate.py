@@ -384,6 +384,38 @@ def _detail(response: Any) -> str:
     return json.dumps(body)[:500]
 
 
+def _json_of(response: Any, what: str) -> Mapping[str, Any]:
+    if response.status_code != 200:
+        raise GateError(f"{what} failed ({response.status_code}): {_detail(response)}")
+    return dict(response.json())
+
+
+def wait_for_start(
+    fetch: Callable[[], Mapping[str, Any]],
+    *,
+    timeout_s: float,
+    poll_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Mapping[str, Any]:
+    """Poll the uploaded window until the server has started the gate; returns the gate's
+    verdict resource. A window the server refused (a bad line, no live host) is an error."""
+    deadline = clock() + timeout_s
+    while True:
+        upload = fetch()
+        if upload.get("status") == "done" and upload.get("gate"):
+            return dict(upload["gate"])
+        if upload.get("status") == "failed":
+            errors = upload.get("errors") or []
+            detail = "; ".join(f"{e.get('field')}: {e.get('message')}" for e in errors) or "no reason given"
+            raise GateError(f"the server refused the gate: {detail}")
+        if clock() >= deadline:
+            raise GateError(
+                f"the gate did not start within --timeout {timeout_s:g} s (upload {upload.get('url')})"
+            )
+        sleep(poll_s)
+
+
 def run_remote(opts: argparse.Namespace, say: Callable[[str], None]) -> int:
     import httpx
 
@@ -400,9 +432,14 @@ def run_remote(opts: argparse.Namespace, say: Callable[[str], None]) -> int:
         ) as client:
             form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items()}
             created = client.post("/api/v1/gates", data=form, files={"trace": (Path(opts.trace).name, trace)})
-            if created.status_code != 201:
+            if created.status_code != 202:
                 raise GateError(f"the server refused the gate ({created.status_code}): {_detail(created)}")
-            gate = created.json()
+            say("the window is uploaded: the server cuts it and starts the gate")
+            gate = wait_for_start(
+                lambda: _json_of(client.get(created.json()["url"]), "reading the upload"),
+                timeout_s=opts.timeout,
+                poll_s=min(opts.poll, 2.0),  # a window is cut in seconds, not minutes
+            )
             say(f"gate {gate['experiment']} started: {gate.get('url')}")
 
             def fetch() -> Mapping[str, Any]:

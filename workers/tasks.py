@@ -89,7 +89,8 @@ def analyse_experiment(*, experiment_pk: int) -> str:
 
 @shared_task(name="tailtune.import_trace", acks_late=True)
 def import_trace(*, upload_pk: int) -> str:
-    """Import a trace uploaded with a new experiment and create the experiment (any worker)."""
-    from apps.experiments.uploads import trace_upload_import
+    """Import an uploaded trace and make what it was uploaded for: the create page's experiment,
+    the trace alone, or a gate, started (any worker)."""
+    from apps.gate.uploads import gate_upload_import
 
-    return trace_upload_import(upload_pk=upload_pk)
+    return gate_upload_import(upload_pk=upload_pk)

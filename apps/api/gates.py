@@ -16,9 +16,11 @@ from typing import Any
 
 from django.conf import settings
 from django.http import FileResponse
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
+from rest_framework.exceptions import NotFound
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,9 +30,13 @@ from apps.accounts.roles import EXPERIMENTER
 from apps.accounts.tokens import token_check
 from apps.api.auth import TokenAuthentication
 from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors, upload_too_large
+from apps.approvals.audit import audit_record
+from apps.experiments.models import TraceUpload
 from apps.experiments.spec import SpecError
 from apps.gate.build import MIN_REPEATS, GateInput
-from apps.gate.services import GATE_FORMATS, GateUnavailable, gate_create, gate_resource
+from apps.gate.services import GATE_FORMATS, gate_check, gate_resource
+from apps.gate.uploads import gate_upload_queue
+from apps.runs.hosts import hosts_alive
 
 CLIENT = Path(settings.BASE_DIR) / "clients" / "tailtune_gate.py"
 
@@ -81,6 +87,20 @@ GATE = inline_serializer(
     },
 )
 
+GATE_UPLOAD = inline_serializer(
+    "GateUpload",
+    {
+        "upload": serializers.IntegerField(),
+        "url": serializers.CharField(help_text="this resource: GET it until status is done or failed"),
+        "status": serializers.ChoiceField(choices=["queued", "importing", "done", "failed"]),
+        "file": serializers.CharField(),
+        "bytes": serializers.IntegerField(),
+        "gate": GATE,
+        "errors": serializers.ListField(child=serializers.DictField(), required=False),
+    },
+)
+NO_HOST = "no host is alive to run the gate: no worker has sent a heartbeat lately"
+
 
 def _json_object(data: Any, key: str, errors: list[dict[str, str]]) -> dict[str, Any]:
     raw = data.get(key)
@@ -106,8 +126,14 @@ class GateCreate(ApiView):
 
     @extend_schema(
         request={"multipart/form-data": GATE_REQUEST},
-        responses={201: GATE, 400: SPEC_ERRORS, 503: OpenApiTypes.OBJECT},
+        responses={202: GATE_UPLOAD, 400: SPEC_ERRORS, 503: OpenApiTypes.OBJECT},
         summary="Start a gate: B0 and the candidate paired on a real traffic window (docs/GATE.md)",
+        description=(
+            "The fields that need no window are checked here (400, or 503 when no host is alive); "
+            "the window streams to disk and a worker cuts it and starts the gate. The answer (202) "
+            "names the upload: GET its url until status is done (then gate: the verdict resource) "
+            "or failed (then errors, each naming its field, the trace's with its line)."
+        ),
         operation_id="gates_start",
     )
     def post(self, request: Request) -> Response:
@@ -159,17 +185,59 @@ class GateCreate(ApiView):
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)
         assert upload is not None
-        gate_input = GateInput.from_fields(
-            {**texts, **numbers, "baseline_args": baseline_args, "candidate_args": candidate_args}
-        )
+        fields = {**texts, **numbers, "baseline_args": baseline_args, "candidate_args": candidate_args}
         try:
-            experiment = gate_create(request=gate_input, trace_data=upload.read(), owner=request.user)
+            gate_check(GateInput.from_fields(fields))  # all that needs no window, answered now
         except SpecError as exc:
             return Response({"errors": _errors(exc)}, status=status.HTTP_400_BAD_REQUEST)
-        except GateUnavailable as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
-        experiment.refresh_from_db()
-        return Response(gate_resource(experiment=experiment, base_url=_base_url(request)), status=201)
+        if not hosts_alive():
+            return Response({"detail": NO_HOST}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        # The window is parsed, cut and started on a worker (apps/gate/uploads.py), not here.
+        row = gate_upload_queue(owner=request.user, upload=upload, fields=fields)
+        audit_record(
+            action="gate.uploaded",
+            actor=request.user,
+            target=f"trace upload {row.pk}",
+            detail={"format": row.trace_format, "bytes": row.size_bytes, "name": fields.get("name")},
+        )
+        body = _gate_upload(row, request)
+        return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["url"]})
+
+
+class GateUploadDetail(ApiView):
+    @extend_schema(
+        responses={200: GATE_UPLOAD, 404: OpenApiTypes.OBJECT},
+        summary="A gate being started: queued, importing, done (the gate) or failed (the errors)",
+        operation_id="gates_upload",
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        self.need(EXPERIMENTER)
+        row = (
+            TraceUpload.objects.select_related("experiment")
+            .filter(pk=pk, kind=TraceUpload.Kind.GATE, owner=request.user)
+            .first()
+        )
+        if row is None:  # another user's upload is not found, not forbidden: ids tell nothing
+            raise NotFound("no such gate upload of yours")
+        return Response(_gate_upload(row, request))
+
+
+def _gate_upload(row: TraceUpload, request: Request) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "upload": row.pk,
+        "url": reverse("api:gate-upload", args=[row.pk]),
+        "status": row.status,
+        "file": row.file_name,
+        "bytes": row.size_bytes,
+    }
+    if row.status == TraceUpload.Status.DONE and row.experiment is not None:
+        body["gate"] = gate_resource(experiment=row.experiment, base_url=_base_url(request))
+    if row.status == TraceUpload.Status.FAILED:
+        body["errors"] = [
+            {"field": field, "message": message}
+            for field, _, message in (e.partition(": ") for e in row.errors)
+        ]
+    return body
 
 
 class TokenInBodyAuthentication(TokenAuthentication):

@@ -24,6 +24,7 @@ urlpatterns = [
     path("traces/uploads/<int:pk>", views.TraceUploadDetail.as_view(), name="trace-upload"),
     path("gates", gates.GateCreate.as_view(), name="gates"),
     path("gates/<int:pk>", gates.GateVerdict.as_view(), name="gate"),
+    path("gates/uploads/<int:pk>", gates.GateUploadDetail.as_view(), name="gate-upload"),
     # The remote client is code, not data: public like the OpenAPI document.
     path("gate-client.py", gates.GateClient.as_view(), name="gate-client"),
 ]

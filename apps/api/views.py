@@ -453,7 +453,7 @@ class TraceUploadDetail(ApiView):
         from apps.experiments.models import TraceUpload as Upload
 
         self.need(EXPERIMENTER)
-        row = Upload.objects.filter(pk=pk, spec__isnull=True, owner=request.user).first()
+        row = Upload.objects.filter(pk=pk, kind=Upload.Kind.TRACE, owner=request.user).first()
         if row is None:  # another user's upload is not found, not forbidden: ids tell nothing
             raise NotFound("no such trace upload of yours")
         return Response(_upload_resource(row))

@@ -188,9 +188,10 @@ class TraceUpload(models.Model):
 
     The web process streams the file to disk (``path``), checks the fields and saves this row;
     the ``tailtune.import_trace`` task parses the file, cuts the busiest window, builds the
-    prompts and stores the trace, all in one transaction (apps/experiments/uploads.py). An
-    upload with a ``spec`` (the create page) creates that experiment in the same transaction;
-    one without (``POST /api/v1/traces``) stores the trace alone and keeps its ``trace_sha256``.
+    prompts and stores the trace, all in one transaction (apps/experiments/uploads.py). What
+    else it makes is the ``kind``'s: the create page's experiment (from ``spec``), nothing for a
+    trace uploaded alone (``POST /api/v1/traces``: it keeps ``trace_sha256``), or a gate's
+    experiment, started (``POST /api/v1/gates``, apps/gate/uploads.py).
     A file that does not parse leaves ``errors`` (each naming its field and line) and nothing else.
     """
 
@@ -200,12 +201,18 @@ class TraceUpload(models.Model):
         DONE = "done"
         FAILED = "failed"
 
+    class Kind(models.TextChoices):
+        EXPERIMENT = "experiment"
+        TRACE = "trace"
+        GATE = "gate"
+
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.EXPERIMENT)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    # The validated spec the experiment is created from; null for a trace uploaded alone.
+    # The validated spec the experiment is created from (kind experiment only).
     spec = models.JSONField(null=True, blank=True)
-    # A trace uploaded alone: label, and for an imported format model_dir, tokenizer_revision
-    # and max_model_len.
+    # Kind trace: label, and for an imported format model_dir, tokenizer_revision and
+    # max_model_len. Kind gate: the gate request's fields as the API took them.
     options = models.JSONField(default=dict, blank=True)
     trace_sha256 = models.CharField(max_length=64, blank=True)
     file_name = models.CharField(max_length=255)

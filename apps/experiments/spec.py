@@ -172,18 +172,30 @@ class _Refused(Exception):
 
 
 def load_yaml(text: str, *, where: str = "document") -> Any:
-    """YAML text to Python, or SpecError naming the line: bounded in size, depth and aliases."""
+    """YAML text to Python, or SpecError naming the line: bounded in size, depth and aliases.
+
+    ``where`` is what the text is: a whole document (``document``, a request's ``body``), whose
+    errors are named by their line, or one field of a request (the gate's ``spec``), whose
+    errors are named by the field, the line leading the message.
+    """
+
+    def error(mark: Any, message: str) -> SpecError:
+        if mark is None:
+            return SpecError([FieldError(where, message)])
+        if where in ("document", "body"):
+            return SpecError([FieldError(f"line {mark.line + 1}", message)])
+        return SpecError([FieldError(where, f"line {mark.line + 1}: {message}")])
+
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError([FieldError(where, f"is {len(text)} characters; the limit is {MAX_SPEC_BYTES}")])
     try:
         return yaml.load(text, Loader=_BoundedLoader)
     except _Refused as exc:
-        line = f"line {exc.mark.line + 1}" if exc.mark is not None else where
-        raise SpecError([FieldError(line, exc.message)]) from None
+        raise error(exc.mark, exc.message) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}" if mark is not None else where
-        raise SpecError([FieldError(line, f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from None
+        raise error(
+            getattr(exc, "problem_mark", None), f"not valid YAML: {getattr(exc, 'problem', exc)}"
+        ) from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
         raise SpecError([FieldError(where, f"cannot be read: {str(exc)[:200]}")]) from None
 

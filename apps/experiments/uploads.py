@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,8 @@ def trace_upload_queue(
     Raises SpecError for a spec error (nothing is stored then).
     """
     spec = validate_spec(spec, limits=spec_limits())
-    return _queue(
+    return upload_queue(
+        kind=TraceUpload.Kind.EXPERIMENT,
         owner=owner,
         upload=upload,
         spec=spec,
@@ -94,10 +96,10 @@ def trace_upload_alone_queue(
     """Store a trace uploaded without an experiment (``POST /api/v1/traces``) and queue its
     import; the fields are checked by the caller. ``options``: label, and for an imported
     format model_dir, tokenizer_revision and max_model_len."""
-    return _queue(
+    return upload_queue(
+        kind=TraceUpload.Kind.TRACE,
         owner=owner,
         upload=upload,
-        spec=None,
         trace_format=trace_format,
         thresholds=thresholds,
         busiest_s=busiest_s,
@@ -105,14 +107,24 @@ def trace_upload_alone_queue(
     )
 
 
-def _queue(*, owner: Any, upload: UploadedFile, spec: dict[str, Any] | None, **fields: Any) -> TraceUpload:
-    thresholds = fields.pop("thresholds")
+def upload_queue(
+    *,
+    kind: str,
+    owner: Any,
+    upload: UploadedFile,
+    trace_format: str,
+    thresholds: Sequence[tuple[str, int | None]] = (),
+    **fields: Any,
+) -> TraceUpload:
+    """Store the file and save its :class:`TraceUpload` of ``kind``; the import task is sent
+    once this transaction commits. The caller has checked every field."""
     path = _store(upload)
     try:
         with transaction.atomic():
             row = TraceUpload.objects.create(
+                kind=kind,
                 owner=owner,
-                spec=spec,
+                trace_format=trace_format,
                 file_name=(upload.name or "trace")[:255],
                 path=str(path),
                 size_bytes=path.stat().st_size,
@@ -128,14 +140,41 @@ def _queue(*, owner: Any, upload: UploadedFile, spec: dict[str, Any] | None, **f
     return row
 
 
-def trace_upload_import(*, upload_pk: int) -> str:
-    """The task's work: import the stored file and create the experiment; returns the status.
+class ImportRefused(Exception):
+    """What an importer refuses that is not the file's fault, with the field that names it."""
 
-    Runs once: a row no longer queued (imported, failed, or being imported) is left alone,
-    unless its import started over ``IMPORT_LOST_AFTER`` ago (the worker died: the task's
-    message is delivered again, acks_late). A bad file or a spec the trace does not fit ends
-    ``failed`` with its errors and nothing else saved; an unexpected error too, with its reason, never silently.
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# An importer makes what its kind of upload asks for from the file's bytes, inside the import's
+# transaction, and returns the fields to save on the upload with it (experiment, trace_sha256).
+Importer = Callable[[TraceUpload, bytes], dict[str, Any]]
+
+# The field a bad file's error names, per kind: the create page's, the trace API's, the gate's.
+FILE_FIELD: dict[str, str] = {
+    TraceUpload.Kind.EXPERIMENT: "trace_file",
+    TraceUpload.Kind.TRACE: "file",
+    TraceUpload.Kind.GATE: "trace",
+}
+
+
+def trace_upload_import(*, upload_pk: int, importers: Mapping[str, Importer] | None = None) -> str:
+    """The task's work: import the stored file and make what its kind asks for; returns the status.
+
+    ``importers`` adds the importers of kinds an upper layer owns (the gate's: the worker's
+    task passes it). Runs once: a row no longer queued (imported, failed, or being imported) is
+    left alone, unless its import started over ``IMPORT_LOST_AFTER`` ago (the worker died: the
+    task's message is delivered again, acks_late). A bad file or a spec the trace does not fit
+    ends ``failed`` with its errors and nothing else saved; an unexpected error too, with its
+    reason, never silently.
     """
+    known: dict[str, Importer] = {
+        TraceUpload.Kind.EXPERIMENT: _import_with_experiment,
+        TraceUpload.Kind.TRACE: _import_alone,
+        **(importers or {}),
+    }
     now = timezone.now()
     # Queued, or importing on a worker that died long enough ago (its message came back).
     takeable = Q(status=TraceUpload.Status.QUEUED) | Q(
@@ -151,21 +190,24 @@ def trace_upload_import(*, upload_pk: int) -> str:
     errors: list[str] = []
     done = False
     try:
+        importer = known.get(row.kind)
+        if importer is None:
+            raise RuntimeError(f"no importer for an upload of kind {row.kind!r} on this worker")
         data = path.read_bytes()
         # What the upload makes and the upload marked done, or none of them: a worker that
         # dies in between leaves the upload to be imported again, never twice.
         with transaction.atomic():
-            if row.spec is None:
-                _import_alone(row, data)
-            else:
-                _import_with_experiment(row, data)
+            made = importer(row, data)
+            TraceUpload.objects.filter(pk=row.pk).update(
+                status=TraceUpload.Status.DONE, updated_at=timezone.now(), **made
+            )
         done = True
     except SpecError as exc:
         errors = [f"{e.path}: {e.message}" for e in exc.errors]
-    except _ModelDirError as exc:
-        errors = [f"model_dir: {exc}"[:2000]]
+    except ImportRefused as exc:
+        errors = [f"{exc.field}: {exc}"[:2000]]
     except (ValueError, OSError) as exc:  # a bad trace file: the importer names the line
-        errors = [f"{'trace_file' if row.spec is not None else 'file'}: {exc}"[:2000]]
+        errors = [f"{FILE_FIELD.get(row.kind, 'file')}: {exc}"[:2000]]
     except Exception as exc:  # a bug must still end the upload with its reason
         log.exception("trace upload %s failed", upload_pk)
         errors = [f"the import failed: {type(exc).__name__}: {exc}"[:2000]]
@@ -177,15 +219,11 @@ def trace_upload_import(*, upload_pk: int) -> str:
     return TraceUpload.Status.DONE if done else TraceUpload.Status.FAILED
 
 
-class _ModelDirError(Exception):
-    """The model directory named for an imported trace has no readable tokenizer."""
-
-
 def _thresholds(row: TraceUpload) -> list[tuple[str, int | None]]:
     return [(str(name), None if limit is None else int(limit)) for name, limit in row.thresholds]
 
 
-def _import_with_experiment(row: TraceUpload, data: bytes) -> None:
+def _import_with_experiment(row: TraceUpload, data: bytes) -> dict[str, Any]:
     assert row.spec is not None
     experiment = experiment_create_with_trace(
         spec=row.spec,
@@ -195,18 +233,16 @@ def _import_with_experiment(row: TraceUpload, data: bytes) -> None:
         thresholds=_thresholds(row),
         busiest_s=row.busiest_s,
     )
-    TraceUpload.objects.filter(pk=row.pk).update(
-        status=TraceUpload.Status.DONE, experiment=experiment, updated_at=timezone.now()
-    )
     audit_record(
         action="experiment.trace_imported",
         actor=row.owner,
         experiment=experiment,
         detail={"upload": row.pk, "file": row.file_name, "bytes": row.size_bytes},
     )
+    return {"experiment": experiment}
 
 
-def _import_alone(row: TraceUpload, data: bytes) -> None:
+def _import_alone(row: TraceUpload, data: bytes) -> dict[str, Any]:
     from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
 
     options = row.options or {}
@@ -217,7 +253,7 @@ def _import_alone(row: TraceUpload, data: bytes) -> None:
         try:
             tokenizer = tokenizer_dir(str(options["model_dir"]))
             if not (tokenizer / "tokenizer.json").is_file():  # gone since the upload was checked
-                raise _ModelDirError(f"no tokenizer.json in {tokenizer}")
+                raise ImportRefused("model_dir", f"no tokenizer.json in {tokenizer}")
             trace = trace_import(
                 data=data,
                 fmt=row.trace_format,
@@ -228,16 +264,14 @@ def _import_alone(row: TraceUpload, data: bytes) -> None:
                 busiest_s=row.busiest_s,
                 label=label,
             )
-        except (ValueError, OSError, _ModelDirError):
+        except (ValueError, OSError, ImportRefused):
             raise  # the file's own errors, with their line
         except Exception as exc:  # a tokenizer that cannot be read, and the like
-            raise _ModelDirError(f"{type(exc).__name__}: {exc}") from None
-    TraceUpload.objects.filter(pk=row.pk).update(
-        status=TraceUpload.Status.DONE, trace_sha256=trace.sha256, updated_at=timezone.now()
-    )
+            raise ImportRefused("model_dir", f"{type(exc).__name__}: {exc}") from None
     audit_record(
         action="trace.stored",
         actor=row.owner,
         target=trace.sha256,
         detail={"format": row.trace_format, "label": label, "upload": row.pk, "bytes": row.size_bytes},
     )
+    return {"trace_sha256": trace.sha256}

@@ -163,8 +163,10 @@ def upload_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """A trace upload being imported: "importing…" (the page refreshes itself), its errors with
     their lines, or, once imported, the experiment it created."""
     require_reader(request)
-    # A trace uploaded alone is the API's resource (GET /api/v1/traces/uploads/<pk>).
-    uploads = TraceUpload.objects.select_related("owner", "experiment").filter(spec__isnull=False)
+    # A trace or gate window uploaded through the API is the API's resource.
+    uploads = TraceUpload.objects.select_related("owner", "experiment").filter(
+        kind=TraceUpload.Kind.EXPERIMENT
+    )
     upload = get_object_or_404(uploads, pk=pk)
     if upload.owner_id != request.user.pk and not request.user.is_staff:
         raise PermissionDenied("only the author of an upload can follow its import")

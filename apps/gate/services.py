@@ -22,6 +22,7 @@ from apps.experiments.spec import FieldError, SpecError
 from apps.gate.build import (
     MIN_REPEATS,
     MIN_REPEATS_MESSAGE,
+    Baseline,
     GateInput,
     gate_spec,
     resolve_baseline,
@@ -90,14 +91,11 @@ def _refuse_revoked(manifest_text: str) -> None:
         )
 
 
-def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experiment:
-    """Store the window, create B0 vs the candidate on it, and start it; all or nothing.
-
-    Raises SpecError (field paths as the gate's user named them: ``candidate_args.max_num_seqs``,
-    ``spec.classes``, ``trace`` with the line) or GateUnavailable.
-    """
-    from apps.runs.services import StartError, experiment_start
-    from apps.workloads.services import trace_load
+def gate_check(request: GateInput) -> Baseline:
+    """What can be checked before the window is read: the format, the repeats, B0 (the gate
+    file or a manifest not revoked) and the split into classes. Raises SpecError (the user's
+    field paths); the API answers these in the request, before it stores the window."""
+    from apps.workloads.importers import parse_class_thresholds
 
     if request.trace_format not in GATE_FORMATS:
         raise SpecError([FieldError("format", f"must be one of {', '.join(GATE_FORMATS)}")])
@@ -110,8 +108,31 @@ def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experim
     if request.manifest_text is not None:
         _refuse_revoked(request.manifest_text)
     try:
+        base = resolve_baseline(request)
+        if request.trace_format != "tailtune":
+            try:
+                parse_class_thresholds(split_of(request, base))
+            except ValueError as exc:
+                if isinstance(exc, SpecError):
+                    raise
+                raise SpecError([FieldError("classes", str(exc))]) from None
+    except SpecError as exc:
+        raise SpecError([FieldError(user_path(e.path), e.message) for e in exc.errors]) from None
+    return base
+
+
+def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experiment:
+    """Store the window, create B0 vs the candidate on it, and start it; all or nothing.
+
+    Raises SpecError (field paths as the gate's user named them: ``candidate_args.max_num_seqs``,
+    ``spec.classes``, ``trace`` with the line) or GateUnavailable.
+    """
+    from apps.runs.services import StartError, experiment_start
+    from apps.workloads.services import trace_load
+
+    base = gate_check(request)
+    try:
         with transaction.atomic():
-            base = resolve_baseline(request)
             try:
                 stored = _store_window(request, base, trace_data)
             except (ValueError, OSError) as exc:

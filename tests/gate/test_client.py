@@ -121,3 +121,32 @@ def test_waiting_gives_up_with_exit_3_after_the_timeout() -> None:
             fetch, timeout_s=30, poll_s=10, say=said.append, clock=lambda: now[0], sleep=sleep
         )
     assert said == ["running: 1/4 runs finished"]
+
+
+def test_waiting_for_the_start_returns_the_gate_or_the_servers_refusal() -> None:
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    answers = iter(
+        [{"status": "queued"}, {"status": "importing"}, {"status": "done", "gate": {"experiment": 9}}]
+    )
+    gate = client.wait_for_start(
+        lambda: next(answers), timeout_s=60, poll_s=2, clock=lambda: now[0], sleep=sleep
+    )
+    assert gate == {"experiment": 9} and now[0] == 4
+    refused = {
+        "status": "failed",
+        "errors": [{"field": "trace", "message": "line 3: not a time"}, {"field": "host", "message": "none"}],
+    }
+    with pytest.raises(client.GateError, match="refused the gate: trace: line 3: not a time; host: none"):
+        client.wait_for_start(lambda: refused, timeout_s=60, poll_s=2, clock=lambda: now[0], sleep=sleep)
+    with pytest.raises(client.GateError, match="did not start within"):
+        client.wait_for_start(
+            lambda: {"status": "queued", "url": "/u/1"},
+            timeout_s=5,
+            poll_s=2,
+            clock=lambda: now[0],
+            sleep=sleep,
+        )

@@ -10,7 +10,8 @@ import yaml
 from rest_framework.test import APIClient
 
 from apps.accounts.tokens import token_create
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, TraceUpload
+from apps.gate.uploads import gate_upload_import
 from apps.workloads.models import Trace
 from tests.experiments.factories import SMALL_SPEC, UserFactory
 from tests.runs.factories import make_host
@@ -52,15 +53,34 @@ def post_gate(api: APIClient, **fields: object):  # type: ignore[no-untyped-def]
         return api.post("/api/v1/gates", body, format="multipart")
 
 
+def imported(api: APIClient, response) -> dict:  # type: ignore[no-untyped-def]
+    """The window the request stored, imported as the worker's task does; the upload resource after."""
+    assert response.status_code == 202, response.content
+    upload = response.json()
+    assert upload["status"] == "queued" and response["Location"] == upload["url"] and "gate" not in upload
+    gate_upload_import(upload_pk=upload["upload"])
+    return dict(api.get(upload["url"]).json())
+
+
+def start_gate(api: APIClient, **fields: object) -> dict:  # type: ignore[type-arg]
+    """POST the gate, import its window, and return the started gate's verdict resource."""
+    done = imported(api, post_gate(api, **fields))
+    assert done["status"] == "done", done
+    return dict(done["gate"])
+
+
 def test_a_gate_starts_b0_and_the_overlaid_candidate_paired_on_the_window(model_dir: Path) -> None:
     make_host()
     author = UserFactory(roles=["experimenter"])
     api = api_for(author)
-    created = post_gate(
+    posted = post_gate(
         api, spec=gate_file(model_dir), candidate_args=json.dumps({"max_num_seqs": 2}), repeats="2"
     )
-    assert created.status_code == 201, created.content
-    gate = created.json()
+    # The request stored the window and checked what needs none: nothing is cut or created yet.
+    assert posted.status_code == 202 and Experiment.objects.count() == 0 and Trace.objects.count() == 0
+    upload = imported(api, posted)
+    assert upload["status"] == "done" and upload["bytes"] == AZURE.stat().st_size
+    gate = upload["gate"]
     assert gate["verdict"] == "running" and gate["exit_code"] is None and gate["pass"] is False
     assert gate["url"].endswith(f"/experiments/{gate['gate']}/")
     experiment = Experiment.objects.get(pk=gate["gate"])
@@ -93,23 +113,32 @@ def test_a_gate_starts_b0_and_the_overlaid_candidate_paired_on_the_window(model_
 
 
 @pytest.mark.parametrize(
-    ("fields", "field"),
+    ("fields", "field", "when"),
     [
-        ({"candidate_args": json.dumps({"max_num_seqs": 0})}, "candidate_args.max_num_seqs"),
-        ({"candidate_args": json.dumps({"max_model_len": 4096})}, "candidate_args.max_model_len"),
-        ({"candidate_args": "not json"}, "candidate_args"),
-        ({"repeats": "0"}, "repeats"),
-        ({"format": "csv"}, "format"),
-        ({"classes": "short:1024"}, "classes"),
-        ({"busiest": "-1"}, "busiest"),
+        ({"candidate_args": json.dumps({"max_num_seqs": 0})}, "candidate_args.max_num_seqs", "import"),
+        ({"candidate_args": json.dumps({"max_model_len": 4096})}, "candidate_args.max_model_len", "import"),
+        ({"candidate_args": "not json"}, "candidate_args", "request"),
+        ({"repeats": "0"}, "repeats", "request"),
+        ({"format": "csv"}, "format", "request"),
+        ({"classes": "short:1024"}, "classes", "request"),
+        ({"busiest": "-1"}, "busiest", "request"),
+        ({"spec": "model: [unclosed"}, "spec", "request"),
     ],
 )
-def test_a_bad_field_is_a_400_naming_it_and_nothing_is_saved(model_dir: Path, fields, field) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_field_is_named_and_nothing_is_saved(model_dir: Path, fields, field, when) -> None:  # type: ignore[no-untyped-def]
+    """What needs no window is a 400 from the request; what does, the failed upload's errors."""
     make_host()
     api = api_for(UserFactory(roles=["experimenter"]))
-    response = post_gate(api, spec=gate_file(model_dir), **fields)
-    assert response.status_code == 400, response.content
-    assert field in {e["field"] for e in response.json()["errors"]}, response.json()
+    response = post_gate(api, **{"spec": gate_file(model_dir), **fields})
+    if when == "request":
+        assert response.status_code == 400, response.content
+        errors = response.json()["errors"]
+        assert TraceUpload.objects.count() == 0
+    else:
+        failed = imported(api, response)
+        assert failed["status"] == "failed", failed
+        errors = failed["errors"]
+    assert field in {e["field"] for e in errors}, errors
     assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
 
 
@@ -126,16 +155,33 @@ def test_a_bad_trace_line_is_named_and_nothing_is_saved(model_dir: Path, tmp_pat
             {"trace": trace, "format": "azure", "spec": gate_file(model_dir)},
             format="multipart",
         )
-    assert response.status_code == 400
-    (error,) = response.json()["errors"]
-    assert error["field"] == "trace" and "line 3" in error["message"]
+    failed = imported(api, response)
+    (error,) = failed["errors"]
+    assert failed["status"] == "failed" and error["field"] == "trace" and "line 3" in error["message"]
     assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
+    # Another user's upload is not there for them.
+    other = api_for(UserFactory(roles=["experimenter"]))
+    assert other.get(f"/api/v1/gates/uploads/{failed['upload']}").status_code == 404
 
 
 def test_no_live_host_is_a_503_and_nothing_is_saved(model_dir: Path) -> None:
     api = api_for(UserFactory(roles=["experimenter"]))
     response = post_gate(api, spec=gate_file(model_dir))
     assert response.status_code == 503 and "no host" in response.json()["detail"]
+    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
+    assert TraceUpload.objects.count() == 0
+
+
+def test_a_host_gone_by_the_import_fails_the_upload_with_the_reason(model_dir: Path) -> None:
+    from apps.runs.models import Host
+
+    make_host()
+    api = api_for(UserFactory(roles=["experimenter"]))
+    response = post_gate(api, spec=gate_file(model_dir))
+    Host.objects.update(last_heartbeat=None)
+    failed = imported(api, response)
+    (error,) = failed["errors"]
+    assert failed["status"] == "failed" and error["field"] == "host" and "no host" in error["message"]
     assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
 
 
@@ -166,14 +212,13 @@ def test_the_baseline_comes_from_an_approved_manifest_whose_digest_is_checked(mo
     )
     doc = mf.document(content, mf.content_sha256(content))
     api = api_for(UserFactory(roles=["experimenter"]))
-    created = post_gate(
+    created = start_gate(
         api,
         baseline_manifest=mf.to_yaml(doc),
         classes="short:1024,long",
         candidate_args=json.dumps({"max_num_seqs": 4}),
     )
-    assert created.status_code == 201, created.content
-    experiment = Experiment.objects.get(pk=created.json()["gate"])
+    experiment = Experiment.objects.get(pk=created["gate"])
     cells = {c.cell_id: c for c in experiment.cells.all()}
     # Production as last approved: the approved overlay's args, not the rollback record's.
     assert cells["B0"].args == {"max_num_batched_tokens": 1024, "max_num_seqs": 8}
@@ -215,11 +260,10 @@ def test_a_real_approved_manifest_is_b0_and_a_revoked_one_is_refused(analysed_ex
     )
     api = api_for(UserFactory(roles=["experimenter"]))
     text = bytes(manifest.yaml_bytes).decode()
-    created = post_gate(
+    created = start_gate(
         api, baseline_manifest=text, classes="short:1024,long", candidate_args='{"max_num_seqs": 4}'
     )
-    assert created.status_code == 201, created.content
-    gate = Experiment.objects.get(pk=created.json()["gate"])
+    gate = Experiment.objects.get(pk=created["gate"])
     b0 = gate.cells.get(cell_id="B0")
     assert b0.args == {"max_num_batched_tokens": 2048, "max_num_seqs": 8}  # max_model_len is a control
     assert gate.max_model_len == analysed_experiment.max_model_len
@@ -233,14 +277,13 @@ def test_a_real_approved_manifest_is_b0_and_a_revoked_one_is_refused(analysed_ex
 def test_the_candidate_can_be_another_engine_build_or_model_revision(model_dir: Path) -> None:
     make_host()
     api = api_for(UserFactory(roles=["experimenter"]))
-    created = post_gate(
+    created = start_gate(
         api,
         spec=gate_file(model_dir),
         candidate_image="vllm/vllm-openai:v0.33.0",
         candidate_model_revision="rev-2",
     )
-    assert created.status_code == 201, created.content
-    experiment = Experiment.objects.get(pk=created.json()["gate"])
+    experiment = Experiment.objects.get(pk=created["gate"])
     c1 = experiment.cells.get(cell_id="C1")
     assert c1.engine == {"image": "vllm/vllm-openai:v0.33.0", "model_revision": "rev-2"}
     assert c1.args == experiment.cells.get(cell_id="B0").args  # only the engine differs
