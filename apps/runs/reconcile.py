@@ -17,6 +17,9 @@ repair to the audit log as ``experiment.reconciled`` with what it found and did:
    message that was not lost after all runs nothing twice.
 4. **A goodput-capacity search queued and never started**: it is marked lost
    with the reason, so it can be requested again.
+5. **A trace upload queued and never imported** (its message was lost), or importing
+   for longer than ``IMPORT_LOST_AFTER`` (its worker died): its import is sent again
+   (audited as ``upload.reconciled``); the import claims the row, so it runs once.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from django.utils import timezone
 from apps.approvals.audit import audit_record
 from apps.approvals.models import AuditEvent
 from apps.experiments.models import Experiment
+from apps.runs import dispatch
 from apps.runs.dispatch import run_enqueue
 from apps.runs.hosts import hosts_alive
 from apps.runs.models import Host, Run
@@ -140,6 +144,30 @@ def _reconcile_goodput(now: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _reconcile_uploads(now: Any) -> list[dict[str, Any]]:
+    from django.db.models import Q
+
+    from apps.experiments.models import TraceUpload
+    from apps.experiments.uploads import IMPORT_LOST_AFTER
+
+    stuck = TraceUpload.objects.select_for_update(skip_locked=True).filter(
+        Q(status=TraceUpload.Status.QUEUED, updated_at__lt=now - _stale_after())
+        | Q(status=TraceUpload.Status.IMPORTING, updated_at__lt=now - IMPORT_LOST_AFTER)
+    )
+    out = []
+    for row in stuck:
+        # Queued again, touched: the import sent now takes it, and the next pass leaves it be.
+        TraceUpload.objects.filter(pk=row.pk).update(status=TraceUpload.Status.QUEUED, updated_at=now)
+        dispatch.send_on_commit(
+            dispatch.IMPORT_TRACE, kwargs={"upload_pk": row.pk}, queue=settings.CELERY_TASK_DEFAULT_QUEUE
+        )
+        detail = {"repair": f"import sent again: it was {row.status} since {row.updated_at:%H:%M:%S}"}
+        audit_record(action="upload.reconciled", actor=None, target=f"trace upload {row.pk}", detail=detail)
+        log.warning("reconciled trace upload %s: %s", row.pk, detail["repair"])
+        out.append({"upload": row.pk, **detail})
+    return out
+
+
 def experiments_reconcile(*, now: Any = None) -> list[dict[str, Any]]:
     """Repair what is stuck (see the module docstring); returns what was repaired."""
     now = now or timezone.now()
@@ -164,4 +192,6 @@ def experiments_reconcile(*, now: Any = None) -> list[dict[str, Any]]:
                 repairs.append(repaired)
     with transaction.atomic():
         repairs += _reconcile_goodput(now)
+    with transaction.atomic():
+        repairs += _reconcile_uploads(now)
     return repairs

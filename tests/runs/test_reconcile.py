@@ -114,3 +114,31 @@ def test_a_failed_analysis_is_recorded_not_lost() -> None:
     assert event.experiment == experiment and event.detail["error"] == "RuntimeError: disk full"
     experiment.refresh_from_db()
     assert experiment.status == "running"  # the reconciler takes it from here
+
+
+def test_a_trace_upload_whose_import_was_lost_is_sent_again_once(
+    author, tmp_path, django_capture_on_commit_callbacks, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from apps.experiments.models import TraceUpload
+    from apps.experiments.uploads import IMPORT_LOST_AFTER
+    from apps.runs.dispatch import IMPORT_TRACE
+
+    sent = hold_tasks(monkeypatch, IMPORT_TRACE)
+    fields = {"owner": author, "file_name": "t.csv", "path": str(tmp_path / "t"), "size_bytes": 1}
+    lost = TraceUpload.objects.create(kind="trace", trace_format="azure", thresholds=[], **fields)
+    dead = TraceUpload.objects.create(kind="trace", trace_format="azure", thresholds=[], **fields)
+    fresh = TraceUpload.objects.create(kind="trace", trace_format="azure", thresholds=[], **fields)
+    TraceUpload.objects.filter(pk=lost.pk).update(updated_at=timezone.now() - LATER)
+    TraceUpload.objects.filter(pk=dead.pk).update(
+        status="importing", updated_at=timezone.now() - IMPORT_LOST_AFTER - LATER
+    )
+    TraceUpload.objects.filter(pk=fresh.pk).update(status="importing", updated_at=timezone.now() - LATER)
+    with django_capture_on_commit_callbacks(execute=True):
+        done = experiments_reconcile()
+    assert sorted(r["upload"] for r in done) == [lost.pk, dead.pk]
+    assert sorted(s[1]["upload_pk"] for s in sent) == [lost.pk, dead.pk]
+    assert set(TraceUpload.objects.filter(pk__in=[lost.pk, dead.pk]).values_list("status", flat=True)) == {
+        "queued"
+    }
+    assert AuditEvent.objects.filter(action="upload.reconciled").count() == 2
+    assert experiments_reconcile() == []  # touched: not again within the window
