@@ -1,14 +1,16 @@
-"""The web process's memory while a trace is uploaded with a new experiment: 3 MB and 300 MB side by side.
+"""The web process's memory while a trace is uploaded: 3 MB and 300 MB side by side, by each route.
 
     .venv/bin/python bench/upload/upload_memory.py [--big-mb 300] [--out bench/results/upload_memory.md]
 
 Starts the real service (`manage.py serve --no-worker`, gunicorn with one web worker, on the
-embedded defaults in a temporary data folder), logs in as an experimenter and posts the
-create form with the seed spec and an Azure-format trace file streamed from disk (httpx), once
-small and once big. For each upload it reads the gunicorn worker's peak resident memory
-(VmHWM, /proc) before and after. The web request only streams the file to a temporary file
-(config/uploadhandlers.py) and queues its import (apps/experiments/uploads.py); no worker
-runs here, so nothing parses it. The claim: the web worker's peak does not grow with the file.
+embedded defaults in a temporary data folder) and uploads an Azure-format trace file streamed
+from disk (httpx), once small and once big, by each route that takes one: the create page
+(logged in as an experimenter, the seed spec), ``POST /api/v1/traces`` and ``POST
+/api/v1/gates`` (a token; a host row with a fresh heartbeat so the gate is accepted). For each
+upload it reads the gunicorn worker's peak resident memory (VmHWM, /proc) before and after.
+The web request only streams the file to a temporary file (config/uploadhandlers.py) and
+queues its import (apps/experiments/uploads.py, apps/gate/uploads.py); no worker runs here, so
+nothing parses it. The claim: the web worker's peak does not grow with the file.
 """
 
 from __future__ import annotations
@@ -28,6 +30,22 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "seed-sweep.yaml"
 ROW = "2023-11-16 18:15:{s:02d}.{us:07d},{ctx},{gen}\n"
+ROUTES = ("create page", "POST /api/v1/traces", "POST /api/v1/gates")
+GATE_FILE = """
+model: {path: .engine/models/tiny-llama, revision: r1, tokenizer_revision: r1}
+controls: {max_model_len: 2048, dtype: bfloat16, kv_cache_memory_bytes: 33554432}
+baseline: {captured_from: bench, args: {max_num_batched_tokens: 2048, max_num_seqs: 8}}
+classes:
+  - {name: short, max_input_tokens: 400, contract: {ttft_p99_ms: 1000, e2e_p99_ms: 5000, max_stall_ms: 1000, error_rate: 0.01}}
+  - {name: long, contract: {ttft_p99_ms: 5000, e2e_p99_ms: 20000, max_stall_ms: 2000, error_rate: 0.01}}
+"""
+API_FIELDS = {
+    "POST /api/v1/traces": {
+        "format": "azure", "classes": "short:400,long", "model_dir": ".engine/models/tiny-llama",
+        "tokenizer_revision": "r1", "max_model_len": "2048", "busiest": "60",
+    },
+    "POST /api/v1/gates": {"format": "azure", "busiest": "60", "spec": GATE_FILE, "candidate_args": '{"max_num_seqs": 4}'},
+}  # fmt: skip
 
 
 def write_trace(path: Path, size_bytes: int) -> int:
@@ -91,6 +109,17 @@ def main() -> None:
         [python, "manage.py", "user_add", "bench", "--password", "bench-pass-123", "--role", "experimenter"],
         cwd=ROOT, env=env, check=True, capture_output=True,
     )  # fmt: skip
+    subprocess.run(
+        [python, "manage.py", "shell", "-c",
+         "from django.utils import timezone; from apps.runs.models import Host; "
+         "Host.objects.create(name='bench', queue='host.bench', vllm_command=['vllm', 'serve'], "
+         "last_heartbeat=timezone.now() + timezone.timedelta(days=1))"],
+        cwd=ROOT, env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    api_token = subprocess.run(
+        [python, "manage.py", "token_create", "bench", "--name", "upload-bench"],
+        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+    ).stdout.strip().splitlines()[-1]  # fmt: skip
     files = {}
     for label, mb in (("small", opts.small_mb), ("big", opts.big_mb)):
         path = work / f"{label}.csv"
@@ -119,8 +148,26 @@ def main() -> None:
                 data={"username": "bench", "password": "bench-pass-123", "csrfmiddlewaretoken": token},
             )
             worker = gunicorn_worker(serve.pid)
-            for label in ("small", "big"):
+            api = {"Authorization": f"Bearer {api_token}"}
+            for route, label in [(r, size) for r in ROUTES for size in ("small", "big")]:
                 path, rows = files[label]
+                if route != "create page":
+                    before = vm_hwm_kib(worker)
+                    started = time.perf_counter()
+                    with path.open("rb") as f:
+                        response = client.post(
+                            f"/api/v1/{route.split()[-1]}",
+                            data=API_FIELDS[route],
+                            files={
+                                "file" if route.endswith("traces") else "trace": (path.name, f, "text/csv")
+                            },
+                            headers=api,
+                        )
+                    took = time.perf_counter() - started
+                    after = vm_hwm_kib(worker)
+                    assert response.status_code == 202, (route, response.status_code, response.text[:2000])
+                    results.append((route, label, path.stat().st_size, rows, before, after, took))
+                    continue
                 page = client.get("/experiments/new/")
                 token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
                 before = vm_hwm_kib(worker)
@@ -145,29 +192,32 @@ def main() -> None:
                     response.status_code,
                     response.text[:2000],
                 )
-                results.append((label, path.stat().st_size, rows, before, after, took))
+                results.append((route, label, path.stat().st_size, rows, before, after, took))
     finally:
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=60)
     lines = [
-        "# The web process's memory while a trace is uploaded with a new experiment",
+        "# The web process's memory while a trace is uploaded",
         "",
         f"`.venv/bin/python bench/upload/upload_memory.py --big-mb {opts.big_mb}` (gunicorn, one web worker,",
-        "embedded defaults; the upload streams to a temporary file and its import is queued for a worker).",
+        "embedded defaults; by each route the upload streams to a temporary file and its import is",
+        "queued for a worker; peak RSS is the worker's VmHWM, which only grows).",
         "",
-        "| upload | file | rows | web worker peak RSS before | after | growth | request time |",
-        "|---|---|---|---|---|---|---|",
+        "| route | upload | file | rows | web worker peak RSS before | after | growth | request time |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for label, size, rows, before, after, took in results:
+    for route, label, size, rows, before, after, took in results:
         lines.append(
-            f"| {label} | {size / 2**20:.1f} MiB | {rows} | {before / 1024:.1f} MiB | {after / 1024:.1f} MiB | "
-            f"{(after - before) / 1024:.1f} MiB | {took:.1f} s |"
+            f"| {route} | {label} | {size / 2**20:.1f} MiB | {rows} | {before / 1024:.1f} MiB | "
+            f"{after / 1024:.1f} MiB | {(after - before) / 1024:.1f} MiB | {took:.1f} s |"
         )
-    (small, big) = results
+    small = [r for r in results if r[1] == "small"]
+    big = [r for r in results if r[1] == "big"]
     lines += [
         "",
-        f"File ratio big/small: {big[1] / small[1]:.0f}x. Peak RSS after the big upload / after the small one: "
-        f"{big[4] / small[4]:.2f}x. The web worker's memory does not follow the file's size.",
+        f"File ratio big/small: {big[0][2] / small[0][2]:.0f}x, three big uploads in all. Peak RSS after the "
+        f"last big upload / after the first small one: {big[-1][5] / small[0][5]:.2f}x. The web worker's "
+        "memory does not follow the file's size on any route.",
     ]
     text = "\n".join(lines) + "\n"
     Path(opts.out).write_text(text)
