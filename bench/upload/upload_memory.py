@@ -156,7 +156,7 @@ def main() -> None:
                     started = time.perf_counter()
                     with path.open("rb") as f:
                         response = client.post(
-                            f"/api/v1/{route.split()[-1]}",
+                            route.split()[-1],
                             data=API_FIELDS[route],
                             files={
                                 "file" if route.endswith("traces") else "trace": (path.name, f, "text/csv")
