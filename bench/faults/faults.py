@@ -179,6 +179,17 @@ def vllm_left() -> list[int]:
     return out
 
 
+def repairs(exp: Any) -> str:
+    """What the reconciler repaired on the experiment (audit log), in order."""
+    from apps.approvals.models import AuditEvent
+
+    found = [
+        str(e.detail.get("repair"))
+        for e in AuditEvent.objects.filter(experiment=exp, action="experiment.reconciled").order_by("id")
+    ]
+    return "; ".join(found) if found else "none"
+
+
 def integrity(exp: Any) -> tuple[int, int]:
     """(runs with a record twice, finished runs missing records) over the experiment."""
     from apps.runs.models import RequestRecord, Run
@@ -278,7 +289,7 @@ def redis(tmp: Path) -> list[str]:
     return [
         f"Redis shut down (no save: every queued message lost) while the first run measured, started "
         f"again {back:.0f} s later. Experiment: **{end}**. Runs with a record twice: {doubled}; "
-        f"finished runs missing records: {missing}.",
+        f"finished runs missing records: {missing}. Reconciler repairs: {repairs(exp)}.",
         "",
         *runs_table(exp),
     ]
@@ -307,7 +318,8 @@ def postgres(tmp: Path) -> list[str]:
     doubled, missing = integrity(exp)
     return [
         f"Postgres restarted ({took:.1f} s) while run {run.pk} wrote its records. Experiment: **{end}**. "
-        f"Runs with a record twice: {doubled}; finished runs missing records: {missing}.",
+        f"Runs with a record twice: {doubled}; finished runs missing records: {missing}. "
+        f"Reconciler repairs: {repairs(exp)}.",
         "",
         *runs_table(exp),
     ]
@@ -346,7 +358,8 @@ def kills(tmp: Path) -> list[str]:
     return [
         f"20 SIGKILLs of the worker's process group (phases: {', '.join(phases)}), each followed by a "
         f"fresh worker. Experiment: **{end}**. Runs by how they ended: {ends}. Runs with a record "
-        f"twice: {doubled}; finished runs missing records: {missing}; vLLM processes left: {len(left)}.",
+        f"twice: {doubled}; finished runs missing records: {missing}; vLLM processes left: {len(left)}. "
+        f"Reconciler repairs: {repairs(exp)}.",
         "",
         *runs_table(exp),
     ]
