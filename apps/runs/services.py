@@ -234,8 +234,24 @@ def host_heartbeat(*, host: Host) -> None:
     Host.objects.filter(pk=host.pk).update(last_heartbeat=timezone.now())
 
 
+# A planned run gets this many attempts in all when its worker or host is lost under it (a
+# SIGKILL, a reboot): enough that two losses in a row do not drop a measurement, few enough
+# that a run which itself brings its worker down does not loop.
+MAX_RUN_ATTEMPTS = 3
+
+
+def attempts_of(run: Run) -> int:
+    """How many attempts the planned run behind ``run`` has had, ``run`` included."""
+    n, current = 1, run.retry_of_id
+    while current is not None:
+        n += 1
+        current = Run.objects.filter(pk=current).values_list("retry_of_id", flat=True).first()
+    return n
+
+
 def run_requeue_once(*, run: Run, reason: str) -> Run | None:
-    """Fail ``run`` with the reason and, if it is not itself a retry, queue a fresh copy."""
+    """Fail ``run`` with the reason and, unless it was retried already or its planned run has
+    had ``MAX_RUN_ATTEMPTS``, queue a fresh copy (linked by ``retry_of``)."""
     failed = (
         Run.objects.filter(pk=run.pk)
         .exclude(status__in=Run.FINISHED)
@@ -245,7 +261,7 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
     Host.objects.filter(current_run=run).update(current_run=None)
     if not failed and run.status != Run.Status.FAILED:
         return None
-    if run.retry_of_id is not None or Run.objects.filter(retry_of=run).exists():
+    if Run.objects.filter(retry_of=run).exists() or attempts_of(run) >= MAX_RUN_ATTEMPTS:
         return None
     if run.experiment.status != Experiment.Status.RUNNING:
         return None

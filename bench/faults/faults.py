@@ -13,8 +13,9 @@ database (7), and records what happened in bench/results/faults-<scenario>.md:
   30 s later. Recorded: the experiment's end and each run's.
 - ``postgres``: Postgres is restarted while a run writes its records. Recorded: each run's
   end and reason, and per run the records against the plan (none lost, none twice).
-- ``kills``: 20 SIGKILLs of the worker's process group at random moments of an experiment of
-  12 runs, the worker started again at once each time. Recorded: every run's end (done,
+- ``kills``: 20 SIGKILLs of the worker's process group in random phases (starting, warming,
+  measuring, draining: one drawn, waited for, killed within 1.5 s) of an experiment of 16
+  runs, the worker started again at once each time. Recorded: every run's end (done,
   failed and retried, cancelled), duplicate or missing records, and vLLM processes left over.
 
 It needs the CPU engine (`make engine`) and takes minutes per scenario; it restarts the shared
@@ -333,12 +334,22 @@ def kills(tmp: Path) -> list[str]:
     worker.start()
     phases: list[str] = []
     try:
-        exp = experiment("twenty kills", repeats=6)
+        exp = experiment("twenty kills", repeats=8)
         start(exp)
         for _ in range(20):
-            time.sleep(rng.uniform(2, 25))
+            # A phase drawn at random, waited for (up to 90 s), then a kill within 1.5 s of it;
+            # a CPU engine takes longer to start than a run measures, so a kill at a random
+            # moment would nearly always land in "starting".
+            wanted = rng.choice(sorted(Run.ACTIVE))
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and status_of(exp) == "running":
+                if Run.objects.filter(experiment=exp, status=wanted).exists():
+                    break
+                time.sleep(0.2)
+            time.sleep(rng.uniform(0, 1.5))
             current = Run.objects.filter(experiment=exp, status__in=sorted(Run.ACTIVE)).first()
-            phases.append(current.status if current else status_of(exp))
+            got = current.status if current else f"between runs, experiment {status_of(exp)}"
+            phases.append(got if got == wanted else f"{got} (drawn: {wanted})")
             worker.kill()
             worker.start()
         end = wait(lambda: status_of(exp) in ("analysed", "cancelled") and status_of(exp), 3600, "the end")

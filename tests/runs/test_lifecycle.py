@@ -54,7 +54,7 @@ def test_it_dequeues_the_rest_when_cancelled() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_fails_and_requeues_once_the_run_of_a_lost_host(monkeypatch) -> None:
+def test_it_fails_and_requeues_the_run_of_a_lost_host_up_to_three_attempts(monkeypatch) -> None:
     experiment = make_experiment()
     Experiment.objects.filter(pk=experiment.pk).update(status="running")
     run = experiment.runs.first()
@@ -76,8 +76,13 @@ def test_it_fails_and_requeues_once_the_run_of_a_lost_host(monkeypatch) -> None:
         run.repeat,
     )
     assert sent[-1][2] == "host.alive"
-    # A retry that is lost too is not retried again.
+    # A retry that is lost too is retried again, up to three attempts in all, then not.
     Run.objects.filter(pk=retry.pk).update(status=Run.Status.MEASURING, host=dead)
     Host.objects.filter(pk=dead.pk).update(current_run=retry)
+    (third,) = hosts_reap_lost()
+    assert third.retry_of_id == retry.pk and Run.objects.get(pk=retry.pk).status == Run.Status.FAILED
+    Run.objects.filter(pk=third.pk).update(status=Run.Status.MEASURING, host=dead)
+    Host.objects.filter(pk=dead.pk).update(current_run=third)
     assert hosts_reap_lost() == []
-    assert Run.objects.get(pk=retry.pk).status == Run.Status.FAILED
+    assert Run.objects.get(pk=third.pk).status == Run.Status.FAILED
+    assert experiment.runs.filter(repeat=run.repeat, cell=run.cell, mixture=run.mixture).count() == 3
