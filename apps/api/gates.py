@@ -16,7 +16,6 @@ from typing import Any
 
 from django.conf import settings
 from django.http import FileResponse
-from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
@@ -29,7 +28,7 @@ from rest_framework.views import APIView
 from apps.accounts.roles import EXPERIMENTER
 from apps.accounts.tokens import token_check
 from apps.api.auth import TokenAuthentication
-from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors, upload_too_large
+from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors, upload_resource, upload_too_large
 from apps.approvals.audit import audit_record
 from apps.experiments.models import TraceUpload
 from apps.experiments.spec import SpecError
@@ -223,20 +222,9 @@ class GateUploadDetail(ApiView):
 
 
 def _gate_upload(row: TraceUpload, request: Request) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "upload": row.pk,
-        "url": reverse("api:gate-upload", args=[row.pk]),
-        "status": row.status,
-        "file": row.file_name,
-        "bytes": row.size_bytes,
-    }
+    body = upload_resource(row, url_name="api:gate-upload")
     if row.status == TraceUpload.Status.DONE and row.experiment is not None:
         body["gate"] = gate_resource(experiment=row.experiment, base_url=_base_url(request))
-    if row.status == TraceUpload.Status.FAILED:
-        body["errors"] = [
-            {"field": field, "message": message}
-            for field, _, message in (e.partition(": ") for e in row.errors)
-        ]
     return body
 
 

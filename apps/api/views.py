@@ -370,7 +370,8 @@ class TraceUpload(ApiView):
         ),
     )
     def post(self, request: Request) -> Response:
-        from apps.experiments.uploads import trace_upload_alone_queue
+        from apps.experiments.models import TraceUpload as Upload
+        from apps.experiments.uploads import upload_queue
         from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
         from apps.workloads.services import tokenizer_dir
 
@@ -426,7 +427,8 @@ class TraceUpload(ApiView):
                 tokenizer_revision=texts["tokenizer_revision"],
                 max_model_len=int(max_model_len or 0),
             )
-        row = trace_upload_alone_queue(
+        row = upload_queue(
+            kind=Upload.Kind.TRACE,
             owner=request.user,
             upload=upload,
             trace_format=fmt,
@@ -459,33 +461,36 @@ class TraceUploadDetail(ApiView):
         return Response(_upload_resource(row))
 
 
-def _upload_resource(row: Any) -> dict[str, Any]:
-    """What the API says of a trace uploaded alone (apps/experiments/uploads.py)."""
+def upload_resource(row: Any, *, url_name: str) -> dict[str, Any]:
+    """What the API says of any upload a worker imports (apps/experiments/uploads.py): where it
+    is, its file and status, and once failed its errors, stored as "field: message"."""
     from django.urls import reverse
-
-    from apps.workloads.models import Trace
 
     body: dict[str, Any] = {
         "upload": row.pk,
-        "url": reverse("api:trace-upload", args=[row.pk]),
+        "url": reverse(url_name, args=[row.pk]),
         "status": row.status,
         "file": row.file_name,
         "bytes": row.size_bytes,
-        "format": row.trace_format,
     }
+    if row.status == row.Status.FAILED:
+        body["errors"] = [
+            {"field": field, "message": message}
+            for field, _, message in (error.partition(": ") for error in row.errors)
+        ]
+    return body
+
+
+def _upload_resource(row: Any) -> dict[str, Any]:
+    """A trace uploaded alone: its format, and once imported its sha256."""
+    from apps.workloads.models import Trace
+
+    body = {**upload_resource(row, url_name="api:trace-upload"), "format": row.trace_format}
     if row.status == row.Status.DONE:
         trace = Trace.objects.filter(sha256=row.trace_sha256).first()
         body["sha256"] = row.trace_sha256
         if trace is not None:
             body.update(requests=trace.requests, duration_s=trace.duration_s)
-    if row.status == row.Status.FAILED:
-        errors = []
-        for error in row.errors:  # "field: message" as the import wrote it
-            field, _, message = error.partition(": ")
-            if field not in ("file", "model_dir"):
-                field, message = "file", error
-            errors.append({"field": field, "message": message})
-        body["errors"] = errors
     return body
 
 

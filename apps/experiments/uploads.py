@@ -84,29 +84,6 @@ def trace_upload_queue(
     )
 
 
-def trace_upload_alone_queue(
-    *,
-    owner: Any,
-    upload: UploadedFile,
-    trace_format: str,
-    thresholds: list[tuple[str, int | None]],
-    busiest_s: float | None,
-    options: dict[str, Any],
-) -> TraceUpload:
-    """Store a trace uploaded without an experiment (``POST /api/v1/traces``) and queue its
-    import; the fields are checked by the caller. ``options``: label, and for an imported
-    format model_dir, tokenizer_revision and max_model_len."""
-    return upload_queue(
-        kind=TraceUpload.Kind.TRACE,
-        owner=owner,
-        upload=upload,
-        trace_format=trace_format,
-        thresholds=thresholds,
-        busiest_s=busiest_s,
-        options=options,
-    )
-
-
 def upload_queue(
     *,
     kind: str,
@@ -117,7 +94,9 @@ def upload_queue(
     **fields: Any,
 ) -> TraceUpload:
     """Store the file and save its :class:`TraceUpload` of ``kind``; the import task is sent
-    once this transaction commits. The caller has checked every field."""
+    once this transaction commits. The caller has checked every field (a trace uploaded alone,
+    ``POST /api/v1/traces``: ``options`` holds its label, and for an imported format its
+    model_dir, tokenizer_revision and max_model_len)."""
     path = _store(upload)
     try:
         with transaction.atomic():
@@ -210,7 +189,9 @@ def trace_upload_import(*, upload_pk: int, importers: Mapping[str, Importer] | N
         errors = [f"{FILE_FIELD.get(row.kind, 'file')}: {exc}"[:2000]]
     except Exception as exc:  # a bug must still end the upload with its reason
         log.exception("trace upload %s failed", upload_pk)
-        errors = [f"the import failed: {type(exc).__name__}: {exc}"[:2000]]
+        errors = [
+            f"{FILE_FIELD.get(row.kind, 'file')}: the import failed: {type(exc).__name__}: {exc}"[:2000]
+        ]
     if not done:
         TraceUpload.objects.filter(pk=row.pk).update(
             status=TraceUpload.Status.FAILED, errors=list(dict.fromkeys(errors)), updated_at=timezone.now()
