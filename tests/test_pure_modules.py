@@ -19,6 +19,7 @@ PURE = [
     "apps.analysis.paired",
     "apps.gate.verdict",
     "apps.experiments.plan",
+    "apps.experiments.generation",
     "workers.replay.records",
     "workers.replay.sse",
 ]
@@ -33,3 +34,15 @@ def test_a_pure_module_imports_without_django(module: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == [], f"{module} pulls in Django"
+
+
+def test_a_request_carries_the_sampling_settings_and_not_the_replays_flags() -> None:
+    from apps.experiments.generation import request_sampling
+
+    assert request_sampling(None) == {} and request_sampling({}) == {}
+    sent = request_sampling({"top_p": 0.9, "ignore_eos": False, "temperature": 0.0, "seed": 3})
+    assert sent == {"seed": 3, "temperature": 0.0, "top_p": 0.9} and list(sent) == [
+        "seed",
+        "temperature",
+        "top_p",
+    ]

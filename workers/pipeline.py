@@ -36,6 +36,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
+from apps.experiments.generation import request_sampling
 from apps.experiments.models import Experiment, ServerConfig
 from apps.runs.gauges import latest_gauges
 from apps.runs.hosts import host_register_local
@@ -309,6 +310,7 @@ def _with_server(
             max_dispatch_lag_ms=workload.max_dispatch_lag_ms,
             on_batch=on_batch,
             stop=stop,
+            extra_body=request_sampling(run.experiment.generation),
         )
         scraper.stop_during()
         try:
@@ -322,7 +324,12 @@ def _with_server(
     summary = result.summary()
     summary["scrape_errors"] = scraper.errors[:20]
     summary["restarts_t_ns"] = scraper.restarts
-    fields = {**result.run_fields(), "summary": summary, "log_tail": read_tail(server.log_path)}
+    fields = {
+        **result.run_fields(),
+        "generation": result.extra_body,
+        "summary": summary,
+        "log_tail": read_tail(server.log_path),
+    }
     if watcher.cancelled or result.stopped:
         return Run.Status.CANCELLED, "cancelled mid-run; partial records kept", fields
     death = server.failure()

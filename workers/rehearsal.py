@@ -35,6 +35,7 @@ from typing import Any
 
 from django.db import close_old_connections
 
+from apps.experiments.generation import request_sampling
 from apps.experiments.models import ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.runs.ingest import metric_samples_ingest, records_writer
@@ -292,6 +293,7 @@ def _replay(
             on_batch=on_batch,
             stop=stop,
             origin_ns=origin_ns,
+            extra_body=request_sampling(run.experiment.generation),
             rehearsal={
                 "switch_at_s": switch_s,
                 "cut_after_s": run.drain_deadline_seconds,
@@ -320,6 +322,7 @@ def _replay(
     summary["servers"] = {"candidate": candidate.tracked_pids(), "b0": b0.tracked_pids()}
     fields = {
         **result.run_fields(),
+        "generation": result.extra_body,
         "summary": summary,
         "log_tail": read_tail(candidate.log_path) + "\n--- B0 ---\n" + read_tail(b0.log_path),
     }

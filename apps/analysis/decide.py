@@ -16,6 +16,7 @@ from typing import Any
 
 from apps.analysis import inference
 from apps.analysis.metrics import pvalue
+from apps.experiments.generation import request_sampling
 
 RETAIN, RETUNE, ISOLATE, INCONCLUSIVE = "retain", "retune", "isolate", "inconclusive"
 P99_KEYS = {"ttft_ms": "ttft", "e2e_ms": "e2e", "max_stall_ms": "stall"}
@@ -110,7 +111,8 @@ def validity_check(
             base_runs = [chosen[(baseline, *c)] for c in combos if (baseline, *c) in chosen]
             expected = base_runs[0].get(field) if base_runs else None
         reference[field] = expected
-    reference["generation"] = experiment.get("generation")
+    # What every request should carry (the spec's sampling settings; its flags belong to the replay).
+    reference["generation"] = request_sampling(experiment.get("generation"))
     # A field no run recorded cannot tell cells apart: a warning, not an invalid cell.
     unrecorded = [f for f in identity if chosen and not any(r.get(f) for r in chosen.values())]
 
@@ -147,7 +149,13 @@ def validity_check(
             elif not run.get(field) and field not in unrecorded:
                 add(cell, f"no {field}", combo)
         if run.get("generation") is not None and run.get("generation") != reference["generation"]:
-            add(cell, "generation settings differ", combo, value=run.get("generation"))
+            add(
+                cell,
+                "generation settings differ",
+                combo,
+                value=run.get("generation"),
+                expected=reference["generation"],
+            )
         lag = run.get("dispatch_lag_p99_ms")
         if lag is None:
             lag = run.get("lateness_ms", {}).get("p99")

@@ -88,6 +88,7 @@ def _run_inputs(runs: list[Run]) -> list[dict[str, Any]]:
             "hardware_id": r.hardware_id,
             "model_revision": r.model_revision,
             "tokenizer_revision": r.tokenizer_revision,
+            "generation": r.generation,
             "dispatch_lag_p99_ms": r.dispatch_lag_p99_ms,
             "warmup_s": r.warmup_seconds,
             "observation_s": r.observation_seconds,

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from apps.analysis.compare import PRIMARY_CHOICES
+from apps.experiments.generation import GENERATION_FLAGS, GENERATION_KEYS
 
 # Scheduler args a cell may vary, with their types. Everything else that
 # shapes the server is a frozen control (same for every cell) or is refused.
@@ -725,20 +726,6 @@ def _check_plan_size(c: _Checker, spec: Mapping[str, Any], limits: SpecLimits) -
             f"the plan would take about {hours:,.0f} engine-hours; the limit is {limits.max_engine_hours:g} "
             "(TAILTUNE_MAX_ENGINE_HOURS): shorter windows or a smaller plan",
         )
-
-
-# controls.generation: the sampling settings every request carries (recorded and compared).
-GENERATION_KEYS: dict[str, tuple[type, float, float]] = {
-    "temperature": (float, 0.0, 100.0),
-    "top_p": (float, 0.0, 1.0),
-    "top_k": (int, -1, 1_000_000),
-    "min_p": (float, 0.0, 1.0),
-    "seed": (int, 0, MAX_SEED),
-    "repetition_penalty": (float, 0.0, 100.0),
-    "presence_penalty": (float, -2.0, 2.0),
-    "frequency_penalty": (float, -2.0, 2.0),
-}
-GENERATION_FLAGS = ("ignore_eos",)
 
 
 def _check_generation(c: _Checker, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -81,6 +81,9 @@ class Run(models.Model):
     tokenizer_revision = models.CharField(max_length=200, blank=True)
     hardware_id = models.CharField(max_length=300, blank=True)
     effective_args = models.JSONField(null=True, blank=True)
+    # The sampling settings every request of the run carried, as the load generator reports
+    # sending them (controls.generation; null: not recorded, e.g. a run that never replayed).
+    generation = models.JSONField(null=True, blank=True)
     warmup_seconds = models.FloatField()
     observation_seconds = models.FloatField()
     drain_deadline_seconds = models.FloatField()

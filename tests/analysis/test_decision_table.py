@@ -380,3 +380,24 @@ def test_a_candidate_that_names_its_own_model_revision_is_held_to_it():
                   healthy, run_overrides=revisions("m1"))["checks"]["validity"]  # fmt: skip
     assert wrong["invalid_cells"] == ["C1"]
     assert any(p["problem"] == "model_revision differs" and p["expected"] == "m3" for p in wrong["problems"])
+
+
+def test_a_cell_whose_requests_carried_other_sampling_settings_is_invalid():
+    """Each run records the sampling fields its requests carried; the experiment's are
+    ``{"temperature": 0.0}``. A run that recorded nothing is not judged on it (imported results)."""
+
+    def sent(c1: dict | None):  # type: ignore[no-untyped-def]
+        def apply(run: dict) -> None:
+            run["generation"] = c1 if run["cell"] == "C1" else {"temperature": 0.0}
+
+        return apply
+
+    same = build(Plan(), healthy, run_overrides=sent({"temperature": 0.0}))["checks"]["validity"]
+    assert same["invalid_cells"] == [], same["problems"]
+    unrecorded = build(Plan(), healthy, run_overrides=sent(None))["checks"]["validity"]
+    assert unrecorded["invalid_cells"] == []
+    for other in ({"temperature": 0.7}, {"temperature": 0.0, "seed": 1}, {}):
+        bad = build(Plan(), healthy, run_overrides=sent(other))["checks"]["validity"]
+        assert bad["invalid_cells"] == ["C1"], other
+        problem = next(p for p in bad["problems"] if p["problem"] == "generation settings differ")
+        assert problem["value"] == other and problem["expected"] == {"temperature": 0.0}

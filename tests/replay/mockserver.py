@@ -29,6 +29,17 @@ perf_ns = time.perf_counter_ns
 
 _HEADER_END = b"\r\n\r\n"
 _MAX_HEADER = 64 * 1024
+# The body fields a request's log entry keeps (what tests check the client sent).
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 @dataclass
@@ -73,6 +84,8 @@ class RequestLog:
     completed: bool = False
     disconnected: bool = False
     disconnect_ns: int | None = None
+    # The request's sampling fields (temperature, top_p, seed, ...), as the body carried them.
+    sampling: dict[str, Any] = field(default_factory=dict)
     # Every token-frame write time, when MockConfig.record_writes is on.
     writes_ns: list[int] | None = None
 
@@ -393,6 +406,7 @@ class _Protocol(asyncio.Protocol):
             entry.status = 400
             self._simple(400, {"error": {"message": "body is not JSON"}})
             return
+        entry.sampling = {k: request[k] for k in SAMPLING_FIELDS if k in request}
         if behaviour.hang:
             return
         if behaviour.status != 200:

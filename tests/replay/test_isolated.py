@@ -48,3 +48,13 @@ def test_it_stops_when_asked(mock_server: MockServer) -> None:
     assert result.stopped
     assert len(result.records) == 200  # the unsent ones are records too
     assert any(not r.sent for r in result.records)
+
+
+def test_every_request_carries_the_sampling_fields_and_the_result_says_which(mock_server: MockServer) -> None:
+    requests = make_requests(6, spacing_s=0.01, output_tokens=3)
+    sampling = {"seed": 5, "temperature": 0.0, "top_p": 0.9}
+    result = run_replay_isolated(
+        requests, base_url=mock_server.base_url, observation_s=0.2, extra_body=sampling, **OPTIONS
+    )
+    assert result.sent == 6 and result.extra_body == sampling
+    assert [e.sampling for e in mock_server.log] == [sampling] * 6

@@ -108,6 +108,9 @@ class ReplayResult:
     loop_stall_max_ms: float | None = None
     # A recovery rehearsal's own facts (workers/replay/rehearsal.py): the switch, B0 ready, cuts.
     rehearsal: dict[str, Any] | None = None
+    # The fields every request body carried besides its own (the sampling settings): what the
+    # server was asked for, recorded with the run so cells can be checked for the same settings.
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
     def run_fields(self) -> dict[str, Any]:
         """The Run row's load-generator fields (dispatch lag, achieved rate, requests sent)."""
@@ -826,6 +829,7 @@ def _result(replay: Any, *, tolerance_ms: float, duration_s: float) -> ReplayRes
         duration_s=duration_s,
         tolerance_ms=tolerance_ms,
         notes=replay.notes,
+        extra_body=dict(replay.extra_body),
         loop_stall_max_ms=(
             round(replay.loop_stall_max_ns / 1e6, 3) if hasattr(replay, "loop_stall_max_ns") else None
         ),

@@ -64,6 +64,7 @@ class Sharded:
         self.warmup_ns = round(options["warmup_s"] * 1e9)
         self.observation_ns = round(options["observation_s"] * 1e9)
         self.total = len(requests)
+        self.extra_body = dict(options.get("extra_body") or {})
         self.stop = stop
         self.finished: collections.deque[RequestRecord] = collections.deque()
         self.records: list[RequestRecord] = []

@@ -72,7 +72,7 @@ SAMPLE_REQUIRED = ("t_ns", "phase", "name", "kind")
 RUN_TYPES: dict[str, str] = {
     "status": _STR, "reason": _STR, "trace_sha256": _STR, "corpus_sha256": _STR, "hardware_id": _STR,
     "model_revision": _STR, "tokenizer_revision": _STR, "vllm_version": _STR, "image_digest": _STR,
-    "effective_args": "object or null", "dispatch_lag_p99_ms": "number or null",
+    "effective_args": "object or null", "generation": "object or null", "dispatch_lag_p99_ms": "number or null",
 }  # fmt: skip
 RUN_REQUIRED = ("status", "trace_sha256", "hardware_id")
 RUN_STATUSES = ("done", "invalid", "failed")
