@@ -144,6 +144,15 @@ class ExperimentForm(forms.Form):
     )
     arrival_cv = forms.FloatField(required=False, label="Arrival CV (gamma only)")
     repeats = forms.IntegerField(required=False, initial=3)
+    repeat_traces = forms.ChoiceField(
+        choices=[
+            ("same", "same: every repeat replays the same frozen traces"),
+            ("fresh", "fresh: each repeat draws its own traffic from the seed"),
+        ],
+        initial="same",
+        required=False,
+        label="Repeats replay",
+    )
     seed = forms.IntegerField(required=False, initial=0, label="Workload seed")
     warmup_s = forms.FloatField(required=False, initial=10, label="Warm-up (s)")
     observation_s = forms.FloatField(required=False, initial=120, label="Observation window (s)")
@@ -233,6 +242,7 @@ class ExperimentForm(forms.Form):
                 "arrival_process",
                 "arrival_cv",
                 "repeats",
+                "repeat_traces",
                 "seed",
                 "warmup_s",
                 "observation_s",
@@ -487,6 +497,7 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
             "rates_source": "manual",
             "arrival": arrival,
             "repeats": d.get("repeats"),
+            "repeat_traces": d.get("repeat_traces") or "same",
             "seed": d.get("seed"),
             "warmup_s": d.get("warmup_s"),
             "observation_s": d.get("observation_s"),
@@ -523,6 +534,7 @@ _DIRECT: dict[str, str] = {
     "workload.arrival.cv": "arrival_cv",
     "workload.arrival": "arrival_process",
     "workload.repeats": "repeats",
+    "workload.repeat_traces": "repeat_traces",
     "workload.seed": "seed",
     "workload.warmup_s": "warmup_s",
     "workload.observation_s": "observation_s",

@@ -168,6 +168,8 @@ class Workload(models.Model):
     arrival_cv = models.FloatField(null=True, blank=True)
     imported_trace_sha256 = models.CharField(max_length=64, blank=True)
     repeats = models.PositiveIntegerField(default=3)
+    # same: every repeat replays the (mixture, rate)'s one frozen trace; fresh: one trace per repeat.
+    repeat_traces = models.CharField(max_length=8, default="same")
     seed = models.BigIntegerField(default=0)
     warmup_s = models.FloatField(default=10)
     observation_s = models.FloatField(default=120)

@@ -70,6 +70,7 @@ WORKLOAD_KEYS = {
     "rates_source",
     "arrival",
     "repeats",
+    "repeat_traces",
     "seed",
     "warmup_s",
     "observation_s",
@@ -77,6 +78,19 @@ WORKLOAD_KEYS = {
     "max_dispatch_lag_ms",
     "uniform_companion",
 }
+# workload.repeat_traces: every repeat replays the same frozen traces (repeat variation is then
+# the server's), or each repeat gets its own draw from the seed (traffic variation included).
+REPEAT_TRACES = ("same", "fresh")
+
+
+def _repeat_traces(c: _Checker, workload: Mapping[str, Any]) -> str:
+    value = workload.get("repeat_traces", "same")
+    if value not in REPEAT_TRACES:
+        c.fail("workload.repeat_traces", f"must be same or fresh, got {value!r:.60}")
+        return "same"
+    return str(value)
+
+
 # A class's primary metric: the tail its gains are judged on (docs/ANALYSIS.md);
 # left out, the short class is judged on TTFT and the long class on end-to-end latency.
 PRIMARY_METRICS = PRIMARY_CHOICES
@@ -640,6 +654,7 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         "repeats": c.number(
             workload, "repeats", "workload", positive=True, integer=True, maximum=MAX_REPEATS
         ),
+        "repeat_traces": _repeat_traces(c, workload),
         "seed": c.number(workload, "seed", "workload", integer=True, minimum=0, maximum=MAX_SEED),
         "warmup_s": c.number(workload, "warmup_s", "workload", minimum=0.0, maximum=MAX_WINDOW_S),
         "observation_s": c.number(workload, "observation_s", "workload", positive=True, maximum=MAX_WINDOW_S),

@@ -257,8 +257,14 @@ def workload_traces_freeze(
     # Each trace is reduced to its compressed bytes as soon as it is built:
     # a seed sweep's 18 traces hold ~20M token ids, too many to keep as
     # Python lists, and generation stays outside the (short) transaction.
+    # With repeat_traces "same", every repeat replays the first repeat's trace: one is generated
+    # per (mixture, rate) and mapped to all of its repeats.
+    same = workload.repeat_traces == "same"
     frozen: dict[tuple[str, str, int], _Frozen] = {}
     for mixture, rate_name, repeat in keys:
+        if same and (mixture, rate_name, 1) in frozen:
+            frozen[(mixture, rate_name, repeat)] = frozen[(mixture, rate_name, 1)]
+            continue
         trace = generate_trace(
             classes=classes,
             mixture_name=mixture,
@@ -268,7 +274,7 @@ def workload_traces_freeze(
             arrival_process=workload.arrival_process,
             arrival_cv=workload.arrival_cv,
             seed=workload.seed,
-            repeat=repeat,
+            repeat=1 if same else repeat,
             warmup_s=workload.warmup_s,
             observation_s=workload.observation_s,
             tokenizer_dir=tok_dir,

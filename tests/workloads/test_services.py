@@ -4,6 +4,7 @@ import gzip
 from pathlib import Path
 
 import pytest
+import yaml
 
 from apps.workloads.models import Trace
 from apps.workloads.services import (
@@ -84,6 +85,7 @@ def test_it_freezes_every_trace_of_the_plan(tokenizer_dir: Path) -> None:
         mixtures={"80-20": {"short": 0.8, "long": 0.2}, "short-only": {"short": 1.0}},
         rates={"low": 1.0, "high": 3.0},
         repeats=2,
+        repeat_traces="fresh",
     )
     traces = workload_traces_freeze(experiment=experiment)
     assert set(traces) == {
@@ -102,6 +104,41 @@ def test_it_freezes_every_trace_of_the_plan(tokenizer_dir: Path) -> None:
     assert uniform[("80-20", "high", 2)].corpus_sha256 == row.corpus_sha256
     assert uniform[("80-20", "high", 2)].kind == "uniform"
     assert Trace.objects.count() == 16
+
+
+def test_every_repeat_replays_the_same_trace_unless_asked_for_fresh_ones(tokenizer_dir: Path) -> None:
+    experiment = _experiment(tokenizer_dir, rates={"low": 1.0, "high": 3.0}, repeats=3)
+    assert experiment.workload.repeat_traces == "same"
+    traces = workload_traces_freeze(experiment=experiment)
+    for rate in ("low", "high"):
+        assert len({traces[("80-20", rate, k)].pk for k in (1, 2, 3)}) == 1
+    assert traces[("80-20", "low", 1)].sha256 != traces[("80-20", "high", 1)].sha256
+    assert Trace.objects.count() == 2
+    assert trace_load(sha256=traces[("80-20", "low", 3)].sha256).meta["repeat"] == 1
+
+
+def test_the_seed_plan_shares_its_trace_hashes_across_repeats(tokenizer_dir: Path) -> None:
+    """examples/seed-sweep.yaml as written (its windows shortened to keep the test small)."""
+    from tests.conftest import SEED_SPEC
+
+    spec = yaml.safe_load(SEED_SPEC.read_text())
+    assert spec["workload"]["repeat_traces"] == "same"
+    workload = {**spec["workload"], "warmup_s": 1, "observation_s": 4}
+    experiment = make_experiment(
+        model={**spec["model"], "path": str(tokenizer_dir)},
+        controls=spec["controls"],
+        classes=spec["classes"],
+        baseline=spec["baseline"],
+        candidates=spec["candidates"],
+        workload=workload,
+    )
+    traces = workload_traces_freeze(experiment=experiment)
+    repeats = spec["workload"]["repeats"]
+    assert repeats == 3
+    for mixture in spec["workload"]["mixtures"]:
+        for rate in spec["workload"]["rates"]:
+            assert len({traces[(mixture, rate, k)].sha256 for k in range(1, repeats + 1)}) == 1
+    assert Trace.objects.count() == len(spec["workload"]["mixtures"]) * len(spec["workload"]["rates"])
 
 
 def test_it_saves_no_trace_when_a_later_generation_fails(tokenizer_dir: Path) -> None:
