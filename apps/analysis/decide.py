@@ -71,9 +71,11 @@ def validity_check(
     1. Every cell has exactly one done sweep run per (mixture, rate, repeat).
     2. Its trace and corpus hashes equal B0's in that (mixture, rate, repeat),
        and its cohort has as many requests per class as B0's.
-    3. Hardware, model and tokenizer revisions and generation settings are the
-       same in every run (and match the experiment's where it names them); a
-       candidate whose spec names its own ``engine.model_revision`` must run that.
+    3. Hardware, model and tokenizer revisions, engine image digest and the
+       sampling settings the requests carried are the same in every run (and
+       match the experiment's where it names them); a candidate whose spec
+       names its own ``engine.model_revision`` must run that, and one that
+       names its own ``engine.image`` may run another image.
     4. The load generator's dispatch lag p99 is within the experiment's tolerance.
     """
     problems: list[dict[str, Any]] = []
@@ -103,7 +105,7 @@ def validity_check(
                 add(cell, "duplicate runs", combo, runs=sorted(r["key"] for r in done))
             chosen[(cell, *combo)] = done[0]
 
-    identity = ("hardware_id", "model_revision", "tokenizer_revision")
+    identity = ("hardware_id", "model_revision", "tokenizer_revision", "image_digest")
     reference: dict[str, Any] = {}
     for field in identity:
         expected = experiment.get(field) or None
@@ -117,6 +119,9 @@ def validity_check(
     unrecorded = [f for f in identity if chosen and not any(r.get(f) for r in chosen.values())]
 
     own_revision = {c["cell_id"]: (c.get("engine") or {}).get("model_revision") for c in cells}
+    # A candidate that is another engine build on purpose (its spec names its own image) runs
+    # another image; every other cell runs B0's.
+    own_image = {c["cell_id"] for c in cells if (c.get("engine") or {}).get("image")}
     worst_lag: float | None = None
     for (cell, mix, rate, repeat), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):
         combo = (mix, rate, repeat)
@@ -144,6 +149,8 @@ def validity_check(
             want = reference[field]
             if field == "model_revision" and own_revision.get(cell):
                 want = own_revision[cell]  # a candidate that is another model revision, on purpose
+            if field == "image_digest" and cell in own_image:
+                continue
             if want and run.get(field) and run.get(field) != want:
                 add(cell, f"{field} differs", combo, value=run.get(field), expected=want)
             elif not run.get(field) and field not in unrecorded:

@@ -318,7 +318,8 @@ def class_metrics(
         "lateness_ms": plain_stats(d.lateness_ms[rows]),
         "admission_delay_ms": plain_stats(d.admission_ms[rows]),
         "oldest_queue_age_ms": _ms(queue_age.max()) if queue_age.size else None,
-        "goodput_rps": float(round(good / observation_s, 6)) if observation_s > 0 else 0.0,
+        # Absent, never 0, when the class had no request to serve (or the window no length).
+        "goodput_rps": float(round(good / observation_s, 6)) if offered and observation_s > 0 else None,
         "contract_share": float(round(good / offered, 6)) if offered else None,
         "accepted_share": float(round(counts["accepted"] / offered, 6)) if offered else None,
         "error_rate": float(round(error_rate, 6)),

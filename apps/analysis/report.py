@@ -101,7 +101,7 @@ def _merge(hists: Sequence[GapHistogram | None]) -> GapHistogram | None:
 
 def _headline(m: Mapping[str, Any]) -> dict[str, float]:
     return {
-        "goodput_rps": m["goodput_rps"],
+        "goodput_rps": m["goodput_rps"] if m["goodput_rps"] is not None else math.nan,
         "contract_share": m["contract_share"] if m["contract_share"] is not None else math.nan,
         "ttft_p99": metrics.pvalue(m["ttft_ms"]["p99"]),
         "e2e_p99": metrics.pvalue(m["e2e_ms"]["p99"]),
@@ -206,6 +206,7 @@ def build_report(
         run_results.append(
             {
                 "key": key,
+                "run_id": key,
                 "cell": r["cell"],
                 "mixture": r["mixture"],
                 "rate": r["rate"],
@@ -218,7 +219,10 @@ def build_report(
                 "hardware_id": r.get("hardware_id") or "",
                 "model_revision": r.get("model_revision") or "",
                 "tokenizer_revision": r.get("tokenizer_revision") or "",
-                **({"generation": r["generation"]} if r.get("generation") is not None else {}),
+                "image_digest": r.get("image_digest") or "",
+                "vllm_version": r.get("vllm_version") or "",
+                "effective_args": r.get("effective_args"),
+                "generation": r.get("generation"),
                 "dispatch_lag_p99_ms": r.get("dispatch_lag_p99_ms"),
                 "window": {
                     "warmup_s": float(r["warmup_s"]),
@@ -226,7 +230,10 @@ def build_report(
                     "drain_deadline_s": float(r["drain_deadline_s"]),
                 },
                 "lateness_ms": metrics.plain_stats(d.lateness_ms[all_rows]),
-                "tokens_per_s": round(total_tokens / w.observation_s, 6) if w.observation_s > 0 else None,
+                # Absent, never 0, for a run that produced no records in its window.
+                "tokens_per_s": round(total_tokens / w.observation_s, 6)
+                if all_rows.size and w.observation_s > 0
+                else None,
                 "classes": per_class,
                 "server": server_metrics((samples or {}).get(key, [])),
             }

@@ -19,6 +19,7 @@ urlpatterns = [
     path("experiments/<int:pk>/approve", views.ExperimentApprove.as_view(), name="approve"),
     path("experiments/<int:pk>/revoke", views.ExperimentRevoke.as_view(), name="revoke"),
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
+    path("runs/<str:run_id>", views.RunDetail.as_view(), name="run"),
     path("runs/<str:run_id>/records", views.RunRecords.as_view(), name="records"),
     path("traces", views.TraceUpload.as_view(), name="traces"),
     path("traces/uploads/<int:pk>", views.TraceUploadDetail.as_view(), name="trace-upload"),

@@ -20,6 +20,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -41,6 +42,7 @@ from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create, spec_limits
 from apps.experiments.spec import MAX_SPEC_BYTES, MAX_TOKENS, SpecError, load_yaml, validate_spec
 from apps.runs.models import RequestRecord, Run
+from apps.runs.selectors import run_record
 from config.uploadhandlers import too_large_message
 from workers.replay.records import SCALAR_RECORD_FIELDS
 
@@ -464,8 +466,6 @@ class TraceUploadDetail(ApiView):
 def upload_resource(row: Any, *, url_name: str) -> dict[str, Any]:
     """What the API says of any upload a worker imports (apps/experiments/uploads.py): where it
     is, its file and status, and once failed its errors, stored as "field: message"."""
-    from django.urls import reverse
-
     body: dict[str, Any] = {
         "upload": row.pk,
         "url": reverse(url_name, args=[row.pk]),
@@ -492,6 +492,25 @@ def _upload_resource(row: Any) -> dict[str, Any]:
         if trace is not None:
             body.update(requests=trace.requests, duration_s=trace.duration_s)
     return body
+
+
+class RunDetail(ApiView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT},
+        summary="One run's record: cell, repeat, hashes, image digest, revisions, hardware, effective args, windows",
+    )
+    def get(self, request: Request, run_id: str) -> Any:
+        self.need(VIEWER)
+        run = (
+            Run.objects.select_related("cell", "host", "retry_of").filter(run_id=run_id).first()
+            if _uuid(run_id)
+            else None
+        )
+        if run is None:
+            raise NotFound(f"no run {run_id}")
+        record = run_record(run)
+        record["records_url"] = reverse("api:records", kwargs={"run_id": record["run_id"]})
+        return Response(record)
 
 
 class RunRecords(ApiView):

@@ -109,3 +109,82 @@ def offered_load(*, experiment: Experiment) -> dict[str, Any]:
             for cell, per in sorted(goodput.items())
         }
     return out
+
+
+# The fields that identify what a run measured and under what, in every report's run rows and in
+# the per-run export (docs/SPEC.md "The run record"); ``run_id`` is the run's UUID.
+RUN_RECORD_FIELDS = (
+    "run_id",
+    "cell",
+    "mixture",
+    "rate",
+    "rate_rps",
+    "repeat",
+    "scenario",
+    "status",
+    "trace_sha256",
+    "corpus_sha256",
+    "image_digest",
+    "vllm_version",
+    "model_revision",
+    "tokenizer_revision",
+    "hardware_id",
+    "effective_args",
+    "generation",
+    "dispatch_lag_p99_ms",
+    "window",
+)
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def run_record(run: Any) -> dict[str, Any]:
+    """One run as an export: the run record, then how it went (values it does not have are null).
+
+    ``run`` is a :class:`apps.runs.models.Run` with its cell, experiment and host loaded.
+    """
+    record: dict[str, Any] = {
+        "run_id": str(run.run_id),
+        "cell": run.cell.cell_id,
+        "mixture": run.mixture,
+        "rate": run.rate_name,
+        "rate_rps": run.rate_rps,
+        "repeat": run.repeat,
+        "scenario": run.scenario,
+        "status": run.status,
+        "trace_sha256": run.trace_sha256,
+        "corpus_sha256": run.corpus_sha256,
+        "image_digest": run.image_digest,
+        "vllm_version": run.vllm_version,
+        "model_revision": run.model_revision,
+        "tokenizer_revision": run.tokenizer_revision,
+        "hardware_id": run.hardware_id,
+        "effective_args": run.effective_args,
+        "generation": run.generation,
+        "dispatch_lag_p99_ms": run.dispatch_lag_p99_ms,
+        "window": {
+            "warmup_s": run.warmup_seconds,
+            "observation_s": run.observation_seconds,
+            "drain_deadline_s": run.drain_deadline_seconds,
+        },
+    }
+    summary = run.summary or {}
+    record.update(
+        experiment=run.experiment_id,
+        reason=run.reason,
+        attempts=run.attempts,
+        retry_of=str(run.retry_of.run_id) if run.retry_of_id else None,
+        host=run.host.name if run.host_id else None,
+        requests_planned=run.requests_planned,
+        requests_sent=run.requests_sent,
+        dispatch_lag_p50_ms=run.dispatch_lag_p50_ms,
+        dispatch_lag_max_ms=run.dispatch_lag_max_ms,
+        loop_stall_max_ms=summary.get("loop_stall_max_ms"),
+        achieved_rate_rps=run.achieved_rate_rps,
+        started_at=_iso(run.started_at),
+        finished_at=_iso(run.finished_at),
+        summary=summary or None,
+    )
+    return record

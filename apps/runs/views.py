@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 
 from apps.analysis import charts
 from apps.experiments import selectors
 from apps.experiments.views import require_reader
 from apps.runs.models import Run
+from apps.runs.selectors import run_record
 
 
 def _report_entry(run: Run) -> dict[str, Any] | None:
@@ -66,3 +67,13 @@ def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
         "log": run.log_tail,
     }
     return render(request, "runs/detail.html", context)
+
+
+def run_export(request: HttpRequest, run_id: Any) -> HttpResponse:
+    """The run record as a JSON download (docs/SPEC.md "The run record"); its request records
+    are at /api/v1/runs/<run_id>/records."""
+    require_reader(request)
+    run = get_object_or_404(Run.objects.select_related("cell", "host", "retry_of"), run_id=run_id)
+    response = JsonResponse(run_record(run), json_dumps_params={"indent": 2})
+    response["Content-Disposition"] = f'attachment; filename="run-{run.run_id}.json"'
+    return response

@@ -177,6 +177,7 @@ def build(
                         "hardware_id": "cpu",
                         "model_revision": "m1",
                         "tokenizer_revision": "t1",
+                        "image_digest": "sha256:" + "ab" * 32,
                         "dispatch_lag_p99_ms": 1.0,
                         "warmup_s": plan.warmup_s,
                         "observation_s": plan.observation_s,
