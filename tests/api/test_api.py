@@ -39,6 +39,7 @@ ENDPOINTS = [
     ("get", "/api/v1/experiments/{pk}/report"),
     ("post", "/api/v1/experiments/{pk}/approve"),
     ("get", "/api/v1/experiments/{pk}/manifest.json"),
+    ("get", "/api/v1/runs/{run}"),
     ("get", "/api/v1/runs/{run}/records"),
     ("post", "/api/v1/traces"),
     ("get", "/api/v1/traces/uploads/1"),
