@@ -247,6 +247,7 @@ APPROVAL = inline_serializer(
         "chosen_cell": serializers.CharField(),
         "reason": serializers.CharField(),
         "recovery_override": serializers.CharField(required=False),
+        "scenarios_override": serializers.CharField(required=False),
         "deployment_revision": serializers.CharField(required=False),
         "route_target": serializers.CharField(required=False),
     },
@@ -266,7 +267,14 @@ class ExperimentApprove(ApiView):
         data = request.data
         fields = {
             k: data.get(k, "")
-            for k in ("chosen_cell", "reason", "recovery_override", "deployment_revision", "route_target")
+            for k in (
+                "chosen_cell",
+                "reason",
+                "recovery_override",
+                "scenarios_override",
+                "deployment_revision",
+                "route_target",
+            )
         }
         bad = [k for k, v in fields.items() if not _clean_text(v, 2000)]
         if bad:

@@ -188,6 +188,33 @@ def _recovery_evidence(
     return out
 
 
+def scenario_evidence(
+    decision: Decision, *, chosen_cell: str, baseline: str, override: str = ""
+) -> dict[str, Any]:
+    """Check 3 for the cell being approved: did its failure scenarios run, and did each hold?
+
+    ``check`` is ``pass`` (every scenario run of the cell held), ``fail`` (one did not) or
+    ``not run`` (the cell has none); B0 staying needs none.
+    """
+    if chosen_cell == baseline:
+        return {"check": "not needed", "reason": "B0 stays: no configuration change to stress"}
+    listed = ((decision.checks or {}).get("failure_scenarios") or {}).get("runs") or []
+    runs = [r for r in listed if r.get("cell") == chosen_cell]
+    failed = sorted({r["scenario"] for r in runs if not r.get("held")})
+    if not runs:
+        out: dict[str, Any] = {"check": "not run", "reason": f"no failure scenario ran for {chosen_cell}"}
+    elif failed:
+        out = {"check": "fail", "reason": f"{chosen_cell} did not hold under {', '.join(failed)}"}
+    else:
+        out = {"check": "pass", "reason": f"{chosen_cell} held under every scenario it ran"}
+    out["runs"] = [
+        {"scenario": r["scenario"], "run": r.get("run"), "held": bool(r.get("held"))} for r in runs
+    ]
+    if override and out["check"] != "pass":
+        out["override_reason"] = override
+    return out
+
+
 @transaction.atomic
 def experiment_approve(
     *,
@@ -198,6 +225,7 @@ def experiment_approve(
     deployment_revision: str = "",
     route_target: str = "",
     recovery_override: str = "",
+    scenarios_override: str = "",
 ) -> RollbackManifest:
     """Approve the decision's proposed cell or B0, and freeze the rollback manifest.
 
@@ -225,6 +253,15 @@ def experiment_approve(
             f"check 4 (recovery) is {check4.get('status') or 'not measured'}: {check4.get('reason', '')}. To approve "
             f"{chosen_cell} anyway, type why in the check 4 override reason"
         )
+    check3_override = scenarios_override.strip()
+    check3 = scenario_evidence(
+        decision, chosen_cell=chosen_cell, baseline=b0.cell_id, override=check3_override
+    )
+    if check3["check"] in ("fail", "not run") and not check3_override:
+        raise ApprovalError(
+            f"check 3 (failure scenarios) is {check3['check']}: {check3['reason']}. To approve "
+            f"{chosen_cell} anyway, type why in the check 3 override reason"
+        )
     now = timezone.now()
     baseline = _baseline_record(
         experiment, b0, deployment_revision=deployment_revision.strip(), route_target=route_target.strip()
@@ -236,6 +273,7 @@ def experiment_approve(
         if cells[chosen_cell].engine:
             candidate["engine"] = cells[chosen_cell].engine
     evidence = _evidence(experiment, decision)
+    evidence["failure_scenarios"] = check3
     evidence["recovery"] = _recovery_evidence(
         decision, check4, chosen_cell=chosen_cell, baseline=b0.cell_id, override=override
     )
@@ -276,6 +314,8 @@ def experiment_approve(
             "to": Experiment.Status.APPROVED,
             "manifest_sha256": sha,
             "decision": decision.outcome,
+            "check_3": check3["check"],
+            **({"check_3_override": check3["override_reason"]} if "override_reason" in check3 else {}),
             "check_4": check4.get("status"),
             **({"check_4_override": override} if override and chosen_cell != b0.cell_id else {}),
         },

@@ -11,7 +11,13 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
 from apps.approvals.models import AuditEvent, RollbackManifest
-from apps.approvals.services import ApprovalError, approval_revoke, experiment_approve, experiment_reject
+from apps.approvals.services import (
+    ApprovalError,
+    approval_revoke,
+    experiment_approve,
+    experiment_reject,
+    scenario_evidence,
+)
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.views import require_reader
@@ -41,6 +47,15 @@ class ApproveForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Required to approve a candidate whose rollback rehearsal failed, is pending or was "
         "not rehearsed; it goes into the audit log and the manifest.",
+    )
+
+    scenarios_override = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Check 3 override reason",
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Required to approve a candidate whose failure scenarios did not run or did not all "
+        "hold; it goes into the audit log and the manifest.",
     )
 
     def __init__(self, *args, choices: list[tuple[str, str]], **kwargs) -> None:
@@ -88,6 +103,7 @@ def experiment_approve_page(request: HttpRequest, pk: int) -> HttpResponse:
                         deployment_revision=data["deployment_revision"],
                         route_target=data["route_target"],
                         recovery_override=data["recovery_override"],
+                        scenarios_override=data["scenarios_override"],
                     )
                     messages.success(
                         request,
@@ -109,6 +125,11 @@ def experiment_approve_page(request: HttpRequest, pk: int) -> HttpResponse:
             "decision": decision,
             "form": form,
             "check4": (decision.checks or {}).get("recovery") or {},
+            "check3": scenario_evidence(
+                decision,
+                chosen_cell=decision.chosen_cell or "",
+                baseline=experiment.cells.get(role="baseline").cell_id,
+            ),
         },
         status=200 if request.method != "POST" else 400,
     )

@@ -183,7 +183,9 @@ def _proposing_c1_with_check_4(experiment: Experiment, check: dict) -> None:
 
     decision = Decision.objects.get(experiment=experiment)
     decision.outcome, decision.chosen_cell = "retune", "C1"
-    decision.checks = {**decision.checks, "recovery": check}
+    # Check 3 passed for C1 (its own tests are below): check 4 is the subject here.
+    scenarios = {"status": "pass", "runs": [{"scenario": "burst", "cell": "C1", "run": "r-1", "held": True}]}
+    decision.checks = {**decision.checks, "recovery": check, "failure_scenarios": scenarios}
     decision.save()
     experiment.refresh_from_db()
 
@@ -366,7 +368,66 @@ def test_a_candidate_on_another_engine_build_is_in_the_manifests_overlay(approve
         chosen_cell="C1",
         reason="faster",
         recovery_override="CPU test",
+        scenarios_override="CPU test",
     )
     content = RollbackManifest.objects.get(experiment=experiment).content
     assert content["overlay"]["engine"] == engine
     assert content["baseline"]["image"] == experiment.engine_image  # rolling back: B0's own build
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("runs", "status"),
+    [
+        ([], "not run"),
+        (
+            [
+                {"scenario": "burst", "cell": "C1", "run": "r-1", "held": True},
+                {"scenario": "long_prefill_flood", "cell": "C1", "run": "r-2", "held": False},
+                {"scenario": "burst", "cell": "B0", "run": "r-3", "held": True},
+            ],
+            "fail",
+        ),
+    ],
+    ids=["not-run", "failed"],
+)
+def test_approving_a_candidate_without_passed_failure_scenarios_needs_a_typed_reason(
+    analysed_experiment, approver, runs, status
+) -> None:  # type: ignore[no-untyped-def]
+    _proposing_c1_with_check_4(analysed_experiment, {"status": "pass", "reason": "recovered"})
+    from apps.analysis.models import Decision
+
+    decision = Decision.objects.get(experiment=analysed_experiment)
+    decision.checks = {**decision.checks, "failure_scenarios": {"status": "listed", "runs": runs}}
+    decision.save()
+    with pytest.raises(ApprovalError, match=f"check 3 \\(failure scenarios\\) is {status}"):
+        experiment_approve(
+            experiment=analysed_experiment, approver=approver, chosen_cell="C1", reason="faster"
+        )
+    assert not Approval.objects.exists() and not RollbackManifest.objects.exists()
+    manifest = experiment_approve(
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="C1",
+        reason="faster",
+        scenarios_override="the flood scenario is not our traffic: no prefill floods behind the gateway",
+    )
+    check3 = manifest.content["evidence"]["failure_scenarios"]
+    assert check3["check"] == status and check3["override_reason"].startswith("the flood scenario")
+    assert [r["run"] for r in check3["runs"]] == [r["run"] for r in runs if r["cell"] == "C1"]
+    event = AuditEvent.objects.get(experiment=analysed_experiment, action="experiment.approved")
+    assert event.detail["check_3"] == status and event.detail["check_3_override"].startswith("the flood")
+
+
+@pytest.mark.django_db
+def test_keeping_b0_or_a_candidate_whose_scenarios_held_needs_no_check_3_reason(
+    analysed_experiment, approver
+) -> None:  # type: ignore[no-untyped-def]
+    _proposing_c1_with_check_4(analysed_experiment, {"status": "pass", "reason": "recovered"})
+    manifest = experiment_approve(
+        experiment=analysed_experiment, approver=approver, chosen_cell="C1", reason="ok"
+    )
+    check3 = manifest.content["evidence"]["failure_scenarios"]
+    assert check3["check"] == "pass" and "override_reason" not in check3
+    event = AuditEvent.objects.get(experiment=analysed_experiment, action="experiment.approved")
+    assert event.detail["check_3"] == "pass" and "check_3_override" not in event.detail

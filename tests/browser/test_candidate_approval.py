@@ -44,6 +44,9 @@ def test_an_approved_candidate_goes_into_the_manifest_as_an_overlay_on_b0(new_pa
     ada.check("input[name=chosen_cell][value=C1]")
     ada.fill("#id_reason", "C1 proven on the imported runs")
     ada.fill("#id_recovery_override", "rollback rehearsed by hand on the production host")
+    # The imported results ran no failure scenario for C1: check 3 says so and needs a reason.
+    assert "not run" in ada.inner_text("#check-3")
+    ada.fill("#id_scenarios_override", "scenarios run on the staging cluster, report attached to the change")
     ada.click("#do-approve")
     ada.wait_for_selector("#experiment-status")
     assert ada.inner_text("#experiment-status") == "approved"
@@ -72,3 +75,5 @@ def test_an_approved_candidate_goes_into_the_manifest_as_an_overlay_on_b0(new_pa
     assert doc["baseline"]["effective_args"]["args"]["max_num_batched_tokens"] == 2048
     assert doc["approval"]["chosen_cell"] == "C1"
     assert doc["evidence"]["decision"]["outcome"] == "retune"
+    assert doc["evidence"]["failure_scenarios"]["check"] == "not run"
+    assert doc["evidence"]["failure_scenarios"]["override_reason"].startswith("scenarios run on the staging")

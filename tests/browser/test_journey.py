@@ -226,6 +226,7 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     ada.fill("#id_reason", "journey approval")
     # A rehearsal that did not pass on this shared CPU needs a typed override to approve C1.
     ada.fill("#id_recovery_override", "journey: rehearsal reviewed")
+    ada.fill("#id_scenarios_override", "journey: failure scenarios reviewed")
     ada.click("#do-approve")
     ada.wait_for_selector("#experiment-status")
     assert ada.inner_text("#experiment-status") == "approved"
