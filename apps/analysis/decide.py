@@ -401,7 +401,7 @@ def recovery_check(
 # --- findings -------------------------------------------------------------
 
 
-def _class_roles(classes: Sequence[Mapping[str, Any]]) -> tuple[str | None, str | None]:
+def class_roles(classes: Sequence[Mapping[str, Any]]) -> tuple[str | None, str | None]:
     """The short class has the fewest input tokens, the long class the most (ties: list order)."""
     if not classes:
         return None, None
@@ -429,7 +429,7 @@ def findings(
     """
     out: list[dict[str, Any]] = []
     comparisons = [c for c in comparisons if c["cell"] not in set(invalid_cells)]
-    short, long = _class_roles(classes)
+    short, long = class_roles(classes)
     contracts = {c["name"]: c for c in classes}
     agg = {(a["cell"], a["mixture"], a["rate"], a["class"]): a["pooled"] for a in aggregates}
     order = {c["cell_id"]: i for i, c in enumerate(cells)}
@@ -667,6 +667,7 @@ def decide(
     acceptance: Mapping[str, Any],
     comparisons: Sequence[Mapping[str, Any]],
     agreed: Sequence[tuple[str, str, int]],
+    rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """retain / retune / isolate (or inconclusive when B0 itself is not valid data).
 
@@ -679,7 +680,9 @@ def decide(
        judged metric there (uncorrected guard); every class's primary metric
        shown non-inferior (the interval's upper end within the margin); and a
        gain: when B0 keeps its contracts, some family member is better; when B0
-       breaks them, every metric B0 broke is better (its ``repairs``).
+       breaks them, every metric B0 broke is better (its ``repairs``); and no
+       rejecting row of the decision table names it (``rejected``, from
+       apps/analysis/rejections.py: short requests wait, preemptions).
     3. Any eligible: retune to the best, ranked by (a) the largest smallest
        goodput gain over agreed (mixture, rate, class), relative to B0, then
        (b) the lowest worst p99 ratio candidate / B0, then (c) plan order.
@@ -745,6 +748,8 @@ def decide(
             reasons.append("no material gain")
         if not b0_passes and unrepaired:
             reasons.append("not materially better on what B0 broke")
+        rows = list((rejected or {}).get(cell) or [])
+        reasons.extend(row["reason"] for row in rows)
         gains = []
         ratios = []
         for c in comps:
@@ -772,6 +777,7 @@ def decide(
                 "material_worse": [list(w) for w in worse[:10]],
                 "not_shown_noninferior": [list(x) for x in not_shown[:10]],
                 "not_repaired": [list(x) for x in unrepaired[:10]],
+                "rejected_by": [dict(row) for row in rows],
             }
         )
         if not reasons:

@@ -53,6 +53,7 @@ def judge_sweep(
     acceptance: Mapping[str, Any],
     agreed: Sequence[tuple[str, str, int]],
     options: compare.CompareOptions,
+    rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(comparisons, decision, statistics) of the sweep."""
     d, table, groups, done = sweep.d, sweep.table, sweep.groups, sweep.done
@@ -146,6 +147,7 @@ def judge_sweep(
             acceptance=acceptance,
             comparisons=comps,
             agreed=agreed,
+            rejected=rejected,
         )
         return fam, verdict
 

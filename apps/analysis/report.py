@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, decide, metrics, paired
+from apps.analysis import compare, decide, metrics, paired, rejections
 from apps.analysis.columns import RecordTable
 from apps.analysis.server import server_metrics
 from workers.replay.records import GapHistogram
@@ -51,11 +51,13 @@ class ReportOptions:
     agreed_rates: tuple[str, ...] | None = None
     # Short-class max-stall growth next to long traffic that counts as a stall finding.
     stall_ratio: float = 2.0
+    # Preemptions over requests above which a candidate is rejected (apps/analysis/rejections.py).
+    max_preemption_share: float = rejections.MAX_PREEMPTION_SHARE
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> ReportOptions:
         data = dict(data or {})
-        unknown = set(data) - {"compare", "agreed_rates", "stall_ratio"}
+        unknown = set(data) - {"compare", "agreed_rates", "stall_ratio", "max_preemption_share"}
         if unknown:
             raise ValueError(f"unknown analysis options: {', '.join(sorted(unknown))}")
         agreed = data.get("agreed_rates")
@@ -63,6 +65,7 @@ class ReportOptions:
             compare=compare.CompareOptions.from_mapping(data.get("compare")),
             agreed_rates=tuple(str(r) for r in agreed) if agreed is not None else None,
             stall_ratio=float(data.get("stall_ratio", 2.0)),
+            max_preemption_share=_share(data.get("max_preemption_share", rejections.MAX_PREEMPTION_SHARE)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -70,7 +73,14 @@ class ReportOptions:
             "compare": self.compare.to_json(),
             "agreed_rates": list(self.agreed_rates) if self.agreed_rates is not None else None,
             "stall_ratio": self.stall_ratio,
+            "max_preemption_share": self.max_preemption_share,
         }
+
+
+def _share(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"max_preemption_share must be a number from 0 to 1, got {value!r:.40}")
+    return float(value)
 
 
 def jsonable(value: Any) -> Any:
@@ -292,6 +302,16 @@ def build_report(
     acceptance = decide.acceptance_check(
         cells=cells, classes=classes, aggregates=aggregates, agreed=agreed, alpha=opts.compare.contract_alpha
     )
+    # The decision table's rejecting rows, which the decision reads.
+    rejected = rejections.rejections(
+        cells=cells,
+        classes=classes,
+        baseline=baseline,
+        aggregates=aggregates,
+        run_results=run_results,
+        agreed=agreed,
+        max_preemption_share=opts.max_preemption_share,
+    )
     # 5-6. The paired comparison, the gain family, the decision and the seed check.
     comparisons, decision, statistics = paired.judge_sweep(
         paired.Sweep(
@@ -313,6 +333,7 @@ def build_report(
         acceptance=acceptance,
         agreed=agreed,
         options=opts.compare,
+        rejected=rejected,
     )
 
     # 6. The other checks, findings.
