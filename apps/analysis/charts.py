@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from apps.analysis.spread import arrival_spread
+
 CLASS_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 CELL_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7")
 BASELINE_COLOUR = "#222222"
@@ -540,60 +542,39 @@ def uniform_vs_bursty(
     cells: Sequence[str],
     url_for_cell: UrlFor,
 ) -> dict[str, Any] | None:
-    """TTFT p99 per class under the configured (bursty) arrivals vs the uniform companion trace.
-
-    Only where both ran for the same cell, mixture and rate; None otherwise.
-    Uniform runs are those whose scenario names "uniform".
-    """
-    colours = class_colours(classes)
-
-    def p99s(selected: list[Mapping[str, Any]], name: str) -> float | None:
-        vals = []
-        for r in selected:
-            v, _ = _value(r["classes"].get(name, {}).get("ttft_ms", {}).get("p99"))
-            if v is not None:
-                vals.append(v)
-        return sum(vals) / len(vals) if vals else None
-
-    keys = sorted(
-        {(r["cell"], r["mixture"], r["rate"]) for r in runs if "uniform" in (r.get("scenario") or "")},
-        key=lambda k: (cells.index(k[0]) if k[0] in cells else 1 << 30, k[1], k[2]),
-    )
-    if not keys:
+    """TTFT from p50 to p99 per class under the configured (bursty) arrivals and the uniform
+    companion trace: one floating bar per process, from its p50 to its p99, so the spread
+    burstiness adds is the bar's length (apps/analysis/spread.py). None when no uniform run."""
+    rows = arrival_spread(runs=runs, classes=classes, cells=cells)
+    if not rows:
         return None
+    colours = class_colours(classes)
+    keys = list(dict.fromkeys((r["cell"], r["mixture"], r["rate"]) for r in rows))
     labels = [f"{c} · {m} @ {r}" for c, m, r in keys]
+    by_key = {(r["cell"], r["mixture"], r["rate"], r["class"], r["process"]): r for r in rows}
     data = []
     for name in classes:
         for kind in ("bursty", "uniform"):
-            ys, custom = [], []
-            for cell, mix, rate in keys:
-                chosen = [
-                    r
-                    for r in runs
-                    if (r["cell"], r["mixture"], r["rate"]) == (cell, mix, rate)
-                    and r["status"] == "done"
-                    and (("uniform" in (r.get("scenario") or "")) == (kind == "uniform"))
-                    and (kind == "uniform" or not r.get("scenario"))
-                ]
-                ys.append(p99s(chosen, name))
-                custom.append(url_for_cell(cell=cell, mixture=mix, rate=rate))
+            picked = [by_key[(*k, name, kind)] for k in keys]
             data.append(
                 {
                     "type": "bar",
                     "name": f"{name} · {kind}",
                     "x": labels,
-                    "y": ys,
-                    "customdata": custom,
+                    "base": [r["p50_ms"] for r in picked],
+                    "y": [r["spread_ms"] for r in picked],
+                    "customdata": [url_for_cell(cell=c, mixture=m, rate=r) for c, m, r in keys],
+                    "text": [f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms" for r in picked],
                     "marker": {
                         "color": colours[name],
                         "pattern": {"shape": "" if kind == "bursty" else "/"},
                         "opacity": 1.0 if kind == "bursty" else 0.6,
                     },
-                    "hovertemplate": f"{name} {kind}<br>%{{x}}: %{{y:.1f}} ms<extra></extra>",
+                    "hovertemplate": f"{name} {kind}<br>%{{x}}: %{{text}}, spread %{{y:.1f}} ms<extra></extra>",
                 }
             )
     layout = _layout(
-        "TTFT p99: configured arrivals vs uniform arrivals", "cell · mixture @ rate", "TTFT p99 (ms)"
+        "TTFT p50 to p99: configured arrivals vs uniform arrivals", "cell · mixture @ rate", "TTFT (ms)"
     )
     layout["barmode"] = "group"
     return {"data": data, "layout": layout}

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from apps.analysis.columns import ERROR_CODE, NO_ERROR, RecordTable
+from apps.analysis.inference import judgeable_n
 from workers.replay.records import GapHistogram
 
 NS_PER_MS = 1_000_000.0
@@ -213,11 +214,33 @@ def pvalue(p: Mapping[str, Any] | None) -> float:
     return float(p["ms"])
 
 
+# p99.9, the tail the incident reported, is given only from enough requests for even the
+# maximum to bound it (inference.judgeable_n(0.999) = 2,995): below that a "p99.9" would be the
+# largest value read off as a percentile, so the report says "not enough requests" instead.
+P999_NEED = judgeable_n(0.999)
+
+
+def p999(observed: np.ndarray, bounds: np.ndarray) -> dict[str, Any]:
+    """The p99.9 with the small-sample rule above: ``not_enough`` (and ``need``) below 2,995."""
+    n = int(observed.size + bounds.size)
+    if n < P999_NEED:
+        return {
+            "ms": None,
+            "censored": False,
+            "above_ms": None,
+            "not_enough": True,
+            "n": n,
+            "need": P999_NEED,
+        }
+    return {**censored_percentile(observed, bounds, 0.999), "not_enough": False, "n": n}
+
+
 def _percentiles(values: np.ndarray, bounds: np.ndarray) -> dict[str, Any]:
     seen = ~np.isnan(values)
     obs = values[seen]
     bnd = bounds[~seen]
     out: dict[str, Any] = {name: censored_percentile(obs, bnd, q) for name, q in QUANTILES}
+    out["p999"] = p999(obs, bnd)
     out["observed"] = int(obs.size)
     out["censored"] = int(bnd.size)
     return out

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, decide, metrics, paired, rejections
+from apps.analysis import compare, cost, decide, metrics, paired, rejections
 from apps.analysis.columns import RecordTable
 from apps.analysis.server import server_metrics
 from workers.replay.records import GapHistogram
@@ -53,11 +53,19 @@ class ReportOptions:
     stall_ratio: float = 2.0
     # Preemptions over requests above which a candidate is rejected (apps/analysis/rejections.py).
     max_preemption_share: float = rejections.MAX_PREEMPTION_SHARE
+    # Price of one GPU-hour for the cost per 1M output tokens (else the host's, apps/analysis/cost.py).
+    usd_per_gpu_hour: float | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> ReportOptions:
         data = dict(data or {})
-        unknown = set(data) - {"compare", "agreed_rates", "stall_ratio", "max_preemption_share"}
+        unknown = set(data) - {
+            "compare",
+            "agreed_rates",
+            "stall_ratio",
+            "max_preemption_share",
+            "usd_per_gpu_hour",
+        }
         if unknown:
             raise ValueError(f"unknown analysis options: {', '.join(sorted(unknown))}")
         agreed = data.get("agreed_rates")
@@ -66,6 +74,7 @@ class ReportOptions:
             agreed_rates=tuple(str(r) for r in agreed) if agreed is not None else None,
             stall_ratio=float(data.get("stall_ratio", 2.0)),
             max_preemption_share=_share(data.get("max_preemption_share", rejections.MAX_PREEMPTION_SHARE)),
+            usd_per_gpu_hour=_price(data.get("usd_per_gpu_hour")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -74,12 +83,21 @@ class ReportOptions:
             "agreed_rates": list(self.agreed_rates) if self.agreed_rates is not None else None,
             "stall_ratio": self.stall_ratio,
             "max_preemption_share": self.max_preemption_share,
+            "usd_per_gpu_hour": self.usd_per_gpu_hour,
         }
 
 
 def _share(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"max_preemption_share must be a number from 0 to 1, got {value!r:.40}")
+    return float(value)
+
+
+def _price(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+        raise ValueError(f"usd_per_gpu_hour must be a positive number of dollars, got {value!r:.40}")
     return float(value)
 
 
@@ -378,6 +396,7 @@ def build_report(
         "findings": found,
         "statistics": statistics,
         "decision": decision,
+        "costs": _costs(experiment, opts, cells=cells, run_results=run_results, agreed=agreed),
         # The latest rollback rehearsal of each cell that had one (apps/analysis/rehearsal.py).
         "rehearsals": dict(rehearsals or {}),
         "charts": charts(
@@ -385,6 +404,31 @@ def build_report(
         ),
     }
     return jsonable(report)
+
+
+def _costs(
+    experiment: Mapping[str, Any],
+    opts: ReportOptions,
+    *,
+    cells: Sequence[Mapping[str, Any]],
+    run_results: Sequence[Mapping[str, Any]],
+    agreed: Sequence[tuple[str, str, int]],
+) -> dict[str, Any]:
+    """Cost per 1M output tokens per cell: the spec's price, else the host's, else none."""
+    price, source = opts.usd_per_gpu_hour, "spec (analysis.usd_per_gpu_hour)"
+    if price is None and experiment.get("host_usd_per_gpu_hour") is not None:
+        price = float(experiment["host_usd_per_gpu_hour"])
+        source = f"host {experiment.get('host_name') or ''} (TAILTUNE_USD_PER_GPU_HOUR)".replace("  ", " ")
+    if price is None:
+        source = "not given: set analysis.usd_per_gpu_hour or TAILTUNE_USD_PER_GPU_HOUR on the host"
+    return cost.cell_costs(
+        cells=cells,
+        run_results=run_results,
+        agreed=agreed,
+        usd_per_gpu_hour=price,
+        price_source=source,
+        gpus_per_server=int(experiment.get("tensor_parallel_size") or 1),
+    )
 
 
 def charts(

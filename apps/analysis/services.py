@@ -29,7 +29,7 @@ from apps.analysis.report import build_report
 from apps.analysis.server import COUNTERS, GAUGES
 from apps.experiments.models import Experiment
 from apps.experiments.recovery import recovery_options
-from apps.runs.models import MetricSample, Run
+from apps.runs.models import Host, MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
 from workers.replay.records import SCALAR_RECORD_FIELDS, GapHistogram
 
@@ -64,11 +64,25 @@ def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
         "model_revision": experiment.model_revision,
         "tokenizer_revision": experiment.tokenizer_revision,
         "generation": experiment.generation,
+        "tensor_parallel_size": experiment.tensor_parallel_size,
+        **_host_price(experiment),
         "max_dispatch_lag_ms": workload.max_dispatch_lag_ms if workload else None,
         "mixtures": workload.mixtures if workload else {},
         "rates": workload.rates if workload else {},
     }
     return {"experiment": info, "cells": cells, "classes": classes}
+
+
+def _host_price(experiment: Experiment) -> dict[str, Any]:
+    """The price per GPU-hour of the host that served B0's sweep runs, when it gave one."""
+    host = (
+        Host.objects.filter(
+            runs__experiment=experiment, runs__cell__role="baseline", usd_per_gpu_hour__isnull=False
+        )
+        .order_by("name")
+        .first()
+    )
+    return {"host_usd_per_gpu_hour": host.usd_per_gpu_hour, "host_name": host.name} if host else {}
 
 
 def _run_inputs(runs: list[Run]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 from apps.accounts.roles import APPROVER, has_role
 from apps.analysis import charts
 from apps.analysis.services import recovery_check_now
+from apps.analysis.spread import arrival_spread
 from apps.experiments import selectors
 from apps.experiments.forms import (
     CellFormSet,
@@ -397,6 +398,22 @@ def _revocation(experiment: Experiment) -> Any:
     return Revocation.objects.filter(approval__experiment=experiment).select_related("revoked_by").first()
 
 
+def _cost_rows(report: dict[str, Any]) -> dict[str, Any] | None:
+    """Every cell's output tokens/s and $ per 1M output tokens (B0 first), from the report."""
+    costs = report.get("costs")
+    if not costs:
+        return None  # a report stored before costs were computed
+    reasons = {
+        c["cell"]: c["reasons"]
+        for c in ((report.get("decision") or {}).get("evidence") or {}).get("candidates", [])
+    }
+    rows = [
+        {"cell": cell, **entry, "reasons": reasons.get(cell)}
+        for cell, entry in (costs.get("cells") or {}).items()
+    ]
+    return {**costs, "rows": rows}
+
+
 def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _experiment(request, pk)
     decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
@@ -531,6 +548,7 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
             "kv": kv,
             "preempt": preempt,
             "uniform": uniform,
+            "spread": arrival_spread(runs=report.get("runs", []), classes=class_names, cells=cells),
             # Check 4 recomputed from its inputs now (a manifest written at approval, a rehearsal
             # that ended): the stored report is what the approver saw and stays as it was.
             "checks": {
@@ -538,6 +556,17 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
                 "recovery": recovery_check_now(experiment=experiment, report=report),
             },
             "findings": report.get("findings", []),
+            "costs": _cost_rows(report),
+            "tails": [
+                {
+                    "cell": a["cell"],
+                    "class": a["class"],
+                    "ttft": a["pooled"]["ttft_ms"],
+                    "e2e": a["pooled"]["e2e_ms"],
+                }
+                for a in report.get("aggregates", [])
+                if a["mixture"] == mixture and a["rate"] == rate
+            ],
             "decision_data": report.get("decision", {}),
             "approve_refusal": selectors.approve_refusal(request.user, experiment),
         }

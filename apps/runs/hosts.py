@@ -58,7 +58,8 @@ def host_register_local() -> Host:
     ``TAILTUNE_DEVICES`` becomes CUDA_VISIBLE_DEVICES for its servers;
     ``TAILTUNE_IMAGE_DIGEST`` names the container image the command runs;
     ``TAILTUNE_VLLM_COMMANDS`` (a JSON object) lists other engine builds by the
-    image name a candidate's ``engine.image`` gives.
+    image name a candidate's ``engine.image`` gives; ``TAILTUNE_USD_PER_GPU_HOUR``
+    prices one of its GPUs per hour for the report's cost per 1M output tokens.
     """
     import json
 
@@ -79,6 +80,7 @@ def host_register_local() -> Host:
             "vllm.entrypoints.openai.api_server",
         ]
     engines = _engines(os.environ.get("TAILTUNE_VLLM_COMMANDS", ""))
+    price = _price(os.environ.get("TAILTUNE_USD_PER_GPU_HOUR", ""))
     host, _ = Host.objects.update_or_create(
         name=name,
         defaults={
@@ -88,8 +90,22 @@ def host_register_local() -> Host:
             "devices": os.environ.get("TAILTUNE_DEVICES", ""),
             "bind_host": os.environ.get("TAILTUNE_BIND_HOST", "127.0.0.1"),
             "image_digest": os.environ.get("TAILTUNE_IMAGE_DIGEST", ""),
+            "usd_per_gpu_hour": price,
             "enabled": True,
             "last_heartbeat": timezone.now(),
         },
     )
     return host
+
+
+def _price(raw: str) -> float | None:
+    """TAILTUNE_USD_PER_GPU_HOUR: a positive number of dollars per GPU-hour, or unset."""
+    if not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e6:
+        raise ValueError(f"TAILTUNE_USD_PER_GPU_HOUR must be a positive number of dollars, not {raw!r:.40}")
+    return value

@@ -29,6 +29,9 @@ class Host(models.Model):
     # Digest of the container image the vLLM command runs (empty for a local install,
     # whose version and RECORD hash the engine records instead).
     image_digest = models.CharField(max_length=300, blank=True)
+    # What one GPU of this host costs per hour (TAILTUNE_USD_PER_GPU_HOUR), for the report's
+    # cost per 1M output tokens; null: not given.
+    usd_per_gpu_hour = models.FloatField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     worker_pid = models.IntegerField(null=True, blank=True)
     # The worker's start time (clock ticks since boot, /proc/<pid>/stat field 22): a recovering

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from apps.analysis import charts
+from apps.analysis.spread import arrival_spread
 
 CLASSES = [
     {"name": "short", "ttft_p99_ms": 500, "e2e_p99_ms": 6000, "max_stall_ms": 250, "error_rate": 0.01},
@@ -129,14 +130,23 @@ def test_it_draws_paired_differences_with_intervals_and_material_markers() -> No
 def test_it_skips_uniform_vs_bursty_unless_both_ran() -> None:
     runs = [{"cell": "B0", "mixture": "m", "rate": "r", "status": "done", "scenario": "", "classes": {}}]
     assert charts.uniform_vs_bursty(runs=runs, classes=["short"], cells=["B0"], url_for_cell=_url) is None
-    p99 = {"short": {"ttft_ms": {"p99": _pct(50.0)}}}
+    bursty = {"short": {"ttft_ms": {"p50": _pct(10.0), "p99": _pct(50.0)}}}
     runs = [
-        {"cell": "B0", "mixture": "m", "rate": "r", "status": "done", "scenario": "", "classes": p99},
+        {"cell": "B0", "mixture": "m", "rate": "r", "status": "done", "scenario": "", "classes": bursty},
         {"cell": "B0", "mixture": "m", "rate": "r", "status": "done", "scenario": "uniform",
-         "classes": {"short": {"ttft_ms": {"p99": _pct(20.0)}}}},
+         "classes": {"short": {"ttft_ms": {"p50": _pct(8.0), "p99": _pct(20.0)}}}},
     ]  # fmt: skip
     fig = charts.uniform_vs_bursty(runs=runs, classes=["short"], cells=["B0"], url_for_cell=_url)
-    assert [t["y"] for t in fig["data"]] == [[50.0], [20.0]]
+    # Each bar spans p50 to p99: the spread burstiness adds is its length.
+    assert [(t["base"], t["y"]) for t in fig["data"]] == [([10.0], [40.0]), ([8.0], [12.0])]
+    rows = arrival_spread(runs=runs, classes=["short"], cells=["B0"])
+    assert [(r["process"], r["p50_ms"], r["p99_ms"], r["spread_ms"]) for r in rows] == [
+        ("bursty", 10.0, 50.0, 40.0),
+        ("uniform", 8.0, 12.0 + 8.0, 12.0),
+    ]
+    # A censored p99 has no value: the spread is absent, not read off its bound.
+    runs[1]["classes"]["short"]["ttft_ms"]["p99"] = {"ms": None, "censored": True, "above_ms": 900.0}
+    assert arrival_spread(runs=runs, classes=["short"], cells=["B0"])[1]["spread_ms"] is None
 
 
 def test_it_keeps_far_off_contract_limits_out_of_the_histogram_scale() -> None:
