@@ -248,8 +248,8 @@ APPROVAL = inline_serializer(
         "reason": serializers.CharField(),
         "recovery_override": serializers.CharField(required=False),
         "scenarios_override": serializers.CharField(required=False),
-        "deployment_revision": serializers.CharField(required=False),
-        "route_target": serializers.CharField(required=False),
+        "deployment_revision": serializers.CharField(),
+        "route_target": serializers.CharField(),
     },
 )
 
@@ -287,7 +287,10 @@ class ExperimentApprove(ApiView):
         except PermissionDenied as exc:
             raise ApiForbidden(str(exc)) from None
         except ApprovalError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+            body: dict[str, Any] = {"detail": str(exc)}
+            if exc.field:
+                body["errors"] = [{"field": exc.field, "message": str(exc)}]
+            return Response(body, status=status.HTTP_400_BAD_REQUEST)
         return Response(
             {
                 "experiment": experiment.pk,

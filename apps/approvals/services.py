@@ -15,12 +15,20 @@ from apps.approvals import manifest as mf
 from apps.approvals.audit import audit_record
 from apps.approvals.models import Approval, Revocation, RollbackManifest
 from apps.experiments.models import Experiment, ServerConfig
+from apps.experiments.recovery import recovery_options
 from apps.runs.models import Run
 from apps.runs.selectors import offered_load
 
 
 class ApprovalError(ValueError):
-    """The experiment cannot be approved in its present state, or with that choice."""
+    """The experiment cannot be approved in its present state, or with that choice.
+
+    ``field`` names the input at fault when one is (the form and the API show it there).
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def _check(experiment: Experiment, approver: Any) -> Decision:
@@ -81,15 +89,18 @@ def _baseline_record(
             "max_model_len": experiment.max_model_len,
             "gpu_memory_utilization": experiment.gpu_memory_utilization,
             "kv_cache_memory_bytes": experiment.kv_cache_memory_bytes,
-            "enable_prefix_caching": experiment.enable_prefix_caching,
+            # Pinned explicitly: a rollback must not silently change either.
+            "enable_prefix_caching": bool(experiment.enable_prefix_caching),
+            "speculative_decoding": bool(experiment.speculative_decoding),
             "seed": experiment.engine_seed,
             "generation": experiment.generation,
         },
         "deployment": {
-            # The approver's own field; never guessed from captured_from (free text about B0's origin).
-            "revision": deployment_revision or NOT_GIVEN,
+            # The approver's own fields (required); never guessed from captured_from (free text
+            # about B0's origin).
+            "revision": deployment_revision,
             "captured_from": b0.captured_from,
-            "route_target": route_target or None,
+            "route_target": route_target,
         },
         "health_probe": mf.HEALTH_PROBE,
         "capacity": {
@@ -98,6 +109,7 @@ def _baseline_record(
             "gpu_memory_utilization": experiment.gpu_memory_utilization,
             "kv_cache_memory_bytes": experiment.kv_cache_memory_bytes,
             "max_model_len": experiment.max_model_len,
+            "rollback_reserve": _rollback_reserve(experiment),
         },
         "drain_deadline_s": w.drain_deadline_s,
         # A rollout aborts (and rolls back) when a class breaks its contract.
@@ -111,6 +123,32 @@ def _baseline_record(
             for rc in experiment.classes.all()
         },
         "owner": experiment.owner.get_username(),
+    }
+
+
+def _rollback_reserve(experiment: Experiment) -> dict[str, Any]:
+    """The capacity that must stay reserved so that B0 can take the traffic back.
+
+    One B0 server for every candidate server, on the same hardware with the same controls: kept
+    up and warm (``warm`` standby) or free to start within ``max_recovery_s`` (``cold``), as the
+    spec's recovery section rehearsed it.
+    """
+    options = recovery_options(experiment.spec or {})
+    gpus = int(experiment.tensor_parallel_size or 1)
+    standby = options.get("standby") or "warm"
+    kept = (
+        "kept up and warmed beside the candidate"
+        if standby == "warm"
+        else (f"kept free, so that B0 starts and serves within {options.get('max_recovery_s')} s")
+    )
+    return {
+        "servers_per_candidate_server": 1,
+        "gpus_per_server": gpus,
+        "gpu_memory_utilization": experiment.gpu_memory_utilization,
+        "kv_cache_memory_bytes": experiment.kv_cache_memory_bytes,
+        "standby": standby,
+        "max_recovery_s": options.get("max_recovery_s"),
+        "statement": f"reserve one B0 server ({gpus} GPU{'s' if gpus != 1 else ''}) per candidate server, {kept}",
     }
 
 
@@ -144,8 +182,6 @@ def _evidence(experiment: Experiment, decision: Decision) -> dict[str, Any]:
         },
     }
 
-
-NOT_GIVEN = "not given"
 
 # Check 4 results an approver may override only with a typed reason.
 UNPROVEN_RECOVERY = frozenset({"fail", "not rehearsed", "pending"})
@@ -237,7 +273,16 @@ def experiment_approve(
     experiment = _locked(experiment)
     decision = _check(experiment, approver)
     if not reason.strip():
-        raise ApprovalError("give a reason for the approval")
+        raise ApprovalError("give a reason for the approval", field="reason")
+    if not deployment_revision.strip():
+        raise ApprovalError(
+            "give the deployment revision B0 runs as now (a git sha, a Helm release): the rollback returns to it",
+            field="deployment_revision",
+        )
+    if not route_target.strip():
+        raise ApprovalError(
+            "give where traffic goes (the service, route or pool the rollback switches)", field="route_target"
+        )
     cells = {c.cell_id: c for c in experiment.cells.all()}
     b0 = next(c for c in cells.values() if c.role == ServerConfig.Role.BASELINE)
     allowed = {b0.cell_id, decision.chosen_cell or b0.cell_id}
@@ -250,8 +295,9 @@ def experiment_approve(
     unproven = check4.get("status") in UNPROVEN_RECOVERY or not check4.get("status")
     if chosen_cell != b0.cell_id and unproven and not override:
         raise ApprovalError(
-            f"check 4 (recovery) is {check4.get('status') or 'not measured'}: {check4.get('reason', '')}. To approve "
-            f"{chosen_cell} anyway, type why in the check 4 override reason"
+            field="recovery_override",
+            message=f"check 4 (recovery) is {check4.get('status') or 'not measured'}: {check4.get('reason', '')}. "
+            f"To approve {chosen_cell} anyway, type why in the check 4 override reason",
         )
     check3_override = scenarios_override.strip()
     check3 = scenario_evidence(
@@ -260,7 +306,8 @@ def experiment_approve(
     if check3["check"] in ("fail", "not run") and not check3_override:
         raise ApprovalError(
             f"check 3 (failure scenarios) is {check3['check']}: {check3['reason']}. To approve "
-            f"{chosen_cell} anyway, type why in the check 3 override reason"
+            f"{chosen_cell} anyway, type why in the check 3 override reason",
+            field="scenarios_override",
         )
     now = timezone.now()
     baseline = _baseline_record(

@@ -31,14 +31,17 @@ class ApproveForm(forms.Form):
     )
     chosen_cell = forms.ChoiceField(widget=forms.RadioSelect, required=False, label="Configuration to deploy")
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), label="Reason")
+    # Required to approve (the service says so, on the field), not to reject.
     deployment_revision = forms.CharField(
         required=False,
         max_length=200,
-        help_text="The deployment revision B0 runs as now (a git sha, a Helm release). Left empty, the "
-        'manifest says "not given".',
+        help_text="Required to approve: the deployment revision B0 runs as now (a git sha, a Helm release); "
+        "the rollback returns to it.",
     )
     route_target = forms.CharField(
-        required=False, max_length=200, help_text="Where traffic goes (service, route or pool name)."
+        required=False,
+        max_length=200,
+        help_text="Required to approve: where traffic goes (service, route or pool name).",
     )
     recovery_override = forms.CharField(
         required=False,
@@ -114,7 +117,7 @@ def experiment_approve_page(request: HttpRequest, pk: int) -> HttpResponse:
                     messages.success(request, "Rejected: B0 stays in place.")
                 return redirect("experiments:detail", pk=experiment.pk)
             except ApprovalError as exc:
-                form.add_error(None, str(exc))
+                form.add_error(exc.field if exc.field in form.fields else None, str(exc))
     else:
         form = ApproveForm(initial={"chosen_cell": choices[0][0], "verdict": "approve"}, choices=choices)
     return render(

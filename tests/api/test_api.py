@@ -140,7 +140,22 @@ def test_an_authors_token_cannot_approve_and_an_approvers_can(analysed_experimen
     assert refused.status_code == 403 and "author" in refused.json()["detail"]
     api = client_for(approver, name="release-bot")
     assert api.post(url, {"chosen_cell": "B0", "reason": ""}, format="json").status_code == 400
-    ok = api.post(url, {"chosen_cell": "B0", "reason": "keep B0"}, format="json")
+    # The manifest needs where B0 runs and where traffic goes: each missing one is named.
+    for missing in ("deployment_revision", "route_target"):
+        body = {
+            "chosen_cell": "B0",
+            "reason": "keep B0",
+            "deployment_revision": "rel-7",
+            "route_target": "svc/llm",
+        }
+        del body[missing]
+        refused = api.post(url, body, format="json")
+        assert refused.status_code == 400 and refused.json()["errors"][0]["field"] == missing
+    ok = api.post(
+        url,
+        {"chosen_cell": "B0", "reason": "keep B0", "deployment_revision": "rel-7", "route_target": "svc/llm"},
+        format="json",
+    )
     assert ok.status_code == 201, ok.content
     manifest = api.get(f"/api/v1/experiments/{analysed_experiment.pk}/manifest.json")
     import hashlib

@@ -41,7 +41,14 @@ def test_the_life_of_an_experiment_is_audited_with_before_and_after(
     experiment_mark_analysed(experiment_id=experiment.pk)
     experiment_mark_analysed(experiment_id=experiment.pk)  # nothing changes: nothing recorded
     experiment.refresh_from_db()
-    experiment_approve(experiment=experiment, approver=approver, chosen_cell="B0", reason="keep")
+    experiment_approve(
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="keep",
+    )
     approval_revoke(experiment=experiment, actor=oncall, reason="incident")
     assert transitions(experiment) == [
         ("experiment.created", None, "draft", "ann"),

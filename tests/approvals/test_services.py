@@ -18,6 +18,7 @@ def test_it_approves_and_freezes_the_manifest(analysed_experiment, approver) -> 
     experiment = analysed_experiment
     chosen = experiment.decision.chosen_cell
     manifest = experiment_approve(
+        deployment_revision="rel-1",
         experiment=experiment,
         approver=approver,
         chosen_cell=chosen,
@@ -42,10 +43,18 @@ def test_it_approves_and_freezes_the_manifest(analysed_experiment, approver) -> 
     assert base["model"] == {"path": experiment.model_path, "revision": experiment.model_revision}
     assert base["tokenizer_revision"] == experiment.tokenizer_revision
     assert base["deployment"] == {
-        "revision": "not given",
+        "revision": "rel-1",
         "captured_from": "prod",
         "route_target": "chat-pool",
     }
+    # Prefix caching and speculative decoding pinned explicitly, and the capacity a rollback needs.
+    assert (
+        base["controls"]["enable_prefix_caching"] is False
+        and base["controls"]["speculative_decoding"] is False
+    )
+    reserve = base["capacity"]["rollback_reserve"]
+    assert reserve["servers_per_candidate_server"] == 1 and reserve["gpus_per_server"] == 1
+    assert reserve["standby"] in ("warm", "cold") and reserve["statement"].startswith("reserve one B0 server")
     assert base["health_probe"]["path"] == "/health"
     assert base["capacity"]["hardware_id"] == "cpu-test"
     assert base["drain_deadline_s"] == 20
@@ -73,7 +82,12 @@ def test_it_falls_back_to_requested_args_when_the_engine_confirmed_none(
 ) -> None:  # type: ignore[no-untyped-def]
     Run.objects.filter(experiment=analysed_experiment).update(effective_args=None)
     manifest = experiment_approve(
-        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="keep"
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="keep",
     )
     eff = manifest.content["baseline"]["effective_args"]
     assert eff["source"] == mf.REQUESTED
@@ -84,7 +98,12 @@ def test_it_falls_back_to_requested_args_when_the_engine_confirmed_none(
 @pytest.mark.django_db
 def test_an_approved_manifest_cannot_change(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
     manifest = experiment_approve(
-        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="ok"
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="ok",
     )
     before = (manifest.sha256, manifest.content)
     manifest.content = {**manifest.content, "overlay": {"cell_id": "C1"}}
@@ -97,7 +116,14 @@ def test_an_approved_manifest_cannot_change(analysed_experiment, approver) -> No
     # A second approval is refused too: the experiment is no longer analysed.
     other = UserFactory(username="ben", roles=["approver"])
     with pytest.raises(ApprovalError, match="approved"):
-        experiment_approve(experiment=analysed_experiment, approver=other, chosen_cell="B0", reason="again")
+        experiment_approve(
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=analysed_experiment,
+            approver=other,
+            chosen_cell="B0",
+            reason="again",
+        )
 
 
 @pytest.mark.django_db
@@ -106,7 +132,14 @@ def test_it_refuses_the_author_even_when_they_are_an_approver(analysed_experimen
 
     author.groups.add(Group.objects.get(name="approver"))
     with pytest.raises(PermissionDenied, match="author"):
-        experiment_approve(experiment=analysed_experiment, approver=author, chosen_cell="B0", reason="mine")
+        experiment_approve(
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=analysed_experiment,
+            approver=author,
+            chosen_cell="B0",
+            reason="mine",
+        )
     assert not Approval.objects.exists()
 
 
@@ -114,7 +147,14 @@ def test_it_refuses_the_author_even_when_they_are_an_approver(analysed_experimen
 def test_it_refuses_non_approvers(analysed_experiment, viewer, other_experimenter) -> None:  # type: ignore[no-untyped-def]
     for user in (viewer, other_experimenter):
         with pytest.raises(PermissionDenied, match="only approvers"):
-            experiment_approve(experiment=analysed_experiment, approver=user, chosen_cell="B0", reason="x")
+            experiment_approve(
+                deployment_revision="rel-1",
+                route_target="svc/llm",
+                experiment=analysed_experiment,
+                approver=user,
+                chosen_cell="B0",
+                reason="x",
+            )
         with pytest.raises(PermissionDenied):
             experiment_reject(experiment=analysed_experiment, approver=user, reason="x")
 
@@ -122,19 +162,47 @@ def test_it_refuses_non_approvers(analysed_experiment, viewer, other_experimente
 @pytest.mark.django_db
 def test_it_refuses_experiments_not_analysed(experiment, approver) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ApprovalError, match="only an analysed experiment"):
-        experiment_approve(experiment=experiment, approver=approver, chosen_cell="B0", reason="x")
+        experiment_approve(
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=experiment,
+            approver=approver,
+            chosen_cell="B0",
+            reason="x",
+        )
     Experiment.objects.filter(pk=experiment.pk).update(status="analysed")
     experiment.refresh_from_db()
     with pytest.raises(ApprovalError, match="no decision"):
-        experiment_approve(experiment=experiment, approver=approver, chosen_cell="B0", reason="x")
+        experiment_approve(
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=experiment,
+            approver=approver,
+            chosen_cell="B0",
+            reason="x",
+        )
 
 
 @pytest.mark.django_db
 def test_it_only_approves_the_proposal_or_b0_with_a_reason(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ApprovalError, match="proposal or B0"):
-        experiment_approve(experiment=analysed_experiment, approver=approver, chosen_cell="nope", reason="x")
+        experiment_approve(
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=analysed_experiment,
+            approver=approver,
+            chosen_cell="nope",
+            reason="x",
+        )
     with pytest.raises(ApprovalError, match="reason"):
-        experiment_approve(experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="  ")
+        experiment_approve(
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=analysed_experiment,
+            approver=approver,
+            chosen_cell="B0",
+            reason="  ",
+        )
     assert not Approval.objects.exists() and not RollbackManifest.objects.exists()
     analysed_experiment.refresh_from_db()
     assert analysed_experiment.status == "analysed"
@@ -154,7 +222,14 @@ def test_it_rejects_without_a_manifest(analysed_experiment, approver) -> None:  
 def test_it_refuses_a_superuser_who_is_not_an_approver(analysed_experiment, django_user_model) -> None:  # type: ignore[no-untyped-def]
     root = django_user_model.objects.create_superuser("root", password="pw-root-123")
     with pytest.raises(PermissionDenied, match="only approvers"):
-        experiment_approve(experiment=analysed_experiment, approver=root, chosen_cell="B0", reason="admin")
+        experiment_approve(
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=analysed_experiment,
+            approver=root,
+            chosen_cell="B0",
+            reason="admin",
+        )
     assert not Approval.objects.exists()
 
 
@@ -206,11 +281,18 @@ def test_approving_a_candidate_whose_rollback_is_unproven_needs_a_typed_reason(
     _proposing_c1_with_check_4(analysed_experiment, check)
     with pytest.raises(ApprovalError, match=f"check 4 \\(recovery\\) is {check['status']}"):
         experiment_approve(
-            experiment=analysed_experiment, approver=approver, chosen_cell="C1", reason="faster"
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=analysed_experiment,
+            approver=approver,
+            chosen_cell="C1",
+            reason="faster",
         )
     assert not Approval.objects.exists() and not RollbackManifest.objects.exists()
     # Keeping B0 needs no override: there is nothing to roll back.
     manifest = experiment_approve(
+        deployment_revision="rel-1",
+        route_target="svc/llm",
         experiment=analysed_experiment,
         approver=approver,
         chosen_cell="C1",
@@ -251,7 +333,12 @@ def test_a_passed_rehearsal_goes_into_the_manifest_without_an_override(analysed_
     decision.save()
     analysed_experiment.refresh_from_db()
     manifest = experiment_approve(
-        experiment=analysed_experiment, approver=approver, chosen_cell="C1", reason="ok"
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="C1",
+        reason="ok",
     )
     recovery = manifest.content["evidence"]["recovery"]
     assert recovery["check"] == "pass" and recovery["run"] == "run-uuid"
@@ -270,7 +357,12 @@ def test_an_approver_revokes_and_the_manifest_is_superseded_but_still_verifies(
 
     experiment = analysed_experiment
     manifest = experiment_approve(
-        experiment=experiment, approver=approver, chosen_cell="B0", reason="keep B0"
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="keep B0",
     )
     before = (bytes(manifest.json_bytes), bytes(manifest.yaml_bytes), manifest.sha256)
     with pytest.raises(PermissionDenied):
@@ -319,7 +411,14 @@ def test_the_revoke_form_is_for_approvers_and_goes_through_the_api_too(
     from apps.accounts.tokens import token_create
 
     experiment = analysed_experiment
-    experiment_approve(experiment=experiment, approver=approver, chosen_cell="B0", reason="keep B0")
+    experiment_approve(
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="keep B0",
+    )
     client.force_login(author)  # an experimenter, not an approver: no form, and a POST is refused
     assert "revoke-form" not in client.get(f"/experiments/{experiment.pk}/results/").content.decode()
     assert client.post(f"/experiments/{experiment.pk}/revoke/", {"reason": "x"}).status_code == 403
@@ -337,12 +436,27 @@ def test_the_revoke_form_is_for_approvers_and_goes_through_the_api_too(
 
 
 @pytest.mark.django_db
-def test_the_deployment_revision_is_its_own_field_never_guessed(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("missing", ["deployment_revision", "route_target"])
+def test_the_deployment_revision_and_route_target_are_required_never_guessed(
+    analysed_experiment, approver, missing
+) -> None:  # type: ignore[no-untyped-def]
+    fields = {"deployment_revision": "rel-1", "route_target": "svc/llm"}
+    with pytest.raises(ApprovalError) as info:
+        experiment_approve(
+            experiment=analysed_experiment,
+            approver=approver,
+            chosen_cell="B0",
+            reason="ok",
+            **{**fields, missing: "  "},
+        )
+    assert info.value.field == missing
+    assert not Approval.objects.exists() and not RollbackManifest.objects.exists()
     manifest = experiment_approve(
-        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="ok"
+        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="ok", **fields
     )
     deployment = manifest.content["baseline"]["deployment"]
-    assert deployment["revision"] == "not given" and deployment["captured_from"] == "prod"
+    # Its own field: captured_from (free text about where B0 came from) is kept apart.
+    assert deployment == {"revision": "rel-1", "captured_from": "prod", "route_target": "svc/llm"}
 
 
 @pytest.mark.django_db
@@ -363,6 +477,8 @@ def test_a_candidate_on_another_engine_build_is_in_the_manifests_overlay(approve
 
     Decision.objects.filter(experiment=experiment).update(outcome="retune", chosen_cell="C1")
     experiment_approve(
+        deployment_revision="rel-1",
+        route_target="svc/llm",
         experiment=experiment,
         approver=approver,
         chosen_cell="C1",
@@ -402,10 +518,17 @@ def test_approving_a_candidate_without_passed_failure_scenarios_needs_a_typed_re
     decision.save()
     with pytest.raises(ApprovalError, match=f"check 3 \\(failure scenarios\\) is {status}"):
         experiment_approve(
-            experiment=analysed_experiment, approver=approver, chosen_cell="C1", reason="faster"
+            deployment_revision="rel-1",
+            route_target="svc/llm",
+            experiment=analysed_experiment,
+            approver=approver,
+            chosen_cell="C1",
+            reason="faster",
         )
     assert not Approval.objects.exists() and not RollbackManifest.objects.exists()
     manifest = experiment_approve(
+        deployment_revision="rel-1",
+        route_target="svc/llm",
         experiment=analysed_experiment,
         approver=approver,
         chosen_cell="C1",
@@ -425,7 +548,12 @@ def test_keeping_b0_or_a_candidate_whose_scenarios_held_needs_no_check_3_reason(
 ) -> None:  # type: ignore[no-untyped-def]
     _proposing_c1_with_check_4(analysed_experiment, {"status": "pass", "reason": "recovered"})
     manifest = experiment_approve(
-        experiment=analysed_experiment, approver=approver, chosen_cell="C1", reason="ok"
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="C1",
+        reason="ok",
     )
     check3 = manifest.content["evidence"]["failure_scenarios"]
     assert check3["check"] == "pass" and "override_reason" not in check3

@@ -43,6 +43,8 @@ def test_an_approved_candidate_goes_into_the_manifest_as_an_overlay_on_b0(new_pa
     ada.goto(f"/experiments/{experiment.pk}/approve/")
     ada.check("input[name=chosen_cell][value=C1]")
     ada.fill("#id_reason", "C1 proven on the imported runs")
+    ada.fill("#id_deployment_revision", "helm-release-42")
+    ada.fill("#id_route_target", "svc/llm-gateway")
     ada.fill("#id_recovery_override", "rollback rehearsed by hand on the production host")
     # The imported results ran no failure scenario for C1: check 3 says so and needs a reason.
     assert "not run" in ada.inner_text("#check-3")

@@ -224,6 +224,8 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     ada.goto(f"/experiments/{experiment.pk}/approve/")
     ada.check(f"input[name=chosen_cell][value={decision.chosen_cell or 'B0'}]")
     ada.fill("#id_reason", "journey approval")
+    ada.fill("#id_deployment_revision", "helm-release-42")
+    ada.fill("#id_route_target", "svc/llm-gateway")
     # A rehearsal that did not pass on this shared CPU needs a typed override to approve C1.
     ada.fill("#id_recovery_override", "journey: rehearsal reviewed")
     ada.fill("#id_scenarios_override", "journey: failure scenarios reviewed")

@@ -133,6 +133,11 @@ def test_it_creates_through_the_form_and_enforces_who_may_do_what(new_page, role
     shot(ada, "08-approve")
     ada.check(f"input[name=chosen_cell][value={decision.chosen_cell}]")
     ada.fill("#id_reason", "C-cells keep every contract with lower TTFT")
+    ada.fill("#id_deployment_revision", "helm-release-42")
+    ada.fill("#id_route_target", "svc/llm-gateway")
+    # Typed in case the proposal is a candidate with unproven checks 3 and 4 (ignored otherwise).
+    ada.fill("#id_scenarios_override", "pages: scenarios reviewed")
+    ada.fill("#id_recovery_override", "pages: rollback reviewed")
     ada.click("#do-approve")
     ada.wait_for_selector("#experiment-status")
     assert ada.inner_text("#experiment-status") == "approved"

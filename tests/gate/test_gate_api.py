@@ -256,7 +256,12 @@ def test_a_real_approved_manifest_is_b0_and_a_revoked_one_is_refused(analysed_ex
 
     make_host()
     manifest = experiment_approve(
-        experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="production as it runs"
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="production as it runs",
     )
     api = api_for(UserFactory(roles=["experimenter"]))
     text = bytes(manifest.yaml_bytes).decode()

@@ -49,7 +49,12 @@ def test_create_start_wait_report_approve_and_fetch_the_manifest_through_the_api
     assert decision["outcome"] == state["decision"]["outcome"]
 
     chosen = decision["chosen_cell"] or "B0"
-    body = {"chosen_cell": chosen, "reason": "approved through the API"}
+    body = {
+        "chosen_cell": chosen,
+        "reason": "approved through the API",
+        "deployment_revision": "helm-release-42",
+        "route_target": "svc/llm-gateway",
+    }
     if report["checks"]["recovery"]["status"] in ("fail", "pending", "not rehearsed"):
         body["recovery_override"] = "CPU test machine: the rehearsal is read, not gated, here"
     if chosen != report["baseline"]:

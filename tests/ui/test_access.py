@@ -64,7 +64,13 @@ def test_mutations_need_the_csrf_token(author, approver, analysed_experiment) ->
     strict.force_login(approver)
     response = strict.post(
         f"/experiments/{analysed_experiment.pk}/approve/",
-        {"verdict": "approve", "chosen_cell": "B0", "reason": "x"},
+        {
+            "verdict": "approve",
+            "deployment_revision": "rel-1",
+            "route_target": "svc/llm",
+            "chosen_cell": "B0",
+            "reason": "x",
+        },
     )
     assert response.status_code == 403
     analysed_experiment.refresh_from_db()

@@ -22,7 +22,13 @@ def test_it_approves_through_the_page(client, approver, analysed_experiment) -> 
     proposed = analysed_experiment.decision.chosen_cell
     response = client.post(
         f"/experiments/{analysed_experiment.pk}/approve/",
-        {"verdict": "approve", "chosen_cell": proposed, "reason": "lower TTFT, no class worse"},
+        {
+            "verdict": "approve",
+            "deployment_revision": "rel-1",
+            "route_target": "svc/llm",
+            "chosen_cell": proposed,
+            "reason": "lower TTFT, no class worse",
+        },
     )
     assert response.status_code == 302
     analysed_experiment.refresh_from_db()
@@ -48,7 +54,13 @@ def test_it_asks_for_a_reason_and_saves_nothing_without_one(client, approver, an
     client.force_login(approver)
     response = client.post(
         f"/experiments/{analysed_experiment.pk}/approve/",
-        {"verdict": "approve", "chosen_cell": "B0", "reason": ""},
+        {
+            "verdict": "approve",
+            "deployment_revision": "rel-1",
+            "route_target": "svc/llm",
+            "chosen_cell": "B0",
+            "reason": "",
+        },
     )
     assert response.status_code == 400
     assert "reason" in response.context["form"].errors
@@ -60,7 +72,13 @@ def test_it_refuses_a_cell_that_was_not_offered(client, approver, analysed_exper
     client.force_login(approver)
     response = client.post(
         f"/experiments/{analysed_experiment.pk}/approve/",
-        {"verdict": "approve", "chosen_cell": "C9", "reason": "x"},
+        {
+            "verdict": "approve",
+            "deployment_revision": "rel-1",
+            "route_target": "svc/llm",
+            "chosen_cell": "C9",
+            "reason": "x",
+        },
     )
     assert response.status_code == 400
     assert not Approval.objects.exists()
@@ -79,7 +97,16 @@ def test_it_forbids_the_author_viewers_and_experimenters(
     ):
         client.force_login(user)
         assert client.get(url).status_code == 403
-        response = client.post(url, {"verdict": "approve", "chosen_cell": "B0", "reason": "x"})
+        response = client.post(
+            url,
+            {
+                "verdict": "approve",
+                "deployment_revision": "rel-1",
+                "route_target": "svc/llm",
+                "chosen_cell": "B0",
+                "reason": "x",
+            },
+        )
         assert response.status_code == 403
         assert why in response.content
     assert not Approval.objects.exists()
@@ -91,3 +118,21 @@ def test_it_forbids_approving_before_analysis(client, approver, experiment) -> N
     response = client.get(f"/experiments/{experiment.pk}/approve/")
     assert response.status_code == 403
     assert b"only an analysed experiment can be approved" in response.content
+
+
+@pytest.mark.django_db
+def test_approving_without_the_deployment_revision_names_the_field_and_saves_nothing(
+    client, approver, analysed_experiment
+) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(approver)
+    response = client.post(
+        f"/experiments/{analysed_experiment.pk}/approve/",
+        {"verdict": "approve", "chosen_cell": "B0", "reason": "keep", "route_target": "svc/llm"},
+    )
+    assert response.status_code == 400
+    form = response.context["form"]
+    assert (
+        "deployment_revision" in form.errors
+        and "deployment revision" in form.errors["deployment_revision"][0]
+    )
+    assert not Approval.objects.exists() and not RollbackManifest.objects.exists()

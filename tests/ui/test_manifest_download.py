@@ -12,7 +12,12 @@ from apps.approvals.services import experiment_approve
 def _approve(experiment, approver):  # type: ignore[no-untyped-def]
     """Approve the analysed experiment's proposal; returns its rollback manifest."""
     return experiment_approve(
-        experiment=experiment, approver=approver, chosen_cell=experiment.decision.chosen_cell, reason="ok"
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=experiment,
+        approver=approver,
+        chosen_cell=experiment.decision.chosen_cell,
+        reason="ok",
     )
 
 

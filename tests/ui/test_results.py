@@ -161,7 +161,14 @@ def test_check_4_is_recomputed_once_the_manifest_exists(
     client.force_login(viewer)
     before = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
     assert "No rollback manifest yet" in before
-    experiment_approve(experiment=analysed_experiment, approver=approver, chosen_cell="B0", reason="keep B0")
+    experiment_approve(
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="keep B0",
+    )
     after = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
     assert "No rollback manifest yet" not in after and "The rollback manifest names baseline B0" in after
     # The stored report, the evidence behind the approval, is unchanged.
