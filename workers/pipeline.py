@@ -311,6 +311,7 @@ def _with_server(
             on_batch=on_batch,
             stop=stop,
             extra_body=request_sampling(run.experiment.generation),
+            output_mode=workload.output_mode,
         )
         scraper.stop_during()
         try:

@@ -294,6 +294,7 @@ def _replay(
             stop=stop,
             origin_ns=origin_ns,
             extra_body=request_sampling(run.experiment.generation),
+            output_mode=run.experiment.workload.output_mode,
             rehearsal={
                 "switch_at_s": switch_s,
                 "cut_after_s": run.drain_deadline_seconds,

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apps.analysis import inference
+from apps.analysis import inference, lengths
 from apps.analysis.metrics import pvalue
 from apps.experiments.generation import request_sampling
 
@@ -77,6 +77,9 @@ def validity_check(
        names its own ``engine.model_revision`` must run that, and one that
        names its own ``engine.image`` may run another image.
     4. The load generator's dispatch lag p99 is within the experiment's tolerance.
+    5. In a natural-length replay, each class's output tokens are within
+       ``lengths.MAX_OUTPUT_SHIFT`` of B0's in the same (mixture, rate, repeat):
+       otherwise a cell could win by emitting fewer tokens.
     """
     problems: list[dict[str, Any]] = []
     max_lag = float(experiment.get("max_dispatch_lag_ms") or math.inf)
@@ -145,6 +148,20 @@ def validity_check(
             theirs = {c: m["counts"]["offered"] for c, m in base["classes"].items()}
             if mine != theirs:
                 add(cell, f"cohort differs from {baseline}", combo, offered=mine, b0=theirs)
+            if experiment.get("output_mode") == "natural":
+                shifted = {}
+                for c, m in run["classes"].items():
+                    b0_tokens = (base["classes"].get(c) or {}).get("output_tokens") or 0
+                    if b0_tokens and abs(m["output_tokens"] / b0_tokens - 1.0) > lengths.MAX_OUTPUT_SHIFT:
+                        shifted[c] = round(m["output_tokens"] / b0_tokens - 1.0, 4)
+                if shifted:
+                    add(
+                        cell,
+                        f"output lengths differ from {baseline}",
+                        combo,
+                        relative_shift=shifted,
+                        max_shift=lengths.MAX_OUTPUT_SHIFT,
+                    )
         for field in identity:
             want = reference[field]
             if field == "model_revision" and own_revision.get(cell):

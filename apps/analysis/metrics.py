@@ -102,8 +102,13 @@ def derive(
     table: RecordTable,
     windows: Mapping[str, Window],
     contracts: Mapping[str, Contract],
+    *,
+    natural: bool = False,
 ) -> Derived:
     """Classify every row and compute its latencies from the planned arrival.
+
+    A completed request is *validated* when it got exactly its expected output tokens, or, in a
+    natural-length replay (``natural``), at least one token and no more than its cap.
 
     Rows of runs without a window are outside every cohort; rows of a class
     without a contract can never be "good" (there is nothing to meet).
@@ -136,7 +141,10 @@ def derive(
     outcome[~t.sent] = UNSENT
     completed = outcome == COMPLETED
 
-    validated = completed & (t.output_tokens == t.expected_output_tokens)
+    if natural:
+        validated = completed & (t.output_tokens >= 1) & (t.output_tokens <= t.expected_output_tokens)
+    else:
+        validated = completed & (t.output_tokens == t.expected_output_tokens)
     late_completion = completed & (t.end_ns >= r_end) & (t.end_ns <= r_deadline)
 
     to_deadline = (r_deadline - planned) / NS_PER_MS

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, cost, decide, metrics, paired, rejections
+from apps.analysis import compare, cost, decide, lengths, metrics, paired, rejections
 from apps.analysis.columns import RecordTable
 from apps.analysis.server import server_metrics
 from workers.replay.records import GapHistogram
@@ -169,6 +169,7 @@ def build_report(
     scenario_verdicts: Mapping[str, Mapping[str, Any]] | None = None,
     rehearsals: Mapping[str, Mapping[str, Any]] | None = None,
     rehearse: bool = True,
+    stop_reasons: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
 ) -> dict[str, Any]:
     """Per-run metrics, pooled aggregates, paired comparisons, checks, findings and the decision.
 
@@ -194,7 +195,8 @@ def build_report(
     windows = {str(r["key"]): metrics.run_window(r) for r in runs}
 
     # 1. Derive, then group cohort rows by (run, class) with one sort.
-    d = metrics.derive(table, windows, contracts)
+    natural = experiment.get("output_mode") == "natural"
+    d = metrics.derive(table, windows, contracts, natural=natural)
     n_cls = max(1, len(table.class_names))
     rows = np.flatnonzero(d.cohort)
     gkey = table.run[rows] * n_cls + table.cls[rows]
@@ -301,6 +303,11 @@ def build_report(
                     token_hist=_merge([token_hists.get((x["key"], name)) for x in reps]),
                     chunk_hist=_merge([chunk_hists.get((x["key"], name)) for x in reps]),
                 )
+                if natural:
+                    served = pooled_rows[~np.isnan(d.e2e_ms[pooled_rows])]
+                    pooled["output_strata"] = lengths.strata(
+                        np.nan_to_num(table.output_tokens[served]).astype(np.int64), d.e2e_ms[served]
+                    )
                 aggregates.append(
                     {
                         "cell": cell,
@@ -396,6 +403,8 @@ def build_report(
         "findings": found,
         "statistics": statistics,
         "decision": decision,
+        "output_mode": "natural" if natural else "exact",
+        "stop_reasons": lengths.stop_reasons_by_cell(run_results, stop_reasons or {}),
         "costs": _costs(experiment, opts, cells=cells, run_results=run_results, agreed=agreed),
         # The latest rollback rehearsal of each cell that had one (apps/analysis/rehearsal.py).
         "rehearsals": dict(rehearsals or {}),

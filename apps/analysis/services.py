@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from django.db import connection, transaction
+from django.db.models import Count
 
 from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, RecordTable, error_code
 from apps.analysis.decide import REHEARSAL_SCENARIO
@@ -65,6 +66,7 @@ def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
         "tokenizer_revision": experiment.tokenizer_revision,
         "generation": experiment.generation,
         "tensor_parallel_size": experiment.tensor_parallel_size,
+        "output_mode": workload.output_mode if workload else "exact",
         **_host_price(experiment),
         "max_dispatch_lag_ms": workload.max_dispatch_lag_ms if workload else None,
         "mixtures": workload.mixtures if workload else {},
@@ -171,6 +173,21 @@ def _load_table(run_inputs: list[dict[str, Any]]) -> RecordTable:
         columns=columns,
         error_kind=cat("error_kind", np.int16),
     )
+
+
+def _stop_reasons(run_inputs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, int]]]:
+    """run key -> class -> finish_reason ("none" when the stream gave none) -> requests, warm-up
+    requests left out: what the model did with the length it was allowed."""
+    keys = {r["pk"]: r["key"] for r in run_inputs}
+    out: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    rows = (
+        RecordRow.objects.filter(run_id__in=list(keys), warmup=False, sent=True)
+        .values_list("run_id", "request_class", "finish_reason")
+        .annotate(n=Count("id"))
+    )
+    for run_pk, cls, reason, n in rows:
+        out[keys[run_pk]][cls][reason or "none"] = n
+    return {k: dict(v) for k, v in out.items()}
 
 
 def _cohort_histograms(run_inputs: list[dict[str, Any]], column: str) -> dict[tuple[str, str], GapHistogram]:
@@ -292,6 +309,7 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         scenario_verdicts=_scenario_verdicts(experiment_id),
         rehearsals=rehearsal_inputs(experiment=experiment),
         rehearse=bool(recovery_options(experiment.spec or {})["rehearse"]),
+        stop_reasons=_stop_reasons(done),
     )
 
 

@@ -170,6 +170,8 @@ class Workload(models.Model):
     repeats = models.PositiveIntegerField(default=3)
     # same: every repeat replays the (mixture, rate)'s one frozen trace; fresh: one trace per repeat.
     repeat_traces = models.CharField(max_length=8, default="same")
+    # exact: every request decodes exactly its output_tokens; natural: output_tokens is a cap.
+    output_mode = models.CharField(max_length=8, default="exact")
     seed = models.BigIntegerField(default=0)
     warmup_s = models.FloatField(default=10)
     observation_s = models.FloatField(default=120)

@@ -71,6 +71,7 @@ WORKLOAD_KEYS = {
     "arrival",
     "repeats",
     "repeat_traces",
+    "output_mode",
     "seed",
     "warmup_s",
     "observation_s",
@@ -88,6 +89,19 @@ def _repeat_traces(c: _Checker, workload: Mapping[str, Any]) -> str:
     if value not in REPEAT_TRACES:
         c.fail("workload.repeat_traces", f"must be same or fresh, got {value!r:.60}")
         return "same"
+    return str(value)
+
+
+# workload.output_mode: exact forces every request's length (ignore_eos, min_tokens); natural
+# sends the length as a cap only and records what the model did (length, finish_reason).
+OUTPUT_MODES = ("exact", "natural")
+
+
+def _output_mode(c: _Checker, workload: Mapping[str, Any]) -> str:
+    value = workload.get("output_mode", "exact")
+    if value not in OUTPUT_MODES:
+        c.fail("workload.output_mode", f"must be exact or natural, got {value!r:.60}")
+        return "exact"
     return str(value)
 
 
@@ -655,6 +669,7 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
             workload, "repeats", "workload", positive=True, integer=True, maximum=MAX_REPEATS
         ),
         "repeat_traces": _repeat_traces(c, workload),
+        "output_mode": _output_mode(c, workload),
         "seed": c.number(workload, "seed", "workload", integer=True, minimum=0, maximum=MAX_SEED),
         "warmup_s": c.number(workload, "warmup_s", "workload", minimum=0.0, maximum=MAX_WINDOW_S),
         "observation_s": c.number(workload, "observation_s", "workload", positive=True, maximum=MAX_WINDOW_S),

@@ -557,6 +557,17 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
             },
             "findings": report.get("findings", []),
             "costs": _cost_rows(report),
+            "natural": report.get("output_mode") == "natural",
+            "stop_rows": [
+                {"cell": cell, "class": cls, "reasons": sorted(counts.items())}
+                for cell, by_class in (report.get("stop_reasons") or {}).items()
+                for cls, counts in by_class.items()
+            ],
+            "strata_rows": [
+                {"cell": a["cell"], "class": a["class"], "strata": a["pooled"].get("output_strata") or []}
+                for a in report.get("aggregates", [])
+                if a["mixture"] == mixture and a["rate"] == rate
+            ],
             "tails": [
                 {
                     "cell": a["cell"],

@@ -150,6 +150,8 @@ def build(
     rollback: Mapping[str, Any] | None = None,
     rehearsals: Mapping[str, Mapping[str, Any]] | None = None,
     rehearse: bool = True,
+    output_mode: str = "exact",
+    stop_reasons: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
 ) -> dict[str, Any]:
     """Build every run of the plan, call behaviour(cell, mixture, rate, repeat, class, index) per request."""
     runs: list[dict[str, Any]] = []
@@ -204,6 +206,7 @@ def build(
         "tokenizer_revision": "t1",
         "generation": {"temperature": 0.0},
         "max_dispatch_lag_ms": 5.0,
+        "output_mode": output_mode,
         "mixtures": plan.mixtures,
         "rates": plan.rates,
     }
@@ -218,6 +221,7 @@ def build(
         rehearsals=rehearsals,
         rehearse=rehearse,
         options=options,
+        stop_reasons=stop_reasons,
     )
 
 

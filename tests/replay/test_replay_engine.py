@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from apps.analysis import lengths
 from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.server import EngineServer
@@ -56,6 +59,20 @@ def test_it_replays_a_trace_with_exact_token_counts_on_both_transports(tmp_path:
             )
             for transport in ("raw", "aiohttp")
         }
+        # The same server, natural lengths: the cap is all the request forces (greedy decoding).
+        capped = [{**r, "output_tokens": 200} for r in _trace(8)]
+        natural = run_replay(
+            capped,
+            base_url=server.base_url,
+            model="tiny",
+            run_id="engine-natural",
+            warmup_s=0.0,
+            observation_s=1.6,
+            drain_deadline_s=120.0,
+            max_dispatch_lag_ms=1000.0,
+            extra_body={"temperature": 0.0},
+            output_mode="natural",
+        )
     for transport, result in results.items():
         for record in result.records:
             if record.index == 5:
@@ -68,3 +85,14 @@ def test_it_replays_a_trace_with_exact_token_counts_on_both_transports(tmp_path:
             assert record.first_token_ns is not None and record.last_token_ns is not None
             assert record.token_gaps.total == record.output_tokens - 1 or record.chunks < record.output_tokens
         assert result.sent == 8 and result.errors == 0 and result.unfinished == 0
+    # Natural lengths: each answer is the model's own length up to the cap, with vLLM's reason.
+    assert natural.output_mode == "natural" and natural.sent == 8 and natural.errors == 0
+    for record in natural.records:
+        assert record.ok and 1 <= record.output_tokens <= 200, record
+        assert record.finish_reason in ("stop", "length"), record.finish_reason
+        if record.finish_reason == "length":
+            assert record.output_tokens == 200
+    strata = lengths.strata(
+        np.array([r.output_tokens for r in natural.records]), np.array([1.0] * len(natural.records))
+    )
+    assert sum(s["requests"] for s in strata) == 8

@@ -111,6 +111,8 @@ class ReplayResult:
     # The fields every request body carried besides its own (the sampling settings): what the
     # server was asked for, recorded with the run so cells can be checked for the same settings.
     extra_body: dict[str, Any] = field(default_factory=dict)
+    # exact: every request forced to its length; natural: the length is only a cap.
+    output_mode: str = "exact"
 
     def run_fields(self) -> dict[str, Any]:
         """The Run row's load-generator fields (dispatch lag, achieved rate, requests sent)."""
@@ -159,8 +161,23 @@ def drive(
     return _result(replay, tolerance_ms=tolerance_ms, duration_s=duration_s)
 
 
-def request_body(request: dict[str, Any], *, model: str, endpoint: str, extra_body: dict[str, Any]) -> bytes:
-    """The JSON body of one streaming request (synthetic: exactly ``output_tokens`` tokens)."""
+OUTPUT_MODES = ("exact", "natural")
+
+
+def request_body(
+    request: dict[str, Any],
+    *,
+    model: str,
+    endpoint: str,
+    extra_body: dict[str, Any],
+    output_mode: str = "exact",
+) -> bytes:
+    """The JSON body of one streaming request.
+
+    ``exact``: exactly ``output_tokens`` tokens (``min_tokens`` = the cap, ``ignore_eos``), so
+    every cell decodes the same lengths. ``natural``: ``output_tokens`` is only the cap; the
+    model stops where it stops, and the record keeps the length and ``finish_reason``.
+    """
     output_tokens = int(request["output_tokens"])
     body: dict[str, Any] = {"model": model}
     if endpoint == "chat":
@@ -170,8 +187,9 @@ def request_body(request: dict[str, Any], *, model: str, endpoint: str, extra_bo
         prompt = request.get("prompt")
         body["prompt"] = prompt if prompt is not None else request["prompt_token_ids"]
         body["max_tokens"] = output_tokens
-    body["min_tokens"] = output_tokens
-    body["ignore_eos"] = True
+    if output_mode == "exact":
+        body["min_tokens"] = output_tokens
+        body["ignore_eos"] = True
     body["stream"] = True
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     # vLLM refuses a priority when its scheduler is FCFS, so 0 (the default) is not sent.
@@ -219,7 +237,11 @@ class _Replay:
         stop: threading.Event,
         transport: str = "raw",
         origin_ns: int | None = None,
+        output_mode: str = "exact",
     ) -> None:
+        if output_mode not in OUTPUT_MODES:
+            raise ValueError(f"output_mode must be exact or natural, not {output_mode!r}")
+        self.output_mode = output_mode
         self.requests = requests
         self.base_url = base_url
         self.url = base_url.rstrip("/") + ENDPOINTS[endpoint]
@@ -432,7 +454,13 @@ class _Replay:
         # a new task would only start one loop pass later, after every frame
         # that arrived meanwhile has been processed.
         try:
-            body = request_body(request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body)
+            body = request_body(
+                request,
+                model=self.model,
+                endpoint=self.endpoint,
+                extra_body=self.extra_body,
+                output_mode=self.output_mode,
+            )
         except Exception:  # the stream task records the error
             return None
         sent = perf_ns()
@@ -467,7 +495,11 @@ class _Replay:
                     # The idle connection had just been closed by the server: nothing
                     # was processed, send again on a fresh one (same sent time).
                     body = request_body(
-                        request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body
+                        request,
+                        model=self.model,
+                        endpoint=self.endpoint,
+                        extra_body=self.extra_body,
+                        output_mode=self.output_mode,
                     )
                     response = await self._pool_for(record).post(self.path, body, self._headers(record))
             else:
@@ -476,7 +508,11 @@ class _Replay:
                     acquired = True
                 held = await self._before_send(record)
                 body = request_body(
-                    request, model=self.model, endpoint=self.endpoint, extra_body=self.extra_body
+                    request,
+                    model=self.model,
+                    endpoint=self.endpoint,
+                    extra_body=self.extra_body,
+                    output_mode=self.output_mode,
                 )
                 headers = self._headers(record)
                 sent = perf_ns()
@@ -830,6 +866,7 @@ def _result(replay: Any, *, tolerance_ms: float, duration_s: float) -> ReplayRes
         tolerance_ms=tolerance_ms,
         notes=replay.notes,
         extra_body=dict(replay.extra_body),
+        output_mode=replay.output_mode,
         loop_stall_max_ms=(
             round(replay.loop_stall_max_ns / 1e6, 3) if hasattr(replay, "loop_stall_max_ns") else None
         ),

@@ -94,6 +94,7 @@ def run_rehearsal(
     connect_timeout_s: float = 10.0,
     read_timeout_s: float | None = None,
     extra_body: dict[str, Any] | None = None,
+    output_mode: str = "exact",
 ) -> ReplayResult:
     """:func:`workers.replay.run.run_replay` for a rehearsal: one process, the raw transport,
     no concurrency cap; the result's ``rehearsal`` holds the client's facts."""
@@ -115,6 +116,7 @@ def run_rehearsal(
         stop=stop or threading.Event(),
         transport="raw",
         origin_ns=origin_ns,
+        output_mode=output_mode,
     )
     result = drive(
         replay,

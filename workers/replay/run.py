@@ -46,6 +46,7 @@ def run_replay(
     processes: int = 1,
     transport: str = "raw",
     origin_ns: int | None = None,
+    output_mode: str = "exact",
 ) -> ReplayResult:
     """Replay ``requests`` (canonical trace request objects, in arrival order) and wait for the result.
 
@@ -87,6 +88,7 @@ def run_replay(
         "read_timeout_s": read_timeout_s,
         "extra_body": extra_body or {},
         "transport": transport,
+        "output_mode": output_mode,
     }
     if processes > 1 and origin_ns is not None:
         raise ValueError("origin_ns needs processes=1")

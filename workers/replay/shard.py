@@ -65,6 +65,7 @@ class Sharded:
         self.observation_ns = round(options["observation_s"] * 1e9)
         self.total = len(requests)
         self.extra_body = dict(options.get("extra_body") or {})
+        self.output_mode = str(options.get("output_mode") or "exact")
         self.stop = stop
         self.finished: collections.deque[RequestRecord] = collections.deque()
         self.records: list[RequestRecord] = []
