@@ -153,6 +153,15 @@ class ExperimentForm(forms.Form):
         required=False,
         label="Repeats replay",
     )
+    output_mode = forms.ChoiceField(
+        choices=[
+            ("exact", "exact: every request decodes exactly its output tokens"),
+            ("natural", "natural: output tokens are a cap; the model stops where it stops"),
+        ],
+        initial="exact",
+        required=False,
+        label="Output lengths",
+    )
     seed = forms.IntegerField(required=False, initial=0, label="Workload seed")
     warmup_s = forms.FloatField(required=False, initial=10, label="Warm-up (s)")
     observation_s = forms.FloatField(required=False, initial=120, label="Observation window (s)")
@@ -243,6 +252,7 @@ class ExperimentForm(forms.Form):
                 "arrival_cv",
                 "repeats",
                 "repeat_traces",
+                "output_mode",
                 "seed",
                 "warmup_s",
                 "observation_s",
@@ -498,6 +508,7 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
             "arrival": arrival,
             "repeats": d.get("repeats"),
             "repeat_traces": d.get("repeat_traces") or "same",
+            "output_mode": d.get("output_mode") or "exact",
             "seed": d.get("seed"),
             "warmup_s": d.get("warmup_s"),
             "observation_s": d.get("observation_s"),
@@ -535,6 +546,7 @@ _DIRECT: dict[str, str] = {
     "workload.arrival": "arrival_process",
     "workload.repeats": "repeats",
     "workload.repeat_traces": "repeat_traces",
+    "workload.output_mode": "output_mode",
     "workload.seed": "seed",
     "workload.warmup_s": "warmup_s",
     "workload.observation_s": "observation_s",
