@@ -270,6 +270,20 @@ def _execute(run: Run, host: Host) -> str:
     return status
 
 
+def _quality_probe(run: Run, server: EngineServer) -> dict[str, Any] | None:
+    """The quality probe's answers on this sweep run's server, when the experiment has a probe."""
+    sha = run.experiment.workload.quality_probe_sha256
+    if not sha or run.scenario:
+        return None
+    from workers.quality import run_probe
+
+    requests = [r.to_json() for r in trace_load(sha256=sha).requests]
+    return {
+        "trace_sha256": sha,
+        "outputs": run_probe(base_url=server.base_url, model=server.served_model_name, requests=requests),
+    }
+
+
 def _with_server(
     run: Run, host: Host, server: EngineServer, watcher: _Watcher, stop: threading.Event
 ) -> tuple[str, str, dict[str, Any]]:
@@ -285,6 +299,7 @@ def _with_server(
         raise RunCancelled
     _set_phase(run.pk, Run.Status.WARMING)
     server.warm_up(n=WARMUP_REQUESTS)
+    probe = _quality_probe(run, server)
 
     trace = trace_load(sha256=run.trace_sha256)
     requests = [r.to_json() for r in trace.requests]
@@ -323,6 +338,8 @@ def _with_server(
         metric_samples_ingest(run_pk=run.pk, samples=scraper.samples)
 
     summary = result.summary()
+    if probe is not None:
+        summary["quality_probe"] = probe
     summary["scrape_errors"] = scraper.errors[:20]
     summary["restarts_t_ns"] = scraper.restarts
     fields = {

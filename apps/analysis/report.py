@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, cost, decide, lengths, metrics, paired, rejections
+from apps.analysis import compare, cost, decide, lengths, metrics, paired, quality, rejections
 from apps.analysis.columns import RecordTable
 from apps.analysis.server import server_metrics
 from workers.replay.records import GapHistogram
@@ -170,6 +170,7 @@ def build_report(
     rehearsals: Mapping[str, Mapping[str, Any]] | None = None,
     rehearse: bool = True,
     stop_reasons: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
+    quality_probes: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Per-run metrics, pooled aggregates, paired comparisons, checks, findings and the decision.
 
@@ -327,6 +328,11 @@ def build_report(
     acceptance = decide.acceptance_check(
         cells=cells, classes=classes, aggregates=aggregates, agreed=agreed, alpha=opts.compare.contract_alpha
     )
+    # Check 2 also holds each class to its quality contract (apps/analysis/quality.py).
+    probe_result = quality.quality_check(
+        cells=cells, classes=classes, baseline=baseline, probes=quality_probes or []
+    )
+    quality.apply_to_acceptance(acceptance, probe_result, baseline=baseline)
     # The decision table's rejecting rows, which the decision reads.
     rejected = rejections.rejections(
         cells=cells,
@@ -365,6 +371,7 @@ def build_report(
     checks = {
         "validity": validity,
         "acceptance": acceptance,
+        "quality": probe_result,
         "failure_scenarios": decide.scenario_check(run_results, scenario_verdicts),
         "recovery": decide.recovery_check(
             rollback,

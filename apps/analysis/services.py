@@ -42,6 +42,7 @@ _BOOL_FIELDS = frozenset({"warmup", "sent", "cancelled", "unfinished"})
 
 def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
     workload = getattr(experiment, "workload", None)
+    spec_quality = {c["name"]: c.get("quality") for c in (experiment.spec or {}).get("classes") or []}
     cells = [
         {"cell_id": c.cell_id, "role": c.role, "args": c.args, "position": c.position, "engine": c.engine}
         for c in experiment.cells.all()
@@ -56,6 +57,7 @@ def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
             "max_stall_ms": c.max_stall_ms,
             "error_rate": c.error_rate,
             "primary_metric": c.primary_metric or None,
+            "quality": spec_quality.get(c.name) or {},
         }
         for c in experiment.classes.all()
     ]
@@ -310,6 +312,11 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         rehearsals=rehearsal_inputs(experiment=experiment),
         rehearse=bool(recovery_options(experiment.spec or {})["rehearse"]),
         stop_reasons=_stop_reasons(done),
+        quality_probes=[
+            {"run": str(r.run_id), "cell": r.cell.cell_id, **r.summary["quality_probe"]}
+            for r in runs
+            if r.status == Run.Status.DONE and not r.scenario and (r.summary or {}).get("quality_probe")
+        ],
     )
 
 

@@ -172,6 +172,8 @@ class Workload(models.Model):
     repeat_traces = models.CharField(max_length=8, default="same")
     # exact: every request decodes exactly its output_tokens; natural: output_tokens is a cap.
     output_mode = models.CharField(max_length=8, default="exact")
+    # The quality probe's frozen prompt set (a stored trace), set at freeze when the spec has one.
+    quality_probe_sha256 = models.CharField(max_length=64, blank=True)
     seed = models.BigIntegerField(default=0)
     warmup_s = models.FloatField(default=10)
     observation_s = models.FloatField(default=120)

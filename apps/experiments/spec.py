@@ -61,7 +61,7 @@ CORE_SECTIONS = frozenset(
         "workload",
     }
 )
-OPTIONAL_SECTIONS = frozenset({"scenarios", "calibration", "analysis", "recovery"})
+OPTIONAL_SECTIONS = frozenset({"scenarios", "calibration", "analysis", "recovery", "quality"})
 TOP_KEYS = CORE_SECTIONS | OPTIONAL_SECTIONS
 WORKLOAD_KEYS = {
     "mixtures",
@@ -514,6 +514,7 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
                     "shared_prefix_tokens",
                     "contract",
                     "primary_metric",
+                    "quality",
                 },
                 path,
             )
@@ -560,6 +561,13 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
                 ),
                 "contract": contract,
             }
+            if cls.get("quality") is not None:
+                from apps.experiments.quality import check_class_quality
+
+                quality, problems = check_class_quality(cls.get("quality"), f"{path}.quality")
+                for where, message in problems:
+                    c.fail(where, message)
+                entry["quality"] = quality
             primary = cls.get("primary_metric")
             if primary is not None:
                 if primary not in PRIMARY_METRICS:
@@ -692,6 +700,13 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         spec["scenarios"] = _check_scenarios(c, top.get("scenarios"), set(seen))
     if "analysis" in top:
         spec["analysis"] = _check_analysis(c, top.get("analysis"), set(rates))
+    if "quality" in top or any("quality" in cls for cls in spec.get("classes") or []):
+        from apps.experiments.quality import check_quality
+
+        options, problems = check_quality(top.get("quality"))
+        for where, message in problems:
+            c.fail(where, message)
+        spec["quality"] = options
     if "recovery" in top:
         spec["recovery"] = _check_recovery(
             c, top.get("recovery"), spec["workload"], set(mixtures), set(rates)

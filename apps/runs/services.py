@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.approvals.audit import audit_record
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, Workload
 from apps.runs import dispatch
 from apps.runs.dispatch import run_enqueue
 from apps.runs.hosts import HEARTBEAT_TIMEOUT, hosts_alive
@@ -100,7 +100,7 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         scenario_traces_freeze,
         scenarios_need_pace,
     )
-    from apps.workloads.services import workload_traces_freeze
+    from apps.workloads.services import quality_probe_freeze, workload_traces_freeze
 
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     if experiment.status != Experiment.Status.RUNNING:
@@ -146,6 +146,7 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
     try:
         traces = workload_traces_freeze(experiment=experiment)
         scenario_traces = scenario_traces_freeze(experiment=experiment)
+        probe = quality_probe_freeze(experiment=experiment)
         uniform_traces = {}
         if experiment.runs.filter(scenario=UNIFORM).exists():
             uniform_traces = workload_traces_freeze(experiment=experiment, uniform=True, repeats=[1])
@@ -184,6 +185,8 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
             runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned", "rate_rps"]
         )
         Experiment.objects.filter(pk=experiment_id).update(status_reason="", updated_at=timezone.now())
+        if probe is not None:
+            Workload.objects.filter(experiment_id=experiment_id).update(quality_probe_sha256=probe.sha256)
         if not hosts:
             raise StartError("no host is alive to take the runs")
         _assign(runs, hosts)

@@ -289,3 +289,32 @@ def workload_traces_freeze(
             key: _save(item, f"{experiment.name} {key[0]} {key[1]} r{key[2]}{' uniform' if uniform else ''}")
             for key, item in frozen.items()
         }
+
+
+def quality_probe_freeze(*, experiment: Any) -> Trace | None:
+    """Store the experiment's quality probe (apps/workloads/probe.py) once by hash; None without one.
+
+    A spec naming ``quality.probe.trace_sha256`` uses that stored trace, which must exist.
+    """
+    from apps.workloads.probe import probe_trace
+
+    options = (experiment.spec or {}).get("quality")
+    if not options:
+        return None
+    if options.get("trace_sha256"):
+        row = Trace.objects.filter(sha256=options["trace_sha256"]).first()
+        if row is None:
+            raise TraceNotFound(
+                f"quality.probe.trace_sha256 names trace {options['trace_sha256']!r}, not stored"
+            )
+        return row
+    classes = [{"name": c.name, "input_tokens": c.input_tokens} for c in experiment.classes.all()]
+    trace = probe_trace(
+        classes=classes,
+        prompts_per_class=int(options["prompts_per_class"]),
+        max_tokens=int(options["max_tokens"]),
+        seed=int(experiment.workload.seed),
+        tokenizer=PromptTokenizer(tokenizer_dir(experiment.model_path)),
+        tokenizer_revision=experiment.tokenizer_revision,
+    )
+    return trace_store(trace=trace, label=f"{experiment.name} quality probe")

@@ -152,6 +152,7 @@ def build(
     rehearse: bool = True,
     output_mode: str = "exact",
     stop_reasons: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
+    quality_probes: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Build every run of the plan, call behaviour(cell, mixture, rate, repeat, class, index) per request."""
     runs: list[dict[str, Any]] = []
@@ -222,6 +223,7 @@ def build(
         rehearse=rehearse,
         options=options,
         stop_reasons=stop_reasons,
+        quality_probes=quality_probes,
     )
 
 

@@ -1,4 +1,4 @@
-"""controls.generation on the real CPU vLLM: the sampling settings reach the server with every
+"""controls.generation and the quality probe on the real CPU vLLM: the sampling settings reach the server with every
 request, each run records what its requests carried, and a cell whose requests carried other
 settings (here: a worker that sends another seed and temperature for C1) is invalid.
 
@@ -36,6 +36,8 @@ def test_the_sampling_settings_reach_the_server_and_a_cell_sent_with_others_is_i
     hold_tasks(monkeypatch, EXECUTE_RUN, ANALYSE_EXPERIMENT)
     spec = small_spec()
     spec["controls"] = {**spec["controls"], "generation": GENERATION}
+    # The quality probe on every sweep run after warm-up: 2 prompts per class, 8 greedy tokens.
+    spec["quality"] = {"probe": {"prompts_per_class": 2, "max_tokens": 8}}
     spec["workload"] = {**spec["workload"], "warmup_s": 1, "observation_s": 6, "max_dispatch_lag_ms": 30000}
     owner = UserFactory(roles=["experimenter"])
     experiment = experiment_create(spec=spec, owner=owner)
@@ -66,7 +68,15 @@ def test_the_sampling_settings_reach_the_server_and_a_cell_sent_with_others_is_i
         assert records.count() == run.requests_planned
         assert not records.exclude(http_status=200).exists()
 
-    validity = experiment_report_build(experiment_id=experiment.pk)["checks"]["validity"]
+    for cell in ("B0", "C1"):
+        probe = Run.objects.get(pk=runs[cell].pk).summary["quality_probe"]
+        assert [o["class"] for o in probe["outputs"]] == ["short", "short", "long", "long"]
+        assert all(o["token_ids"] and "error" not in o for o in probe["outputs"]), probe
+    report = experiment_report_build(experiment_id=experiment.pk)
+    quality = report["checks"]["quality"]
+    assert quality["reference_run"] == str(runs["B0"].run_id)
+    assert {c: e["answers"] for c, e in quality["cells"]["C1"].items()} == {"short": 2, "long": 2}
+    validity = report["checks"]["validity"]
     assert validity["invalid_cells"] == ["C1"] and validity["baseline_valid"]
     differs = [p for p in validity["problems"] if p["problem"] == "generation settings differ"]
     assert differs and {p["cell"] for p in differs} == {"C1"}

@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from apps.analysis import lengths
+from apps.analysis.quality import quality_check
 from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.server import EngineServer
+from workers.quality import run_probe
 from workers.replay.run import run_replay
 
 pytestmark = ENGINE_MARKS
@@ -59,6 +61,11 @@ def test_it_replays_a_trace_with_exact_token_counts_on_both_transports(tmp_path:
             )
             for transport in ("raw", "aiohttp")
         }
+        # The same server, the quality probe twice: B0 against itself must agree fully.
+        probe_requests = [{**r, "output_tokens": 12} for r in _trace(4)]
+        answers = [
+            run_probe(base_url=server.base_url, model="tiny", requests=probe_requests) for _ in range(2)
+        ]
         # The same server, natural lengths: the cap is all the request forces (greedy decoding).
         capped = [{**r, "output_tokens": 200} for r in _trace(8)]
         natural = run_replay(
@@ -85,6 +92,20 @@ def test_it_replays_a_trace_with_exact_token_counts_on_both_transports(tmp_path:
             assert record.first_token_ns is not None and record.last_token_ns is not None
             assert record.token_gaps.total == record.output_tokens - 1 or record.chunks < record.output_tokens
         assert result.sent == 8 and result.errors == 0 and result.unfinished == 0
+    for first, second in zip(*answers, strict=True):
+        assert first["token_ids"] and 1 <= len(first["token_ids"]) <= 12 and "error" not in first, first
+        assert first["finish_reason"] in ("stop", "length")
+        assert first["token_ids"] == second["token_ids"]
+    self_check = quality_check(
+        cells=[{"cell_id": "B0"}],
+        classes=[{"name": "short", "quality": {"min_exact_match": 1.0}}, {"name": "long"}],
+        baseline="B0",
+        probes=[
+            {"run": f"r{k}", "cell": "B0", "trace_sha256": "p" * 64, "outputs": out}
+            for k, out in enumerate(answers)
+        ],
+    )
+    assert {c: e["exact_match"] for c, e in self_check["cells"]["B0"].items()} == {"short": 1.0, "long": 1.0}
     # Natural lengths: each answer is the model's own length up to the cap, with vLLM's reason.
     assert natural.output_mode == "natural" and natural.sent == 8 and natural.errors == 0
     for record in natural.records:

@@ -187,3 +187,41 @@ def test_it_imports_a_real_trace_window_as_a_stored_trace(tokenizer_dir: Path) -
     with pytest.raises(TraceImportError, match="import limit"):
         trace_import(data=data, max_bytes=100, **common)
     assert Trace.objects.count() == 1
+
+
+def test_the_quality_probe_is_frozen_once_by_hash_with_its_prompts_per_class(tokenizer_dir: Path) -> None:
+    from apps.workloads.services import quality_probe_freeze
+    from tests.experiments.factories import SMALL_SPEC
+
+    classes = [
+        {**c, "quality": {"min_exact_match": 1.0}} if c["name"] == "short" else c
+        for c in SMALL_SPEC["classes"]
+    ]
+    experiment = make_experiment(
+        model={**SMALL_SPEC["model"], "path": str(tokenizer_dir)},
+        classes=classes,
+        quality={"probe": {"prompts_per_class": 3, "max_tokens": 16}},
+    )
+    row = quality_probe_freeze(experiment=experiment)
+    assert row is not None and row.requests == 6
+    probe = trace_load(sha256=row.sha256)
+    assert [r.klass for r in probe.requests] == ["short"] * 3 + ["long"] * 3
+    assert {r.output_tokens for r in probe.requests} == {16}
+    assert [r.input_tokens for r in probe.requests] == [64] * 3 + [1024] * 3
+    assert all(len(r.prompt_token_ids or []) == r.input_tokens for r in probe.requests)
+    assert quality_probe_freeze(experiment=experiment).pk == row.pk  # the same prompts, stored once
+    # Naming a stored trace uses it; naming one that is not stored refuses.
+    experiment.spec = {
+        **experiment.spec,
+        "quality": {**experiment.spec["quality"], "trace_sha256": row.sha256},
+    }
+    assert quality_probe_freeze(experiment=experiment).pk == row.pk
+    experiment.spec["quality"]["trace_sha256"] = "0" * 64
+    with pytest.raises(TraceNotFound):
+        quality_probe_freeze(experiment=experiment)
+    assert (
+        quality_probe_freeze(
+            experiment=make_experiment(model={**SMALL_SPEC["model"], "path": str(tokenizer_dir)})
+        )
+        is None
+    )

@@ -1,0 +1,126 @@
+"""The quality contract (check 2): the probe's answers of each candidate against B0's, token by
+token, with the class's minima and validators; a failing candidate cannot be accepted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from apps.analysis.quality import agreement, quality_check
+from apps.experiments.spec import SpecError, validate_spec
+from tests.analysis.builders import Plan, build
+from tests.analysis.test_decision_table import slow_short_b0
+from tests.experiments.factories import small_spec
+
+B0_TOKENS = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+def probe(run: str, cell: str, answers: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Four prompts per class; ``answers`` overrides an index's answer (default: B0's)."""
+    outputs = []
+    for i in range(8):
+        o = {"index": i, "class": "short" if i < 4 else "long", "token_ids": list(B0_TOKENS),
+             "text": '{"ok": true}', "finish_reason": "stop"}  # fmt: skip
+        o.update((answers or {}).get(i, {}))
+        outputs.append(o)
+    return {"run": run, "cell": cell, "trace_sha256": "p" * 64, "outputs": outputs}
+
+
+def test_agreement_is_the_common_prefix() -> None:
+    assert agreement([1, 2, 3], [1, 2, 3]) == 3
+    assert agreement([1, 2, 3], [1, 9, 3]) == 1
+    assert agreement([], [1]) == 0 and agreement([1, 2], [1, 2, 3]) == 2
+
+
+def test_b0_against_itself_agrees_fully() -> None:
+    classes = [{"name": "short", "quality": {"min_exact_match": 1.0}}, {"name": "long"}]
+    cells = [{"cell_id": "B0"}]
+    result = quality_check(
+        cells=cells, classes=classes, baseline="B0", probes=[probe("r1", "B0"), probe("r2", "B0")]
+    )
+    assert result["status"] == "pass" and result["reference_run"] == "r1"
+    short = result["cells"]["B0"]["short"]
+    assert short["exact_match"] == 1.0 and short["mean_agreement_tokens"] == 8 and short["passed"]
+
+
+# id, C1's answers by index, class quality, C1 passes
+CASES = [
+    ("identical", {}, {"min_exact_match": 1.0, "min_agreement_tokens": 8}, True),
+    ("one answer differs at token 2", {0: {"token_ids": [5, 6, 99]}}, {"min_exact_match": 0.9}, False),
+    ("agreement above its minimum", {0: {"token_ids": [5, 6, 7, 8, 9, 10, 11, 99]}}, {"min_agreement_tokens": 7.5}, True),
+    ("an error answer disagrees", {1: {"token_ids": [], "error": "HTTPStatusError: 500"}}, {"min_exact_match": 0.8}, False),
+    ("regex validator", {2: {"text": "nope"}}, {"validators": {"regex": "ok"}}, False),
+    ("json schema validator", {3: {"text": '{"ok": "yes"}'}},
+     {"validators": {"json_schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}}}}, False),
+    ("finish reason validator", {0: {"finish_reason": "length"}}, {"validators": {"finish_reason": "stop"}}, False),
+    ("every validator holds", {}, {"validators": {"regex": "ok", "finish_reason": "stop", "json_schema": {"type": "object"}}}, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("answers", "contract", "passes"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_candidate_is_held_to_its_classes_quality_contract(answers, contract, passes) -> None:  # type: ignore[no-untyped-def]
+    plan = Plan()
+    plan = replace(plan, classes=[{**plan.classes[0], "quality": contract}, plan.classes[1]])
+    probes = [probe("b", "B0"), probe("c1", "C1", answers), probe("c2", "C2")]
+    report = build(plan, slow_short_b0, quality_probes=probes)
+    q = report["checks"]["quality"]["cells"]["C1"]["short"]
+    assert q["passed"] is passes, q
+    c1 = report["checks"]["acceptance"]["cells"]["C1"]
+    quality_failures = [f for f in c1["failures"] if f["broken"] == ["quality"]]
+    assert bool(quality_failures) is not passes
+    # Without the quality gate C1 wins (lowest short TTFT); failing it, C2 does.
+    assert report["decision"]["chosen_cell"] == ("C1" if passes else "C2"), report["decision"]
+
+
+def test_without_a_probe_the_check_says_not_run_and_gates_nothing() -> None:
+    report = build(Plan(), slow_short_b0)
+    assert report["checks"]["quality"]["status"] == "not run"
+    assert report["decision"]["chosen_cell"] == "C1"
+
+
+def test_the_spec_names_every_bad_quality_field() -> None:
+    spec = small_spec()
+    spec["classes"][0]["quality"] = {
+        "min_exact_match": 1.5,
+        "validators": {"regex": "([", "json_schema": {"type": 5}, "finish_reason": "eos", "llm_judge": 1},
+    }
+    spec["quality"] = {"probe": {"prompts_per_class": 0, "max_tokens": 2000, "trace_sha256": "nothex"}}
+    with pytest.raises(SpecError) as info:
+        validate_spec(spec)
+    paths = {e.path for e in info.value.errors}
+    assert {
+        "classes[0].quality.min_exact_match",
+        "classes[0].quality.validators",
+        "classes[0].quality.validators.regex",
+        "classes[0].quality.validators.json_schema",
+        "classes[0].quality.validators.finish_reason",
+        "quality.probe.prompts_per_class",
+        "quality.probe.max_tokens",
+        "quality.probe.trace_sha256",
+    } <= paths, paths
+    # A class's quality alone turns the probe on, with its defaults.
+    spec = small_spec()
+    spec["classes"][0]["quality"] = {"min_exact_match": 0.95}
+    assert validate_spec(spec)["quality"] == {"prompts_per_class": 8, "max_tokens": 32, "trace_sha256": None}
+
+
+@pytest.mark.django_db
+def test_the_results_page_shows_the_probe_per_cell_and_class(client, viewer, analysed_experiment) -> None:  # type: ignore[no-untyped-def]
+    from apps.analysis.models import Decision
+
+    decision = Decision.objects.get(experiment=analysed_experiment)
+    checks = dict(decision.checks)
+    checks["quality"] = quality_check(
+        cells=[{"cell_id": "B0"}, {"cell_id": "C1"}],
+        classes=[{"name": "short", "quality": {"min_exact_match": 1.0}}, {"name": "long"}],
+        baseline="B0",
+        probes=[probe("b", "B0"), probe("c", "C1", {0: {"token_ids": [1]}})],
+    )
+    decision.checks = checks
+    decision.report = {**decision.report, "checks": checks}
+    decision.save()
+    client.force_login(viewer)
+    page = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
+    assert 'id="quality-table"' in page and "breaks exact_match" in page and "75%" in page
