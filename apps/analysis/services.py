@@ -313,7 +313,7 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         rehearse=bool(recovery_options(experiment.spec or {})["rehearse"]),
         stop_reasons=_stop_reasons(done),
         quality_probes=[
-            {"run": str(r.run_id), "cell": r.cell.cell_id, **r.summary["quality_probe"]}
+            {"run": str(r.run_id), "cell": r.cell.cell_id, **(r.summary or {})["quality_probe"]}
             for r in runs
             if r.status == Run.Status.DONE and not r.scenario and (r.summary or {}).get("quality_probe")
         ],
