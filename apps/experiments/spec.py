@@ -84,25 +84,9 @@ WORKLOAD_KEYS = {
 REPEAT_TRACES = ("same", "fresh")
 
 
-def _repeat_traces(c: _Checker, workload: Mapping[str, Any]) -> str:
-    value = workload.get("repeat_traces", "same")
-    if value not in REPEAT_TRACES:
-        c.fail("workload.repeat_traces", f"must be same or fresh, got {value!r:.60}")
-        return "same"
-    return str(value)
-
-
 # workload.output_mode: exact forces every request's length (ignore_eos, min_tokens); natural
 # sends the length as a cap only and records what the model did (length, finish_reason).
 OUTPUT_MODES = ("exact", "natural")
-
-
-def _output_mode(c: _Checker, workload: Mapping[str, Any]) -> str:
-    value = workload.get("output_mode", "exact")
-    if value not in OUTPUT_MODES:
-        c.fail("workload.output_mode", f"must be exact or natural, got {value!r:.60}")
-        return "exact"
-    return str(value)
 
 
 # A class's primary metric: the tail its gains are judged on (docs/ANALYSIS.md);
@@ -320,6 +304,14 @@ class _Checker:
             self.fail(where, f"must be at least {-NUMBER_CEILING:g}, got {_short(value)}")
             return default
         return int(value) if integer else float(value)
+
+    def choice(self, data: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...]) -> str:
+        """One of ``choices``; the first when the key is absent."""
+        value = data.get(key, choices[0])
+        if value not in choices:
+            self.fail(f"{path}.{key}", f"must be {' or '.join(choices)}, got {value!r:.60}")
+            return choices[0]
+        return str(value)
 
     def boolean(self, data: Mapping[str, Any], key: str, path: str, *, default: bool) -> bool:
         if key not in data or data[key] is None:
@@ -676,8 +668,8 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         "repeats": c.number(
             workload, "repeats", "workload", positive=True, integer=True, maximum=MAX_REPEATS
         ),
-        "repeat_traces": _repeat_traces(c, workload),
-        "output_mode": _output_mode(c, workload),
+        "repeat_traces": c.choice(workload, "repeat_traces", "workload", REPEAT_TRACES),
+        "output_mode": c.choice(workload, "output_mode", "workload", OUTPUT_MODES),
         "seed": c.number(workload, "seed", "workload", integer=True, minimum=0, maximum=MAX_SEED),
         "warmup_s": c.number(workload, "warmup_s", "workload", minimum=0.0, maximum=MAX_WINDOW_S),
         "observation_s": c.number(workload, "observation_s", "workload", positive=True, maximum=MAX_WINDOW_S),

@@ -277,6 +277,15 @@ class _Replay:
         self._dispatch_done = False
         self._idle: asyncio.Event  # created inside the loop, in run()
 
+    def _body(self, request: dict[str, Any]) -> bytes:
+        return request_body(
+            request,
+            model=self.model,
+            endpoint=self.endpoint,
+            extra_body=self.extra_body,
+            output_mode=self.output_mode,
+        )
+
     def _record(self, position: int, request: dict[str, Any]) -> RequestRecord:
         return new_record(run_id=self.run_id, warmup_ns=self.warmup_ns, position=position, request=request)
 
@@ -454,13 +463,7 @@ class _Replay:
         # a new task would only start one loop pass later, after every frame
         # that arrived meanwhile has been processed.
         try:
-            body = request_body(
-                request,
-                model=self.model,
-                endpoint=self.endpoint,
-                extra_body=self.extra_body,
-                output_mode=self.output_mode,
-            )
+            body = self._body(request)
         except Exception:  # the stream task records the error
             return None
         sent = perf_ns()
@@ -494,26 +497,14 @@ class _Replay:
                         raise
                     # The idle connection had just been closed by the server: nothing
                     # was processed, send again on a fresh one (same sent time).
-                    body = request_body(
-                        request,
-                        model=self.model,
-                        endpoint=self.endpoint,
-                        extra_body=self.extra_body,
-                        output_mode=self.output_mode,
-                    )
+                    body = self._body(request)
                     response = await self._pool_for(record).post(self.path, body, self._headers(record))
             else:
                 if semaphore is not None:
                     await semaphore.acquire()
                     acquired = True
                 held = await self._before_send(record)
-                body = request_body(
-                    request,
-                    model=self.model,
-                    endpoint=self.endpoint,
-                    extra_body=self.extra_body,
-                    output_mode=self.output_mode,
-                )
+                body = self._body(request)
                 headers = self._headers(record)
                 sent = perf_ns()
                 record.sent = True
