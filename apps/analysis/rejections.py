@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apps.analysis.decide import class_roles
+from apps.analysis.findings import class_roles
 from apps.analysis.metrics import pvalue
 
 # A candidate preempting more than 1 request in 100 (pooled over its runs at the agreed

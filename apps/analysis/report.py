@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, cost, decide, lengths, metrics, paired, quality, rejections
+from apps.analysis import compare, cost, decide, findings, lengths, metrics, paired, quality, rejections
 from apps.analysis.columns import RecordTable
 from apps.analysis.server import server_metrics
 from workers.replay.records import GapHistogram
@@ -381,7 +381,7 @@ def build_report(
             rehearsal=(rehearsals or {}).get(str(decision.get("chosen_cell"))),
         ),
     }
-    found = decide.findings(
+    found = findings.findings(
         cells=cells,
         classes=classes,
         baseline=baseline,

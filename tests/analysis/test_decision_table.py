@@ -401,3 +401,16 @@ def test_a_cell_whose_requests_carried_other_sampling_settings_is_invalid():
         assert bad["invalid_cells"] == ["C1"], other
         problem = next(p for p in bad["problems"] if p["problem"] == "generation settings differ")
         assert problem["value"] == other and problem["expected"] == {"temperature": 0.0}
+
+
+def test_every_finding_is_one_registered_function_and_documented() -> None:
+    from pathlib import Path
+
+    from apps.analysis.findings import FINDINGS, REGISTRY
+
+    assert list(REGISTRY) == list(FINDINGS)
+    assert all(callable(f) and f.__name__ == fid for fid, f in REGISTRY.items())
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ANALYSIS.md").read_text()
+    table = doc.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    assert documented == list(REGISTRY)
