@@ -270,17 +270,28 @@ def _execute(run: Run, host: Host) -> str:
     return status
 
 
-def _quality_probe(run: Run, server: EngineServer) -> dict[str, Any] | None:
-    """The quality probe's answers on this sweep run's server, when the experiment has a probe."""
+def _quality_probe(run: Run, server: EngineServer, stop: threading.Event) -> dict[str, Any] | None:
+    """The quality probe's answers on this sweep run's server, when the experiment has a probe:
+    at most ``prompts_per_class`` prompts of each class, each answer at most ``max_tokens``
+    (a stored trace named as the probe is held to the same bounds)."""
     sha = run.experiment.workload.quality_probe_sha256
     if not sha or run.scenario:
         return None
     from workers.quality import run_probe
 
-    requests = [r.to_json() for r in trace_load(sha256=sha).requests]
+    options = ((run.experiment.spec or {}).get("quality") or {}).get("probe") or {}
+    per_class, cap = int(options.get("prompts_per_class") or 8), int(options.get("max_tokens") or 32)
+    taken: dict[str, int] = {}
+    requests = []
+    for r in trace_load(sha256=sha).requests:
+        if taken.get(r.klass, 0) < per_class:
+            taken[r.klass] = taken.get(r.klass, 0) + 1
+            requests.append({**r.to_json(), "output_tokens": min(int(r.output_tokens), cap)})
     return {
         "trace_sha256": sha,
-        "outputs": run_probe(base_url=server.base_url, model=server.served_model_name, requests=requests),
+        "outputs": run_probe(
+            base_url=server.base_url, model=server.served_model_name, requests=requests, stop=stop
+        ),
     }
 
 
@@ -299,7 +310,7 @@ def _with_server(
         raise RunCancelled
     _set_phase(run.pk, Run.Status.WARMING)
     server.warm_up(n=WARMUP_REQUESTS)
-    probe = _quality_probe(run, server)
+    probe = _quality_probe(run, server, stop)
 
     trace = trace_load(sha256=run.trace_sha256)
     requests = [r.to_json() for r in trace.requests]

@@ -7,6 +7,7 @@ sequential requests keep the outputs independent of batching as far as the engin
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,13 @@ PROBE_SAMPLING = {"temperature": 0.0, "seed": 0}
 PROBE_TIMEOUT_S = 120.0
 
 
-def run_probe(*, base_url: str, model: str, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_probe(
+    *,
+    base_url: str,
+    model: str,
+    requests: Sequence[dict[str, Any]],
+    stop: threading.Event | None = None,
+) -> list[dict[str, Any]]:
     """One output per probe request: index, class, the generated token ids, text, finish reason.
 
     A request the server refuses keeps its index with ``error`` and no tokens; the analysis
@@ -27,6 +34,8 @@ def run_probe(*, base_url: str, model: str, requests: Sequence[dict[str, Any]]) 
     outputs = []
     with httpx.Client(base_url=base_url.rstrip("/"), timeout=PROBE_TIMEOUT_S) as client:
         for r in requests:
+            if stop is not None and stop.is_set():
+                break  # cancelled: the run ends as cancelled, with what was answered so far
             body = {
                 "model": model,
                 "prompt": r.get("prompt_token_ids") or r.get("prompt"),
@@ -39,6 +48,10 @@ def run_probe(*, base_url: str, model: str, requests: Sequence[dict[str, Any]]) 
                 response = client.post("/v1/completions", json=body)
                 response.raise_for_status()
                 choice = response.json()["choices"][0]
+                if choice.get("token_ids") is None:
+                    raise ValueError(
+                        "the server returned no token_ids (does this vLLM take return_token_ids?)"
+                    )
                 entry.update(
                     token_ids=[int(t) for t in choice.get("token_ids") or []],
                     text=str(choice.get("text") or ""),

@@ -90,13 +90,20 @@ def validity_check(
         reference[field] = expected
     # What every request should carry (the spec's sampling settings; its flags belong to the replay).
     reference["generation"] = request_sampling(experiment.get("generation"))
-    # A field no run recorded cannot tell cells apart: a warning, not an invalid cell.
-    unrecorded = [f for f in identity if chosen and not any(r.get(f) for r in chosen.values())]
-
     own_revision = {c["cell_id"]: (c.get("engine") or {}).get("model_revision") for c in cells}
     # A candidate that is another engine build on purpose (its spec names its own image) runs
     # another image; every other cell runs B0's.
     own_image = {c["cell_id"] for c in cells if (c.get("engine") or {}).get("image")}
+    # A field no run recorded cannot tell cells apart: a warning, not an invalid cell (for the
+    # image digest, among the cells held to B0's image).
+    unrecorded = [
+        f
+        for f in identity
+        if chosen
+        and not any(
+            r.get(f) for (cell, *_), r in chosen.items() if f != "image_digest" or cell not in own_image
+        )
+    ]
     worst_lag: float | None = None
     for (cell, mix, rate, repeat), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):
         combo = (mix, rate, repeat)
@@ -121,11 +128,18 @@ def validity_check(
             if mine != theirs:
                 add(cell, f"cohort differs from {baseline}", combo, offered=mine, b0=theirs)
             if experiment.get("output_mode") == "natural":
+                # Mean tokens per completed request: a cell that drops requests is a regression
+                # the comparison shows, not a length shift.
                 shifted = {}
                 for c, m in run["classes"].items():
-                    b0_tokens = (base["classes"].get(c) or {}).get("output_tokens") or 0
-                    if b0_tokens and abs(m["output_tokens"] / b0_tokens - 1.0) > lengths.MAX_OUTPUT_SHIFT:
-                        shifted[c] = round(m["output_tokens"] / b0_tokens - 1.0, 4)
+                    mine_mean = lengths.mean_completed_tokens(m)
+                    b0_mean = lengths.mean_completed_tokens(base["classes"].get(c) or {})
+                    if (
+                        mine_mean is not None
+                        and b0_mean
+                        and abs(mine_mean / b0_mean - 1.0) > lengths.MAX_OUTPUT_SHIFT
+                    ):
+                        shifted[c] = round(mine_mean / b0_mean - 1.0, 4)
                 if shifted:
                     add(
                         cell,

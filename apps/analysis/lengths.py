@@ -21,6 +21,14 @@ EDGES = (1, 32, 128, 512, 2048)
 MAX_OUTPUT_SHIFT = 0.05
 
 
+def mean_completed_tokens(metrics: Mapping[str, Any]) -> float | None:
+    """Mean output tokens per completed request of a class's metrics; None without one."""
+    completed = (metrics.get("counts") or {}).get("completed") or 0
+    if not completed or metrics.get("completed_output_tokens") is None:
+        return None
+    return float(metrics["completed_output_tokens"]) / completed
+
+
 def stratum_names() -> list[str]:
     names = [f"{lo}-{hi - 1}" for lo, hi in zip(EDGES, EDGES[1:], strict=False)]
     return [*names, f"{EDGES[-1]}+"]

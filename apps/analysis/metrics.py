@@ -355,6 +355,8 @@ def class_metrics(
         "accepted_share": float(round(counts["accepted"] / offered, 6)) if offered else None,
         "error_rate": float(round(error_rate, 6)),
         "output_tokens": int(np.nansum(out_tokens)),
+        # Of the completed requests only: their mean length is what a natural-length replay compares.
+        "completed_output_tokens": int(np.nansum(out_tokens[outcome == COMPLETED])),
         "observation_s": observation_s,
     }
     metrics["contract"] = contract_verdict(metrics, contract)

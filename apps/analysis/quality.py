@@ -19,10 +19,11 @@ its first show whether the probe is deterministic on this engine, and are report
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import regex
 
 
 def agreement(a: Sequence[int], b: Sequence[int]) -> int:
@@ -35,23 +36,41 @@ def agreement(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+# The longest a validator's regular expression may search one answer; longer fails the answer
+# (a pattern that backtracks without end must not hang the analysis).
+REGEX_TIMEOUT_S = 1.0
+
+
 def _passes(kind: str, rule: Any, answer: Mapping[str, Any]) -> bool:
     text = str(answer.get("text") or "")
     if answer.get("error"):
         return False
     if kind == "regex":
-        return re.search(rule, text) is not None
+        try:
+            return regex.search(rule, text, timeout=REGEX_TIMEOUT_S) is not None
+        except (TimeoutError, regex.error):
+            return False
     if kind == "finish_reason":
         return answer.get("finish_reason") == rule
     if kind == "json_schema":
         from jsonschema import Draft202012Validator
+        from referencing import Registry
 
         try:
             document = json.loads(text)
-        except ValueError:
+            # An empty registry that retrieves nothing: no $ref reaches a file or a URL.
+            return bool(Draft202012Validator(rule, registry=Registry()).is_valid(document))
+        except Exception:
             return False
-        return Draft202012Validator(rule).is_valid(document)
     raise ValueError(f"unknown validator {kind!r}")
+
+
+def _unmeasured(cell_classes: Sequence[str], why: str) -> dict[str, Any]:
+    return {
+        cls: {"answers": 0, "runs": 0, "exact_match": None, "mean_agreement_tokens": None,
+              "validators": {}, "broken": [why], "passed": False}
+        for cls in cell_classes
+    }  # fmt: skip
 
 
 def quality_check(
@@ -63,42 +82,57 @@ def quality_check(
 ) -> dict[str, Any]:
     """``probes``: one entry per done sweep run that ran the probe, in plan order:
     ``{"run", "cell", "trace_sha256", "outputs": [{"index", "class", "token_ids", "text",
-    "finish_reason", "error"?}]}``. Returns the per-cell, per-class numbers and verdicts."""
+    "finish_reason", "error"?}]}``. Returns the per-cell, per-class numbers and verdicts.
+
+    A class with a quality contract is never passed without evidence: a candidate with no
+    answers to compare (no probe ran, no B0 answers, another prompt set) breaks it.
+    """
     contracts = {c["name"]: c.get("quality") or {} for c in classes}
-    if not probes:
-        return {"status": "not run", "cells": {}, "reference_run": None}
+    contracted = [name for name, q in contracts.items() if q]
+    candidates = [c["cell_id"] for c in cells if c["cell_id"] != baseline]
     reference = next((p for p in probes if p["cell"] == baseline), None)
     if reference is None:
-        return {"status": "no reference", "cells": {}, "reference_run": None}
+        if not contracted:
+            return {"status": "not run", "cells": {}, "reference_run": None, "failing_cells": []}
+        why = "no probe answers of B0 to compare with" if probes else "the quality probe did not run"
+        out = {cell: _unmeasured(contracted, why) for cell in candidates}
+        return {"status": "fail", "failing_cells": candidates, "reference_run": None, "cells": out}
     ref = {int(o["index"]): o for o in reference["outputs"]}
     by_cell: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for p in probes:
-        if p is not reference:
+        if p is not reference and p.get("trace_sha256") == reference.get("trace_sha256"):
             by_cell[p["cell"]].append(p)
-    out: dict[str, Any] = {}
+    out = {}
     for cell in (c["cell_id"] for c in cells):
         runs = by_cell.get(cell, [])
         if cell == baseline and not runs:
             runs = [reference]  # B0 alone: against itself (full agreement by construction)
         if not runs:
+            if cell != baseline and contracted:
+                out[cell] = _unmeasured(contracted, "no probe answers on the same prompts")
             continue
         per_class: dict[str, Any] = {}
         for cls in contracts:
-            exact, agree, answers = [], [], []
+            exact, agree, target, answers = [], [], [], []
+            contract = contracts[cls]
+            minimum = contract.get("min_agreement_tokens")
             for p in runs:
-                if p.get("trace_sha256") != reference.get("trace_sha256"):
-                    continue  # another prompt set cannot be compared
                 for o in p["outputs"]:
                     if o["class"] != cls or int(o["index"]) not in ref:
                         continue
-                    mine, theirs = o.get("token_ids") or [], ref[int(o["index"])].get("token_ids") or []
-                    same = not o.get("error") and bool(mine) and mine == theirs
-                    exact.append(1.0 if same else 0.0)
-                    agree.append(0 if o.get("error") else agreement(mine, theirs))
+                    b0 = ref[int(o["index"])]
+                    mine, theirs = o.get("token_ids") or [], b0.get("token_ids") or []
+                    # An answer that failed (either side) agrees with nothing.
+                    failed = bool(o.get("error") or b0.get("error"))
+                    exact.append(0.0 if failed or mine != theirs else 1.0)
+                    agree.append(0 if failed else agreement(mine, theirs))
+                    # Where B0 itself stopped sooner, its own length is all there is to agree on.
+                    target.append(min(float(minimum), len(theirs)) if minimum is not None else 0.0)
                     answers.append(o)
             if not answers:
+                if cell != baseline and cls in contracted:
+                    per_class[cls] = _unmeasured([cls], "no probe answers of this class")[cls]
                 continue
-            contract = contracts[cls]
             validators = {
                 kind: round(sum(_passes(kind, rule, a) for a in answers) / len(answers), 6)
                 for kind, rule in (contract.get("validators") or {}).items()
@@ -117,8 +151,7 @@ def quality_check(
                 and entry["exact_match"] < contract["min_exact_match"]
             ):
                 broken.append("exact_match")
-            minimum = contract.get("min_agreement_tokens")
-            if minimum is not None and entry["mean_agreement_tokens"] < minimum:
+            if minimum is not None and sum(agree) < sum(target):
                 broken.append("mean_agreement_tokens")
             broken += [f"validator {kind}" for kind, share in validators.items() if share < 1.0]
             entry["broken"] = broken

@@ -8,8 +8,9 @@ makes every cell named here ineligible with the row's reason.
   class's TTFT p99 still breaks its contract and its streams are healthy (max stall within its
   limit). New short requests wait in the queue; a lower budget alone is not fairness.
 - ``preemptions``: a candidate whose done sweep runs at the agreed points preempt more than
-  ``max_preemption_share`` of their requests (preemptions per run over requests per run,
-  pooled): it fits memory only by preempting and recomputing.
+  ``max_preemption_share`` of their requests (each whole run's preemptions, warm-up and drain
+  included, over the requests of its measured window, pooled: a share on the high side): it
+  fits memory only by preempting and recomputing.
 """
 
 from __future__ import annotations

@@ -235,7 +235,15 @@ def scenario_evidence(
     if chosen_cell == baseline:
         return {"check": "not needed", "reason": "B0 stays: no configuration change to stress"}
     listed = ((decision.checks or {}).get("failure_scenarios") or {}).get("runs") or []
-    runs = [r for r in listed if r.get("cell") == chosen_cell]
+    # A run that failed and was retried (a lost worker or host) is judged by its retry: where a
+    # scenario point has a done run, the others of that point are left out.
+    points: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in listed:
+        if r.get("cell") == chosen_cell:
+            points.setdefault((r["scenario"], r.get("mixture"), r.get("rate"), r.get("repeat")), []).append(r)
+    runs = [
+        r for group in points.values() for r in ([x for x in group if x.get("status") == "done"] or group)
+    ]
     failed = sorted({r["scenario"] for r in runs if not r.get("held")})
     if not runs:
         out: dict[str, Any] = {"check": "not run", "reason": f"no failure scenario ran for {chosen_cell}"}

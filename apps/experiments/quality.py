@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import regex
+
 DEFAULTS: dict[str, Any] = {"prompts_per_class": 8, "max_tokens": 32, "trace_sha256": None}
 MAX_PROMPTS_PER_CLASS = 256
 MAX_PROBE_TOKENS = 1024
@@ -35,18 +37,19 @@ def _number(
 
 
 def check_quality(raw: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """The normalised top-level ``quality`` section and its problems as (field path, message)."""
+    """The normalised top-level ``quality`` section (``{"probe": {...}}``, every key filled in) and
+    its problems as (field path, message)."""
     problems: list[tuple[str, str]] = []
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        return dict(DEFAULTS), [("quality", "must be a mapping")]
+        return {"probe": dict(DEFAULTS)}, [("quality", "must be a mapping")]
     unknown = sorted(set(raw) - {"probe"})
     if unknown:
         problems.append(("quality", f"unknown key(s): {', '.join(map(str, unknown))}"))
     probe = raw.get("probe") or {}
     if not isinstance(probe, Mapping):
-        return dict(DEFAULTS), [*problems, ("quality.probe", "must be a mapping")]
+        return {"probe": dict(DEFAULTS)}, [*problems, ("quality.probe", "must be a mapping")]
     unknown = sorted(set(probe) - set(DEFAULTS))
     if unknown:
         problems.append(("quality.probe", f"unknown key(s): {', '.join(map(str, unknown))}"))
@@ -68,7 +71,30 @@ def check_quality(raw: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
             )
         else:
             out["trace_sha256"] = sha
-    return out, problems
+    return {"probe": out}, problems
+
+
+def _refused_keyword(schema: Any) -> str | None:
+    """What a probe's schema may not use: a reference outside itself (a file or a URL would be
+    read while the report is built) or a pattern (run by Python's re without a time limit; the
+    ``regex`` validator has one)."""
+    if isinstance(schema, Mapping):
+        for key, value in schema.items():
+            if key in ("$ref", "$dynamicRef") and not (isinstance(value, str) and value.startswith("#")):
+                return (
+                    f"{key} {value!r:.60} points outside the schema; only local references (#...) are allowed"
+                )
+            if key in ("pattern", "patternProperties"):
+                return f"{key} is not allowed here: use the regex validator, which has a time limit"
+            found = _refused_keyword(value)
+            if found:
+                return found
+    elif isinstance(schema, list):
+        for item in schema:
+            found = _refused_keyword(item)
+            if found:
+                return found
+    return None
 
 
 def check_class_quality(raw: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -101,10 +127,10 @@ def check_class_quality(raw: Any, path: str) -> tuple[dict[str, Any], list[tuple
                 pattern = validators["regex"]
                 try:
                     if not isinstance(pattern, str) or len(pattern) > 2000:
-                        raise re.error("must be text of at most 2,000 characters")
-                    re.compile(pattern)
+                        raise regex.error("must be text of at most 2,000 characters")
+                    regex.compile(pattern)
                     checked["regex"] = pattern
-                except re.error as exc:
+                except regex.error as exc:
                     problems.append((f"{vpath}.regex", f"not a regular expression: {exc}"))
             if "json_schema" in validators:
                 from jsonschema import Draft202012Validator
@@ -115,6 +141,9 @@ def check_class_quality(raw: Any, path: str) -> tuple[dict[str, Any], list[tuple
                     if not isinstance(schema, Mapping):
                         raise SchemaError("must be a mapping (a JSON schema)")
                     Draft202012Validator.check_schema(schema)
+                    refused = _refused_keyword(schema)
+                    if refused:
+                        raise SchemaError(refused)
                     checked["json_schema"] = dict(schema)
                 except SchemaError as exc:
                     problems.append((f"{vpath}.json_schema", f"not a JSON schema: {exc.message}"))

@@ -307,8 +307,11 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
         arrival["trace_sha256"] = w.imported_trace_sha256
     extra = {
         key: experiment.spec[key]
-        for key in ("scenarios", "calibration", "analysis", "recovery")
+        for key in ("scenarios", "calibration", "analysis", "recovery", "quality")
         if (experiment.spec or {}).get(key)
+    }
+    quality = {
+        c["name"]: c["quality"] for c in (experiment.spec or {}).get("classes") or [] if c.get("quality")
     }
     return {
         "name": experiment.name,
@@ -335,6 +338,7 @@ def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
                 "priority": rc.priority,
                 "shared_prefix_tokens": rc.shared_prefix_tokens,
                 **({"primary_metric": rc.primary_metric} if rc.primary_metric else {}),
+                **({"quality": quality[rc.name]} if rc.name in quality else {}),
                 "contract": {
                     "ttft_p99_ms": rc.ttft_p99_ms,
                     "e2e_p99_ms": rc.e2e_p99_ms,

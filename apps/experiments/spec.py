@@ -699,6 +699,25 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         for where, message in problems:
             c.fail(where, message)
         spec["quality"] = options
+        cap = options["probe"].get("max_tokens")
+        for i, cls in enumerate(spec.get("classes") or []):
+            minimum = (cls.get("quality") or {}).get("min_agreement_tokens")
+            if cap and minimum is not None and minimum > cap:
+                c.fail(
+                    f"classes[{i}].quality.min_agreement_tokens",
+                    f"is more than the probe's max_tokens ({cap}): no answer could reach it",
+                )
+            if (
+                cap
+                and max_model_len
+                and cls.get("input_tokens")
+                and cls["input_tokens"] + cap > max_model_len
+            ):
+                c.fail(
+                    "quality.probe.max_tokens",
+                    f"{cls['name']}'s {cls['input_tokens']} input tokens + {cap} exceed "
+                    f"controls.max_model_len ({max_model_len})",
+                )
     if "recovery" in top:
         spec["recovery"] = _check_recovery(
             c, top.get("recovery"), spec["workload"], set(mixtures), set(rates)

@@ -408,7 +408,7 @@ def _cost_rows(report: dict[str, Any]) -> dict[str, Any] | None:
         for c in ((report.get("decision") or {}).get("evidence") or {}).get("candidates", [])
     }
     rows = [
-        {"cell": cell, **entry, "reasons": reasons.get(cell)}
+        {"cell": cell, **entry, "reasons": reasons.get(cell), "judged": cell in reasons}
         for cell, entry in (costs.get("cells") or {}).items()
     ]
     return {**costs, "rows": rows}

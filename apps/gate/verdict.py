@@ -133,6 +133,8 @@ def gate_verdict(
                     metrics.append(m)
         if "error_rate" not in metrics:
             metrics.append("error_rate")
+        if (name, "quality") in cand_broken:
+            metrics.append("quality")  # check 2's quality contract (apps/analysis/quality.py)
         judged_latency = any(
             v.get("judged") for c in entries for m, v in (c.get("metrics") or {}).items() if m.endswith("_ms")
         )

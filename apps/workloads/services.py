@@ -298,7 +298,7 @@ def quality_probe_freeze(*, experiment: Any) -> Trace | None:
     """
     from apps.workloads.probe import probe_trace
 
-    options = (experiment.spec or {}).get("quality")
+    options = ((experiment.spec or {}).get("quality") or {}).get("probe")
     if not options:
         return None
     if options.get("trace_sha256"):

@@ -78,3 +78,16 @@ def test_stop_reasons_are_reported_per_cell_and_class() -> None:
     )
     assert report["stop_reasons"]["C1"] == {"long": {"length": 180}, "short": {"length": 30, "stop": 150}}
     assert "B0" not in report["stop_reasons"]
+
+
+def test_a_cell_that_drops_requests_is_not_mistaken_for_a_length_shift() -> None:
+    # C1 fails a fifth of its short requests (503) but answers the rest at B0's length: the
+    # mean length per completed request is unchanged, so the cell stays valid (the drop is a
+    # regression for the comparison to find, not invalid data).
+    def drops(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+        if cell == "C1" and cls == "short" and idx % 5 == 0:
+            return {"status": 503, "error_kind": "http"}
+        return {}
+
+    validity = build(Plan(), drops, output_mode="natural")["checks"]["validity"]
+    assert not any(p["problem"] == "output lengths differ from B0" for p in validity["problems"])

@@ -103,7 +103,9 @@ def test_the_spec_names_every_bad_quality_field() -> None:
     # A class's quality alone turns the probe on, with its defaults.
     spec = small_spec()
     spec["classes"][0]["quality"] = {"min_exact_match": 0.95}
-    assert validate_spec(spec)["quality"] == {"prompts_per_class": 8, "max_tokens": 32, "trace_sha256": None}
+    assert validate_spec(spec)["quality"] == {
+        "probe": {"prompts_per_class": 8, "max_tokens": 32, "trace_sha256": None}
+    }
 
 
 @pytest.mark.django_db
@@ -124,3 +126,96 @@ def test_the_results_page_shows_the_probe_per_cell_and_class(client, viewer, ana
     client.force_login(viewer)
     page = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
     assert 'id="quality-table"' in page and "breaks exact_match" in page and "75%" in page
+
+
+def test_a_contract_is_never_passed_without_answers_to_compare() -> None:
+    cells = [{"cell_id": "B0"}, {"cell_id": "C1"}]
+    classes = [{"name": "short", "quality": {"min_exact_match": 0.9}}, {"name": "long"}]
+    not_run = quality_check(cells=cells, classes=classes, baseline="B0", probes=[])
+    assert not_run["status"] == "fail" and not_run["cells"]["C1"]["short"]["broken"] == [
+        "the quality probe did not run"
+    ]
+    no_b0 = quality_check(cells=cells, classes=classes, baseline="B0", probes=[probe("c", "C1")])
+    assert no_b0["cells"]["C1"]["short"]["broken"] == ["no probe answers of B0 to compare with"]
+    no_c1 = quality_check(cells=cells, classes=classes, baseline="B0", probes=[probe("b", "B0")])
+    assert no_c1["failing_cells"] == ["C1"] and not no_c1["cells"]["C1"]["short"]["passed"]
+    # Without any contract, no probe is simply "not run".
+    plain = quality_check(cells=cells, classes=[{"name": "short"}], baseline="B0", probes=[])
+    assert plain["status"] == "not run" and plain["failing_cells"] == []
+
+
+def test_where_b0_stopped_sooner_its_own_length_is_the_agreement_to_reach() -> None:
+    cells = [{"cell_id": "B0"}, {"cell_id": "C1"}]
+    classes = [{"name": "short", "quality": {"min_agreement_tokens": 6}}, {"name": "long"}]
+    short_b0 = {i: {"token_ids": [5, 6, 7]} for i in range(4)}
+    same = quality_check(
+        cells=cells,
+        classes=classes,
+        baseline="B0",
+        probes=[probe("b", "B0", short_b0), probe("c", "C1", short_b0)],
+    )
+    assert (
+        same["cells"]["C1"]["short"]["passed"] and same["cells"]["C1"]["short"]["mean_agreement_tokens"] == 3
+    )
+    worse = {i: {"token_ids": [5, 6, 9]} for i in range(4)}
+    differs = quality_check(
+        cells=cells,
+        classes=classes,
+        baseline="B0",
+        probes=[probe("b", "B0", short_b0), probe("c", "C1", worse)],
+    )
+    assert differs["cells"]["C1"]["short"]["broken"] == ["mean_agreement_tokens"]
+
+
+def test_a_schema_may_not_reach_outside_itself_nor_use_patterns() -> None:
+    spec = small_spec()
+    for schema, word in (
+        ({"$ref": "file:///etc/hostname"}, "outside"),
+        ({"type": "string", "pattern": "(a+)+$"}, "pattern"),
+    ):
+        spec["classes"][0]["quality"] = {"validators": {"json_schema": schema}}
+        with pytest.raises(SpecError) as info:
+            validate_spec(spec)
+        assert any(
+            e.path == "classes[0].quality.validators.json_schema" and word in e.message
+            for e in info.value.errors
+        )
+    spec["classes"][0]["quality"] = {
+        "validators": {"json_schema": {"$defs": {"a": {"type": "object"}}, "$ref": "#/$defs/a"}}
+    }
+    validate_spec(spec)
+
+
+def test_a_regex_that_backtracks_without_end_fails_the_answer_instead_of_hanging() -> None:
+    from apps.analysis.quality import _passes
+
+    assert _passes("regex", r"ok", {"text": "all ok"})
+    assert not _passes("regex", r"(x+x+)+y", {"text": "x" * 5000})
+
+
+def test_the_probe_cannot_ask_for_more_than_it_allows() -> None:
+    spec = small_spec()
+    spec["classes"][0]["quality"] = {"min_agreement_tokens": 40}
+    spec["quality"] = {"probe": {"max_tokens": 1100}}
+    with pytest.raises(SpecError) as info:
+        validate_spec(spec)
+    paths = {e.path for e in info.value.errors}
+    assert "quality.probe.max_tokens" in paths  # over the bound and over max_model_len with long's input
+    spec["quality"] = {"probe": {"max_tokens": 32}}
+    with pytest.raises(SpecError) as info:
+        validate_spec(spec)
+    assert {e.path for e in info.value.errors} == {"classes[0].quality.min_agreement_tokens"}
+
+
+@pytest.mark.django_db
+def test_the_exported_spec_keeps_the_quality_contract() -> None:
+    from apps.experiments.services import experiment_to_spec
+    from tests.experiments.factories import make_experiment
+
+    classes = small_spec()["classes"]
+    classes[0] = {**classes[0], "quality": {"min_exact_match": 0.9, "validators": {"finish_reason": "stop"}}}
+    experiment = make_experiment(classes=classes, quality={"probe": {"prompts_per_class": 4}})
+    exported = experiment_to_spec(experiment=experiment)
+    again = validate_spec(exported)
+    assert again["quality"] == {"probe": {"prompts_per_class": 4, "max_tokens": 32, "trace_sha256": None}}
+    assert again["classes"][0]["quality"] == {"min_exact_match": 0.9, "validators": {"finish_reason": "stop"}}

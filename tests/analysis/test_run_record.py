@@ -99,3 +99,15 @@ def test_a_cell_on_another_image_is_invalid_unless_its_spec_names_one(analysed_e
     analysed_experiment.cells.filter(cell_id="C1").update(engine_image="vllm:next")
     validity = experiment_report_build(experiment_id=analysed_experiment.pk)["checks"]["validity"]
     assert validity["invalid_cells"] == [], validity["problems"]
+
+
+@pytest.mark.django_db
+def test_a_digest_only_the_own_image_cell_recorded_invalidates_nobody(analysed_experiment) -> None:  # type: ignore[no-untyped-def]
+    Run.objects.filter(experiment=analysed_experiment).update(image_digest="")
+    Run.objects.filter(experiment=analysed_experiment, cell__cell_id="C1").update(
+        image_digest="sha256:" + "cd" * 32
+    )
+    analysed_experiment.cells.filter(cell_id="C1").update(engine_image="vllm:next")
+    validity = experiment_report_build(experiment_id=analysed_experiment.pk)["checks"]["validity"]
+    assert validity["invalid_cells"] == [], validity["problems"]
+    assert "no run recorded image_digest: cells cannot be checked for it" in validity["warnings"]

@@ -559,3 +559,28 @@ def test_keeping_b0_or_a_candidate_whose_scenarios_held_needs_no_check_3_reason(
     assert check3["check"] == "pass" and "override_reason" not in check3
     event = AuditEvent.objects.get(experiment=analysed_experiment, action="experiment.approved")
     assert event.detail["check_3"] == "pass" and "check_3_override" not in event.detail
+
+
+@pytest.mark.django_db
+def test_a_scenario_run_that_failed_and_was_retried_is_judged_by_its_retry(
+    analysed_experiment, approver
+) -> None:  # type: ignore[no-untyped-def]
+    from apps.analysis.models import Decision
+    from apps.approvals.services import scenario_evidence
+
+    _proposing_c1_with_check_4(analysed_experiment, {"status": "pass", "reason": "recovered"})
+    decision = Decision.objects.get(experiment=analysed_experiment)
+    point = {"scenario": "burst", "cell": "C1", "mixture": "m", "rate": "r", "repeat": 1}
+    decision.checks = {
+        **decision.checks,
+        "failure_scenarios": {
+            "status": "listed",
+            "runs": [
+                {**point, "run": "lost", "status": "failed", "held": False},
+                {**point, "run": "retry", "status": "done", "held": True},
+            ],
+        },
+    }
+    decision.save()
+    check3 = scenario_evidence(decision, chosen_cell="C1", baseline="B0")
+    assert check3["check"] == "pass" and [r["run"] for r in check3["runs"]] == ["retry"]

@@ -221,3 +221,15 @@ def test_the_gate_file_shown_in_the_docs_is_accepted() -> None:
     assert base.args == {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
     assert split_of(request, base) == "short:1024,long"
     assert base.workload["max_dispatch_lag_ms"] == 50
+
+
+def test_a_candidate_that_breaks_its_quality_contract_is_a_regression() -> None:
+    r = report()
+    r["checks"]["acceptance"]["cells"]["C1"] = {
+        "passed": False,
+        "failures": [{"mixture": "quality probe", "rate": "", "class": "short", "broken": ["quality"]}],
+    }
+    v = gate_verdict(r)
+    assert v["verdict"] == "regression" and v["exit_code"] == 1
+    case = next(c for c in v["cases"] if c["metric"] == "quality")
+    assert case["class"] == "short" and case["outcome"] == "fail" and "quality contract" in case["message"]

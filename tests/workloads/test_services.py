@@ -212,11 +212,10 @@ def test_the_quality_probe_is_frozen_once_by_hash_with_its_prompts_per_class(tok
     assert quality_probe_freeze(experiment=experiment).pk == row.pk  # the same prompts, stored once
     # Naming a stored trace uses it; naming one that is not stored refuses.
     experiment.spec = {
-        **experiment.spec,
-        "quality": {**experiment.spec["quality"], "trace_sha256": row.sha256},
+        "quality": {"probe": {**experiment.spec["quality"]["probe"], "trace_sha256": row.sha256}}
     }
     assert quality_probe_freeze(experiment=experiment).pk == row.pk
-    experiment.spec["quality"]["trace_sha256"] = "0" * 64
+    experiment.spec["quality"]["probe"]["trace_sha256"] = "0" * 64
     with pytest.raises(TraceNotFound):
         quality_probe_freeze(experiment=experiment)
     assert (

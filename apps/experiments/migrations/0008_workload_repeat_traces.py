@@ -10,7 +10,13 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # Experiments stored before this field drew one trace per repeat: they keep saying so.
         migrations.AddField(
+            model_name='workload',
+            name='repeat_traces',
+            field=models.CharField(default='fresh', max_length=8),
+        ),
+        migrations.AlterField(
             model_name='workload',
             name='repeat_traces',
             field=models.CharField(default='same', max_length=8),
