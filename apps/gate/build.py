@@ -332,6 +332,9 @@ def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when
         }
         if given.get("primary_metric"):
             entry["primary_metric"] = given["primary_metric"]
+        if given.get("quality") is not None:
+            # The class's quality contract (checked with the spec): the probe then runs on both cells.
+            entry["quality"] = copy.deepcopy(given["quality"])
         classes.append(entry)
     unused = sorted(set(by_name) - set(window.counts))
     if unused:

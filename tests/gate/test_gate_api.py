@@ -294,3 +294,17 @@ def test_the_candidate_can_be_another_engine_build_or_model_revision(model_dir: 
     assert c1.args == experiment.cells.get(cell_id="B0").args  # only the engine differs
     too_long = post_gate(api, spec=gate_file(model_dir), candidate_model_revision="r" * 300)
     assert too_long.status_code == 400 and too_long.json()["errors"][0]["field"] == "candidate_model_revision"
+
+
+def test_a_class_quality_contract_in_the_gate_file_turns_the_probe_on(model_dir: Path) -> None:
+    make_host()
+    api = api_for(UserFactory(roles=["experimenter"]))
+    doc = yaml.safe_load(gate_file(model_dir))
+    doc["classes"][0]["quality"] = {"min_exact_match": 1.0}
+    gate = start_gate(
+        api, spec=yaml.safe_dump(doc), candidate_args=json.dumps({"max_num_seqs": 2}), repeats="2"
+    )
+    experiment = Experiment.objects.get(pk=gate["gate"])
+    short = next(c for c in experiment.spec["classes"] if c["name"] == "short")
+    assert short["quality"] == {"min_exact_match": 1.0}
+    assert experiment.spec["quality"]["probe"]["prompts_per_class"] == 8
