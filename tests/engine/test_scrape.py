@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -152,3 +153,30 @@ def test_it_scrapes_over_http_in_a_background_thread_and_records_errors():
     assert len(scraper.errors) == 1 and "503" in scraper.errors[0]
     assert counter_delta(scraper.samples, "vllm:num_preemptions_total") > 0
     assert all(s["t_ns"] > 0 and s["taken_at"].tzinfo is not None for s in scraper.samples)
+
+
+def test_two_scrapes_in_flight_at_once_are_ingested_in_the_order_they_were_read():
+    # The timed thread's scrape is slow to answer while the caller scrapes too: the counter read
+    # first (1) must not be ingested after the one read second (2), or it looks like a restart.
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        with lock:
+            calls["n"] += 1
+            n = calls["n"]
+        if n == 1:
+            time.sleep(0.3)
+        return httpx.Response(200, text=with_values(FIXTURE, num_preemptions_total=n))
+
+    scraper = Scraper(
+        "http://engine:8000/", interval_s=60, client=httpx.Client(transport=httpx.MockTransport(handler))
+    )
+    slow = threading.Thread(target=scraper.scrape, args=("during",))
+    slow.start()
+    time.sleep(0.05)
+    scraper.scrape("during")
+    slow.join()
+    assert {s["epoch"] for s in scraper.samples} == {0} and scraper.restarts == []
+    values = [s["value"] for s in scraper.samples if s["name"] == "vllm:num_preemptions_total"]
+    assert values == [1, 2]

@@ -160,6 +160,10 @@ class Scraper:
         self._last: dict[tuple[str, tuple], float] = {}
         self._created: dict[tuple[str, tuple], float] = {}
         self._lock = threading.Lock()
+        # One fetch at a time, ingested before the next starts: two scrapes in flight at once
+        # (the timed thread and a caller's own) could otherwise be ingested out of order, and a
+        # counter read earlier but ingested later looks like a restart (a false new epoch).
+        self._fetch_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -199,9 +203,11 @@ class Scraper:
 
     def scrape(self, phase: str) -> list[dict[str, Any]]:
         """Fetch /metrics once and ingest it; raises httpx errors (unlike the thread)."""
-        response = self._client.get(self.url)
-        response.raise_for_status()
-        return self.ingest(response.text, phase)
+        with self._fetch_lock:
+            t_ns = self.clock()
+            response = self._client.get(self.url)
+            response.raise_for_status()
+            return self.ingest(response.text, phase, t_ns=t_ns)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
