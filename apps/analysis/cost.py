@@ -11,6 +11,16 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# The largest price per GPU-hour taken (the spec's or the host's): above it, a typo.
+MAX_USD_PER_GPU_HOUR = 1e6
+
+
+def valid_price(value: Any) -> bool:
+    """A price per GPU-hour is a positive number of dollars below the bound (never a bool)."""
+    return (
+        not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < MAX_USD_PER_GPU_HOUR
+    )
+
 
 def cell_costs(
     *,

@@ -96,7 +96,7 @@ def _share(value: Any) -> float:
 def _price(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+    if not cost.valid_price(value):
         raise ValueError(f"usd_per_gpu_hour must be a positive number of dollars, got {value!r:.40}")
     return float(value)
 

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.analysis.cost import valid_price
 from apps.runs.models import Host
 
 # A host whose last heartbeat is older than this is not alive: no run is sent to it, and the
@@ -106,6 +107,6 @@ def _price(raw: str) -> float | None:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 0 < value < 1e6:
+    if not valid_price(value):
         raise ValueError(f"TAILTUNE_USD_PER_GPU_HOUR must be a positive number of dollars, not {raw!r:.40}")
     return value
