@@ -28,9 +28,10 @@ def recover_host() -> list[int]:
     from apps.runs.hosts import host_register_local
     from apps.runs.models import Host, Run
     from apps.runs.services import experiment_check_finished, run_requeue_once
+    from workers.engine.confirm import local_hardware_id
     from workers.engine.procs import reap_pids
 
-    host = host_register_local()
+    host = host_register_local(hardware_id=local_hardware_id())
     reaped: list[int] = []
     # The pool process that ran the last run may have outlived its killed parent. Its pid is
     # signalled only while it still names that process (same start time): a pid reused since
@@ -75,9 +76,22 @@ def _beat() -> None:
             log.exception("heartbeat failed")
 
 
+def _pull_on_start() -> None:
+    """A worker that starts takes whatever runnable work waits for its hardware (runs re-queued
+    while no host was alive, say): it wakes itself once."""
+    from apps.runs import dispatch
+    from apps.runs.hosts import host_register_local
+
+    try:
+        dispatch.send(dispatch.HOST_PULL, kwargs={}, queue=host_register_local().queue)
+    except Exception:  # the reconciler sends it again within minutes
+        log.exception("could not wake this host's pull")
+
+
 @worker_ready.connect
 def _on_ready(**kwargs: object) -> None:
     recover_host()
+    _pull_on_start()
     _stop.clear()
     threading.Thread(target=_beat, name="tailtune-heartbeat", daemon=True).start()
 

@@ -2,7 +2,7 @@
 
 A redelivered task is harmless: ``execute_run`` claims its run with a
 conditional update from ``queued`` and returns at once if the run is past
-that; ``analyse_experiment`` recomputes the same decision from the same rows.
+that; ``host_pull`` claims with the same kind of update (apps/runs/scheduling.py); ``analyse_experiment`` recomputes the same decision from the same rows.
 """
 
 from __future__ import annotations
@@ -48,6 +48,16 @@ def execute_run(*, run_pk: int) -> str:
     from workers.pipeline import run_execute
 
     return run_execute(run_pk=run_pk)
+
+
+@shared_task(name="tailtune.host_pull", acks_late=True, reject_on_worker_lost=True)
+def host_pull() -> str:
+    """Woken on this host's queue: claim and run runnable runs until none is left
+    (apps/runs/scheduling.py). A duplicate wake-up finds nothing and returns."""
+    from workers.pipeline import host_pull as pull
+
+    done = pull()
+    return f"{len(done)} runs: " + ", ".join(f"{pk} {status}" for pk, status in done[:20])
 
 
 @shared_task(name="tailtune.analyse_experiment", acks_late=True)

@@ -51,6 +51,9 @@ class Experiment(models.Model):
     engine_seed = models.IntegerField(default=0)
     generation = models.JSONField(default=dict, blank=True)
     engine_image = models.CharField(max_length=300, blank=True)
+    # The hardware every run of the experiment runs on: the hardware id of the first host it
+    # started on (apps/runs/scheduling.py); hosts with another id take none of its runs.
+    hardware_id = models.CharField(max_length=300, blank=True)
 
     # The spec as imported, kept verbatim so an export round-trips exactly.
     spec = models.JSONField(default=dict)

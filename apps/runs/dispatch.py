@@ -16,25 +16,18 @@ from typing import Any
 from celery import current_app
 from django.db import transaction
 
-from apps.runs.models import Host, Run
-
 FREEZE_EXPERIMENT = "tailtune.freeze_experiment"
 EXECUTE_RUN = "tailtune.execute_run"
+HOST_PULL = "tailtune.host_pull"
 ANALYSE_EXPERIMENT = "tailtune.analyse_experiment"
 CELL_GOODPUT_CAPACITY = "tailtune.cell_goodput_capacity"
 IMPORT_TRACE = "tailtune.import_trace"
-TASKS = (FREEZE_EXPERIMENT, EXECUTE_RUN, ANALYSE_EXPERIMENT, CELL_GOODPUT_CAPACITY, IMPORT_TRACE)
+TASKS = (FREEZE_EXPERIMENT, EXECUTE_RUN, HOST_PULL, ANALYSE_EXPERIMENT, CELL_GOODPUT_CAPACITY, IMPORT_TRACE)
 
 
 def send(name: str, *, kwargs: dict[str, Any], queue: str) -> None:
     """Send task ``name`` to ``queue`` now (through tailtune's Celery app: config/__init__.py)."""
     current_app.send_task(name, kwargs=kwargs, queue=queue)
-
-
-def run_enqueue(run: Run, host: Host) -> None:
-    """Assign ``run`` to ``host`` and send it to the host's queue once this transaction commits."""
-    Run.objects.filter(pk=run.pk).update(host=host)
-    send_on_commit(EXECUTE_RUN, kwargs={"run_pk": run.pk}, queue=host.queue)
 
 
 def send_on_commit(name: str, *, kwargs: dict[str, Any], queue: str) -> None:

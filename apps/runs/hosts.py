@@ -51,7 +51,7 @@ def _engines(raw: str) -> dict[str, list[str]]:
     return engines
 
 
-def host_register_local() -> Host:
+def host_register_local(*, hardware_id: str | None = None) -> Host:
     """Register (or refresh) the host this process runs on, from the environment.
 
     ``TAILTUNE_HOST`` names it; ``TAILTUNE_VLLM_COMMAND`` (a JSON list) is its
@@ -61,6 +61,8 @@ def host_register_local() -> Host:
     ``TAILTUNE_VLLM_COMMANDS`` (a JSON object) lists other engine builds by the
     image name a candidate's ``engine.image`` gives; ``TAILTUNE_USD_PER_GPU_HOUR``
     prices one of its GPUs per hour for the report's cost per 1M output tokens.
+    ``hardware_id`` (the worker detects it: workers/engine/confirm.local_hardware_id) is
+    what experiments are pinned to; None keeps the recorded one.
     """
     import json
 
@@ -92,6 +94,7 @@ def host_register_local() -> Host:
             "bind_host": os.environ.get("TAILTUNE_BIND_HOST", "127.0.0.1"),
             "image_digest": os.environ.get("TAILTUNE_IMAGE_DIGEST", ""),
             "usd_per_gpu_hour": price,
+            **({"hardware_id": hardware_id[:300]} if hardware_id is not None else {}),
             "enabled": True,
             "last_heartbeat": timezone.now(),
         },

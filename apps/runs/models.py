@@ -59,8 +59,11 @@ class Run(models.Model):
         INVALID = "invalid"
         FAILED = "failed"
         CANCELLED = "cancelled"
+        # Never started: its cell can no longer be accepted (early stopping); the reason names
+        # the run and the class and metric that settled it.
+        SKIPPED = "skipped"
 
-    FINISHED = {"done", "invalid", "failed", "cancelled"}
+    FINISHED = {"done", "invalid", "failed", "cancelled", "skipped"}
     ACTIVE = {"starting", "warming", "measuring", "draining"}
 
     run_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
@@ -93,6 +96,10 @@ class Run(models.Model):
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     reason = models.TextField(blank=True)
+    # When the run became runnable: hosts pull only dispatched queued runs (apps/runs/scheduling.py).
+    # A queued run's ``host`` is the host that reserved it (the rest of its cell's round, kept for
+    # the server that host has up); null: any qualifying host may take it.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     # A run that failed through no fault of the candidate (host lost, worker
     # killed) is re-run once as a new row; the failed one stays as evidence.

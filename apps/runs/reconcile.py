@@ -36,9 +36,8 @@ from apps.approvals.audit import audit_record
 from apps.approvals.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.runs import dispatch
-from apps.runs.dispatch import run_enqueue
-from apps.runs.hosts import hosts_alive
 from apps.runs.models import Host, Run
+from apps.runs.scheduling import hosts_qualifying, runs_dispatch
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +94,8 @@ def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
         recent = last_finished
         busy = Host.objects.filter(current_run__isnull=False, pk__in={r.host_id for r in queued if r.host_id})
         if not recent and not busy.exists():
-            hosts = hosts_alive(max_model_len=experiment.max_model_len)
-            if hosts:
-                by_name = {h.pk: h for h in hosts}
-                for run in queued:  # run_enqueue itself sends on commit
-                    run_enqueue(run, by_name.get(run.host_id or 0) or hosts[0])
+            if hosts_qualifying(experiment):
+                runs_dispatch(queued, experiment)  # sends the hosts' wake-ups on commit
                 Experiment.objects.filter(pk=experiment.pk).update(updated_at=now)
                 return _repaired(experiment, "queued runs sent again: none was running", runs=len(queued))
     return None

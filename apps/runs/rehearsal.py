@@ -25,9 +25,8 @@ from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.experiments.spec import RUN_OVERHEAD_S
-from apps.runs.dispatch import run_enqueue
-from apps.runs.hosts import hosts_alive
 from apps.runs.models import Run
+from apps.runs.scheduling import hosts_qualifying, runs_dispatch
 
 REHEARSAL = REHEARSAL_SCENARIO
 
@@ -94,7 +93,7 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
 
 
 def _enqueue(run: Run, experiment: Experiment, *, actor: Any, reason: str) -> None:
-    hosts = hosts_alive(max_model_len=experiment.max_model_len)
+    hosts = hosts_qualifying(experiment)
     if not hosts:
         raise RehearsalError("no host is alive to run the rehearsal (start a worker)")
     experiment.status = Experiment.objects.values_list("status", flat=True).get(pk=experiment.pk)
@@ -111,12 +110,12 @@ def _enqueue(run: Run, experiment: Experiment, *, actor: Any, reason: str) -> No
         detail={
             "cell": run.cell.cell_id,
             "reason": reason,
-            "host": hosts[0].name,
+            "hosts": [h.name for h in hosts],
             "from": experiment.status,
             "to": Experiment.Status.RUNNING,
         },
     )
-    run_enqueue(run, hosts[0])
+    runs_dispatch([run], experiment)
 
 
 @transaction.atomic

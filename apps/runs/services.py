@@ -18,9 +18,14 @@ from django.utils import timezone
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, Workload
 from apps.runs import dispatch
-from apps.runs.dispatch import run_enqueue
-from apps.runs.hosts import HEARTBEAT_TIMEOUT, hosts_alive
+from apps.runs.hosts import HEARTBEAT_TIMEOUT
 from apps.runs.models import Host, Run
+from apps.runs.scheduling import (
+    experiment_pin_hardware,
+    host_release_reserved,
+    hosts_qualifying,
+    runs_dispatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +34,6 @@ log = logging.getLogger(__name__)
 
 class StartError(ValueError):
     pass
-
-
-def _assign(runs: list[Run], hosts: list[Host]) -> None:
-    """Round-robin in plan order: several hosts drain one plan in parallel."""
-    for i, run in enumerate(runs):
-        run_enqueue(run, hosts[i % len(hosts)])
 
 
 def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
@@ -47,13 +46,15 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
     """
     if experiment.status not in (Experiment.Status.PLANNED, Experiment.Status.CANCELLED):
         raise StartError(f"experiment is {experiment.status}; only a planned experiment can start")
-    hosts = hosts_alive(max_model_len=experiment.max_model_len)
+    hosts = hosts_qualifying(experiment)
     if not hosts:
         raise StartError(
-            "no host can serve this experiment: no worker has sent a heartbeat in the last "
+            "no host can serve this experiment: no worker of its hardware "
+            f"({experiment.hardware_id or 'any'}) has sent a heartbeat in the last "
             f"{int(HEARTBEAT_TIMEOUT.total_seconds())} s (start one with `make run` or `make worker`)"
         )
     with transaction.atomic():
+        experiment_pin_hardware(experiment, hosts)
         pending = experiment.runs.filter(status__in=[Run.Status.QUEUED, Run.Status.CANCELLED])
         n = pending.update(status=Run.Status.QUEUED, reason="", finished_at=None)
         Experiment.objects.filter(pk=experiment.pk).update(
@@ -67,6 +68,7 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
             detail={
                 "runs": n,
                 "hosts": [h.name for h in hosts],
+                "hardware_id": experiment.hardware_id,
                 "from": before,
                 "to": Experiment.Status.RUNNING,
             },
@@ -161,7 +163,7 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
             detail={"error": str(exc), "from": Experiment.Status.RUNNING, "to": Experiment.Status.PLANNED},
         )
         return 0
-    hosts = hosts_alive(max_model_len=experiment.max_model_len)
+    hosts = hosts_qualifying(experiment)
     with transaction.atomic():
         runs = list(
             experiment.runs.filter(status=Run.Status.QUEUED)
@@ -188,8 +190,8 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         if probe is not None:
             Workload.objects.filter(experiment_id=experiment_id).update(quality_probe_sha256=probe.sha256)
         if not hosts:
-            raise StartError("no host is alive to take the runs")
-        _assign(runs, hosts)
+            raise StartError("no host of the experiment's hardware is alive to take the runs")
+        runs_dispatch(runs, experiment)
     return len(runs)
 
 
@@ -275,13 +277,14 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
         not in {"id", "run_id", "status", "reason", "attempts", "host", "server_pid", "log_path", "log_tail",
                 "requests_sent", "effective_args", "started_at", "measuring_at", "finished_at", "created_at",
                 "updated_at", "summary", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms",
-                "achieved_rate_rps", "image_digest", "vllm_version", "hardware_id", "retry_of"}
+                "achieved_rate_rps", "image_digest", "vllm_version", "hardware_id", "retry_of", "generation",
+                "live", "dispatched_at"}
     }  # fmt: skip
     retry = Run.objects.create(**fields, retry_of=run)
-    hosts = hosts_alive(max_model_len=run.experiment.max_model_len) or ([run.host] if run.host else [])
-    if hosts:  # with none alive it stays queued: the next start of the experiment enqueues it
-        with transaction.atomic():
-            run_enqueue(retry, hosts[0])
+    # Runnable by any qualifying host; with none alive it waits for one (a host's worker pulls
+    # on start, workers/heartbeat.py).
+    with transaction.atomic():
+        runs_dispatch([retry], run.experiment)
     audit_record(
         action="run.requeued", experiment=run.experiment, target=str(run.run_id), detail={"reason": reason}
     )
@@ -303,6 +306,7 @@ def hosts_reap_lost() -> list[Run]:
             "host %s lost (last heartbeat %s): failing run %s", host.name, host.last_heartbeat, run.pk
         )
         retry = run_requeue_once(run=run, reason=f"host lost: {host.name} stopped heartbeating")
+        host_release_reserved(host)
         if retry:
             retried.append(retry)
         experiment_check_finished(experiment_id=run.experiment_id)

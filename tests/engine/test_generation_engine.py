@@ -15,7 +15,7 @@ import pytest
 from apps.analysis.services import experiment_report_build
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
-from apps.runs.dispatch import ANALYSE_EXPERIMENT, EXECUTE_RUN
+from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.hosts import host_register_local
 from apps.runs.models import RequestRecord, Run
 from apps.runs.services import experiment_freeze_and_enqueue
@@ -33,7 +33,7 @@ OTHER = {"seed": 6, "temperature": 0.7, "top_p": 0.9}
 
 
 def test_the_sampling_settings_reach_the_server_and_a_cell_sent_with_others_is_invalid(monkeypatch):
-    hold_tasks(monkeypatch, EXECUTE_RUN, ANALYSE_EXPERIMENT)
+    hold_tasks(monkeypatch, HOST_PULL, ANALYSE_EXPERIMENT)
     spec = small_spec()
     spec["controls"] = {**spec["controls"], "generation": GENERATION}
     # The quality probe on every sweep run after warm-up: 2 prompts per class, 8 greedy tokens.

@@ -23,7 +23,7 @@ from apps.analysis.decide import recovery_check
 from apps.analysis.services import rehearsal_inputs
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
-from apps.runs.dispatch import ANALYSE_EXPERIMENT, EXECUTE_RUN
+from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.hosts import host_register_local
 from apps.runs.models import MetricSample, RequestRecord, Run
 from apps.runs.rehearsal import rehearsal_start
@@ -47,7 +47,7 @@ def _rehearsal(
 ) -> Run:
     """An experiment whose sweep traces are frozen, analysed on paper, then rehearsed for C1."""
     # No task reaches the shared broker: this test runs the pipeline itself and analyses nothing.
-    hold_tasks(monkeypatch, EXECUTE_RUN, ANALYSE_EXPERIMENT)
+    hold_tasks(monkeypatch, HOST_PULL, ANALYSE_EXPERIMENT)
     spec = small_spec()
     # Long streams (1,700 tokens: 2.4-6 s at this engine's 1.4-3.6 ms per token) are still open
     # at the drain deadline after the switch (0.75 s in the warm test).

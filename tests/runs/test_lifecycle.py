@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from apps.experiments.models import Experiment
-from apps.runs.dispatch import EXECUTE_RUN
+from apps.runs.dispatch import HOST_PULL
 from apps.runs.models import Host, Run
 from apps.runs.services import (
     experiment_cancel,
@@ -62,7 +62,7 @@ def test_it_fails_and_requeues_the_run_of_a_lost_host_up_to_three_attempts(monke
     make_host("alive")
     Run.objects.filter(pk=run.pk).update(status=Run.Status.MEASURING, host=dead)
     Host.objects.filter(pk=dead.pk).update(current_run=run)
-    sent = hold_tasks(monkeypatch, EXECUTE_RUN)
+    sent = hold_tasks(monkeypatch, HOST_PULL)
     retried = hosts_reap_lost()
     assert len(retried) == 1
     run.refresh_from_db()
@@ -75,7 +75,10 @@ def test_it_fails_and_requeues_the_run_of_a_lost_host_up_to_three_attempts(monke
         run.rate_name,
         run.repeat,
     )
-    assert sent[-1][2] == "host.alive"
+    # Runnable by any live host of the hardware: the live one is woken, the dead one is not.
+    retry.refresh_from_db()
+    assert retry.dispatched_at is not None and retry.host is None
+    assert {queue for _, _, queue in sent} == {"host.alive"}
     # A retry that is lost too is retried again, up to three attempts in all, then not.
     Run.objects.filter(pk=retry.pk).update(status=Run.Status.MEASURING, host=dead)
     Host.objects.filter(pk=dead.pk).update(current_run=retry)

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from apps.approvals.models import AuditEvent
 from apps.experiments.models import Experiment
-from apps.runs.dispatch import ANALYSE_EXPERIMENT, EXECUTE_RUN
+from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.models import Run
 from apps.runs.reconcile import MAX_ANALYSIS_FAILURES, experiments_reconcile
 from tests.dispatch_support import hold_tasks
@@ -79,10 +79,14 @@ def test_lost_run_messages_are_sent_again_and_claimed_once(
 ) -> None:  # type: ignore[no-untyped-def]
     host = make_host()
     experiment = running(make_experiment(), trace_sha256="a" * 64, host=host)
-    sent = hold_tasks(monkeypatch, EXECUTE_RUN)
+    sent = hold_tasks(monkeypatch, HOST_PULL)
     with django_capture_on_commit_callbacks(execute=True):
         experiments_reconcile()
-    assert len(sent) == experiment.runs.count() > 0
+    # Every queued run is runnable again, and the live host is woken to pull them.
+    assert (
+        experiment.runs.filter(dispatched_at__isnull=False, host=None).count() == experiment.runs.count() > 0
+    )
+    assert sent == [(HOST_PULL, {}, host.queue)]
     assert repairs(experiment) == ["queued runs sent again: none was running"]
     # A run that is going is never second-guessed.
     other = running(make_experiment(name="busy"), trace_sha256="b" * 64, host=host)

@@ -18,7 +18,7 @@ import pytest
 
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
-from apps.runs.dispatch import ANALYSE_EXPERIMENT, EXECUTE_RUN
+from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.hosts import host_register_local
 from apps.runs.models import Host, RequestRecord, Run
 from apps.runs.rehearsal import rehearsal_start
@@ -44,7 +44,7 @@ def router() -> Iterator[dict[str, Any]]:
 
 def _rehearse(monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str) -> Run:
     # No task reaches the shared broker: this test runs the pipeline itself and analyses nothing.
-    hold_tasks(monkeypatch, EXECUTE_RUN, ANALYSE_EXPERIMENT)
+    hold_tasks(monkeypatch, HOST_PULL, ANALYSE_EXPERIMENT)
     monkeypatch.setenv("TAILTUNE_VLLM_COMMAND", json.dumps([sys.executable, str(FAKE)]))
     spec = small_spec()
     spec["workload"] = {

@@ -29,7 +29,7 @@ from django.conf import settings
 from apps.analysis.scenarios import OVERTAKE_MARGIN_MS, decode_step_ms, scenario_verdict
 from apps.analysis.server import server_metrics
 from apps.experiments.models import Experiment
-from apps.runs.dispatch import EXECUTE_RUN
+from apps.runs.dispatch import HOST_PULL
 from apps.runs.hosts import host_register_local
 from apps.runs.models import RequestRecord, Run
 from apps.runs.scenarios import CALIBRATION, pace_trace, scenario_reports
@@ -315,7 +315,7 @@ def _order_readable(name: str, v: dict[str, Any]) -> bool:
 def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline(monkeypatch) -> None:
     from apps.experiments.services import experiment_create
 
-    enqueued = hold_tasks(monkeypatch, EXECUTE_RUN)
+    enqueued = hold_tasks(monkeypatch, HOST_PULL)
     spec = small_spec()
     spec["workload"] = {
         **spec["workload"],
@@ -358,7 +358,9 @@ def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline
         assert {r.rate_rps for r in runs} == {rps}
         assert len({r.trace_sha256 for r in runs}) == 1
         assert trace_load(sha256=runs[0].trace_sha256).meta["rate_rps"] == rps
-    assert len(enqueued) == 5
+    # All five are runnable by this host, which is woken once to pull them.
+    assert experiment.runs.exclude(scenario=CALIBRATION).filter(dispatched_at__isnull=False).count() == 5
+    assert len(enqueued) == 1
 
     boundary = Run.objects.get(experiment=experiment, scenario="context_boundary")
     assert boundary.cell.cell_id == "B0"

@@ -24,7 +24,7 @@ def test_the_author_rehearses_a_candidate_from_the_results_page(client, author, 
     response = client.post(f"/experiments/{analysed_experiment.pk}/rehearse/", {"cell": "C1"})
     assert response.status_code == 302
     run = Run.objects.get(experiment=analysed_experiment, scenario="rehearsal")
-    assert run.cell.cell_id == "C1" and run.status == "queued" and run.host is not None
+    assert run.cell.cell_id == "C1" and run.status == "queued" and run.dispatched_at is not None
     source = analysed_experiment.runs.filter(scenario="").first()
     assert run.trace_sha256 == source.trace_sha256  # a frozen sweep trace, not a new one
     analysed_experiment.refresh_from_db()

@@ -15,6 +15,7 @@ I/O). Three independent witnesses are compared with what was requested:
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -258,6 +259,14 @@ def local_install_digest(python: str) -> tuple[str, str] | None:
         version = meta.get("Version", "")
         return version, f"{meta.get('Name', dist.name)}=={version} sha256:{digest}"
     return None
+
+
+@functools.cache
+def local_hardware_id() -> str:
+    """This host's hardware id (TAILTUNE_HARDWARE_ID overrides the detection), for pinning
+    an experiment to one kind of hardware (apps/runs/scheduling.py)."""
+    override = os.environ.get("TAILTUNE_HARDWARE_ID", "").strip()
+    return override or hardware_id(devices=os.environ.get("TAILTUNE_DEVICES", ""))
 
 
 def hardware_id(*, devices: str = "") -> str:
