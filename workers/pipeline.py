@@ -19,6 +19,15 @@ Steps of :func:`run_execute`:
 
 Whatever goes wrong, the run ends in a finished status with a reason and its
 records so far are kept.
+
+:func:`host_pull` is what a host's worker runs when woken: it claims runnable runs one
+after another (apps/runs/scheduling.py) until none is left. With engine reuse it keeps the
+server of one cell and round up in a :class:`ServerSlot` and replays that cell's traces
+back to back: a reused server skips the start, the confirmation is the start's own, and an
+idle check (workers/engine/idle.py) replaces the warm-up; a server not idle makes the run
+``invalid``. The slot stops the server when the next run is another cell or round, when a
+run on it did not end done or invalid, and when the pull ends. Each run records its engine
+time (start, warm-up, idle check, windows, drain, stop) in ``summary["engine_time"]``.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +52,12 @@ from apps.runs.gauges import latest_gauges
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
+from apps.runs.scheduling import reuse_enabled, run_claim_next
 from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
 from apps.workloads.services import tokenizer_dir, trace_load
+from workers.engine.confirm import local_hardware_id
+from workers.engine.idle import idle_check as _idle_check
+from workers.engine.idle import not_idle_reason
 from workers.engine.launcher import HostConfig, LaunchError
 from workers.engine.procs import proc_info
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
@@ -53,6 +67,7 @@ from workers.replay.isolated import run_replay_isolated
 log = logging.getLogger(__name__)
 
 WARMUP_REQUESTS = 4
+IDLE_TIMEOUT_S = 30.0  # how long a reused server may take to go idle before its run is invalid
 WATCH_INTERVAL_S = 0.5
 LIVE_EVERY_S = 2.0
 
@@ -75,9 +90,10 @@ class EngineUnavailable(ValueError):
     """The host cannot start the engine build a candidate names: the run fails before starting."""
 
 
-def host_config(host: Host, cell: ServerConfig | None = None) -> HostConfig:
+def host_config(host: Host, cell: ServerConfig | None = None, *, dev_mode: bool = False) -> HostConfig:
     """How this host starts a cell's server: its own command, or the one it lists for the
-    candidate's ``engine.image`` (TAILTUNE_VLLM_COMMANDS)."""
+    candidate's ``engine.image`` (TAILTUNE_VLLM_COMMANDS). ``dev_mode``: vLLM's development
+    endpoints on (``/reset_prefix_cache``, for a reused server with prefix caching)."""
     command, digest = tuple(host.vllm_command), host.image_digest
     image = cell.engine_image if cell is not None else ""
     if image:
@@ -90,7 +106,11 @@ def host_config(host: Host, cell: ServerConfig | None = None) -> HostConfig:
             )
         command, digest = tuple(other), ""  # the engine records its own version and digest
     return HostConfig(
-        vllm_command=command, bind_host=host.bind_host, devices=host.devices, image_digest=digest
+        vllm_command=command,
+        bind_host=host.bind_host,
+        devices=host.devices,
+        image_digest=digest,
+        extra_env={"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {},
     )
 
 
@@ -176,14 +196,56 @@ class _Watcher(threading.Thread):
         self.join(timeout=5)
 
 
+def this_host() -> Host:
+    """This machine's host row, registered with its hardware id."""
+    return host_register_local(hardware_id=local_hardware_id())
+
+
 def run_execute(*, run_pk: int) -> str:
-    """Execute one run (see the module docstring); returns its final status."""
-    host = host_register_local()
+    """Execute one run by its key, on a server of its own (see the module docstring);
+    returns its final status. The capacity probe and the tests call this directly."""
+    host = this_host()
     run = run_claim(run_pk=run_pk, host=host)
     if run is None:
         status = Run.objects.filter(pk=run_pk).values_list("status", flat=True).first()
         log.info("run %s not claimed (status %s): nothing to do", run_pk, status)
         return f"skipped ({status})"
+    slot = ServerSlot(host)
+    try:
+        return _execute_claimed(run, host, slot)
+    finally:
+        slot.close()
+
+
+def host_pull(
+    *,
+    host: Host | None = None,
+    limit: int | None = None,
+    execute: Callable[[Run, Host, ServerSlot], str] | None = None,
+) -> list[tuple[int, str]]:
+    """Claim and execute runnable runs until none is left (or ``limit`` were done); returns
+    (run pk, final status) in the order run. One server at a time, kept up across a cell's
+    round when the experiment reuses engines. ``host`` defaults to this machine's;
+    ``execute`` (tests) replaces the run's execution, the lease and the checks around it stay."""
+    host = host or this_host()
+    slot = ServerSlot(host)
+    done: list[tuple[int, str]] = []
+    try:
+        while limit is None or len(done) < limit:
+            run = run_claim_next(host=host)
+            if run is None:
+                break
+            done.append((run.pk, _execute_claimed(run, host, slot, execute=execute)))
+    finally:
+        slot.close()
+    return done
+
+
+def _execute_claimed(
+    run: Run, host: Host, slot: ServerSlot, *, execute: Callable[[Run, Host, ServerSlot], str] | None = None
+) -> str:
+    """Lease the host for a claimed run, execute it, release; after the run, skip what its
+    cell can no longer win (apps/runs/early_stop.py) and queue the analysis after the last."""
     if not host_lease(host=host, run=run):
         holder = Host.objects.filter(pk=host.pk).values_list("current_run", flat=True).first()
         _finish(
@@ -195,20 +257,84 @@ def run_execute(*, run_pk: int) -> str:
         worker_pid=os.getpid(), worker_pid_start=me.start_ticks if me is not None else None
     )
     try:
-        return _execute(run, host)
+        return (execute or _execute)(run, host, slot)
     finally:
-        Host.objects.filter(pk=host.pk).update(server_pids=[], worker_pid=None, worker_pid_start=None)
+        if slot.server is None:
+            Host.objects.filter(pk=host.pk).update(server_pids=[], worker_pid=None, worker_pid_start=None)
         host_release(host=host, run=run)
+        if not run.scenario:
+            try:
+                from apps.runs.early_stop import experiment_skip_doomed
+
+                experiment_skip_doomed(experiment_id=run.experiment_id, cell_id=run.cell.cell_id)
+            except Exception:  # early stopping saves time; a failure here must not lose the run
+                log.exception("early stopping check of experiment %s failed", run.experiment_id)
         experiment_check_finished(experiment_id=run.experiment_id)
 
 
-def _execute(run: Run, host: Host) -> str:
+class ServerSlot:
+    """The server a host keeps up between the runs of one cell and round (engine reuse)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.server: EngineServer | None = None
+        self.key: tuple[int, int, int] | None = None
+        self.kv_idle: float | None = None
+        self.started_by = ""  # run_id of the run that started it
+        self.last_run_pk: int | None = None
+        self.runs = 0
+
+    def take(self, key: tuple[int, int, int]) -> EngineServer | None:
+        """The kept server if it serves ``key`` and is alive; else stop whatever is kept."""
+        if self.server is not None and self.key == key and self.server.failure() is None:
+            return self.server
+        self.close()
+        return None
+
+    def keep(self, key: tuple[int, int, int], server: EngineServer, run: Run, *, new: bool) -> None:
+        if new:
+            self.started_by, self.runs = str(run.run_id), 0
+        self.server, self.key, self.last_run_pk = server, key, run.pk
+        self.runs += 1
+
+    def close(self, *, record: bool = True) -> float:
+        """Stop the kept server; returns how long that took, which ``record`` adds to the
+        engine time of the last run on it (a run not yet finished records it itself)."""
+        server, self.server, self.key, self.kv_idle = self.server, None, None, None
+        if server is None:
+            return 0.0
+        began = time.monotonic()
+        try:
+            server.close()
+        finally:
+            took = time.monotonic() - began
+            Host.objects.filter(pk=self.host.pk).update(
+                server_pids=[], worker_pid=None, worker_pid_start=None
+            )
+            if record and self.last_run_pk is not None:
+                _add_engine_time(self.last_run_pk, stop_s=took)
+        return took
+
+
+def _add_engine_time(run_pk: int, **seconds: float) -> None:
+    """Add to a finished run's ``summary["engine_time"]`` (the server's stop, measured after)."""
+    row = Run.objects.filter(pk=run_pk).values_list("summary", flat=True).first()
+    summary = dict(row or {})
+    spent = dict(summary.get("engine_time") or {})
+    for key, value in seconds.items():
+        spent[key] = round(float(spent.get(key) or 0.0) + value, 3)
+    summary["engine_time"] = spent
+    Run.objects.filter(pk=run_pk).update(summary=summary)
+
+
+def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
     experiment = run.experiment
     log_path = Path(settings.DATA_DIR) / "runs" / str(run.run_id) / "server.log"
     Run.objects.filter(pk=run.pk).update(log_path=str(log_path))
     stop = threading.Event()
     model = str(tokenizer_dir(experiment.model_path))
     if run.scenario == REHEARSAL_SCENARIO:
+        slot.close()  # a rehearsal starts two servers of its own; one candidate at a time
         if run.cell.engine:
             _finish(run.pk, Run.Status.FAILED, "refused before start: a rollback rehearsal of a candidate "
                     "that is another engine build or model revision is not supported yet")  # fmt: skip
@@ -227,23 +353,52 @@ def _execute(run: Run, host: Host) -> str:
                 watcher=watcher,
             )
     else:
-        try:
-            server = EngineServer(
-                model=model,
-                cell_args=run.cell.args,
-                controls=run_controls(experiment, run.cell),
-                host=host_config(host, run.cell),
-                log_path=log_path,
-            )
-        except ValueError as exc:  # LaunchError: a disallowed flag, refused before anything starts
-            _finish(run.pk, Run.Status.FAILED, f"refused before start: {exc}")
-            return Run.Status.FAILED
+        reuse = not run.scenario and reuse_enabled(experiment)
+        key = (run.experiment_id, run.cell_id, run.repeat)
+        kept = slot.take(key) if reuse else None
+        if kept is None:
+            slot.close()
+            try:
+                server = EngineServer(
+                    model=model,
+                    cell_args=run.cell.args,
+                    controls=run_controls(experiment, run.cell),
+                    host=host_config(host, run.cell, dev_mode=reuse and experiment.enable_prefix_caching),
+                    log_path=log_path,
+                )
+            except ValueError as exc:  # LaunchError: a disallowed flag, refused before anything starts
+                _finish(run.pk, Run.Status.FAILED, f"refused before start: {exc}")
+                return Run.Status.FAILED
+        else:
+            server = kept
+            Run.objects.filter(pk=run.pk).update(log_path=str(server.log_path))
         watcher = _Watcher(run, stop, server)
 
         def body() -> tuple[str, str, dict[str, Any]]:
-            with server:
-                outcome = _with_server(run, host, server, watcher, stop)
-                server.stop()  # the server is gone before the run says it is finished
+            if not reuse:
+                with server:
+                    outcome = _with_server(run, host, server, watcher, stop, slot=None)
+                    began = time.monotonic()
+                    server.stop()  # the server is gone before the run says it is finished
+                    _engine_time(outcome[2])["stop_s"] = round(time.monotonic() - began, 3)
+                return outcome
+            try:
+                outcome = _with_server(run, host, server, watcher, stop, slot=slot)
+            except BaseException:
+                slot.server, slot.last_run_pk = server, run.pk
+                slot.close()
+                raise
+            slot.keep(key, server, run, new=kept is None)
+            status, fields = outcome[0], outcome[2]
+            not_idle = not (fields.get("summary", {}).get("idle_check") or {}).get("idle", True)
+            # A server that died, a run that failed or was cancelled, or a server that would not go
+            # idle is not trusted with the cell's next trace: stop it now, on this run's account.
+            if (
+                status not in (Run.Status.DONE, Run.Status.INVALID)
+                or not_idle
+                or server.failure() is not None
+            ):
+                _engine_time(fields)["stop_s"] = round(slot.close(record=False), 3)
             return outcome
 
     watcher.start()
@@ -295,22 +450,73 @@ def _quality_probe(run: Run, server: EngineServer, stop: threading.Event) -> dic
     }
 
 
+def _engine_time(fields: dict[str, Any]) -> dict[str, Any]:
+    summary = fields.setdefault("summary", {})
+    spent: dict[str, Any] = summary.setdefault("engine_time", {})
+    return spent
+
+
 def _with_server(
-    run: Run, host: Host, server: EngineServer, watcher: _Watcher, stop: threading.Event
+    run: Run,
+    host: Host,
+    server: EngineServer,
+    watcher: _Watcher,
+    stop: threading.Event,
+    *,
+    slot: ServerSlot | None,
 ) -> tuple[str, str, dict[str, Any]]:
-    """Steps 2-4 with a started server; returns (status, reason, run fields) to finish with."""
+    """Steps 2-4 with a server (started here, or kept up by ``slot`` from the cell's last run);
+    returns (status, reason, run fields) to finish with."""
     from workers.engine.scrape import Scraper
 
-    server.start()
-    Host.objects.filter(pk=host.pk).update(server_pids=server.tracked_pids())
-    Run.objects.filter(pk=run.pk).update(server_pid=server.pgid)
-    facts = server.confirm()
+    spent: dict[str, Any] = {}
+    reused = slot is not None and slot.server is server
+    began = time.monotonic()
+    if not reused:
+        server.start()
+        Host.objects.filter(pk=host.pk).update(server_pids=server.tracked_pids())
+        Run.objects.filter(pk=run.pk).update(server_pid=server.pgid)
+        facts = server.confirm()
+        spent["start_s"] = round(time.monotonic() - began, 3)
+    else:
+        assert server.facts is not None  # confirmed when it started
+        facts = server.facts
+        Run.objects.filter(pk=run.pk).update(server_pid=server.pgid)
     Run.objects.filter(pk=run.pk).update(**facts.run_fields())
     if watcher.cancelled:
         raise RunCancelled
     _set_phase(run.pk, Run.Status.WARMING)
-    server.warm_up(n=WARMUP_REQUESTS)
+    server_facts = {"reused": reused, "started_by": slot.started_by if reused and slot else str(run.run_id)}
+    if not reused:
+        began = time.monotonic()
+        server.warm_up(n=WARMUP_REQUESTS)
+        spent["warmup_s"] = round(time.monotonic() - began, 3)
+    check: dict[str, Any] | None = None
+    if slot is not None:
+        # A new server measures its idle KV level; a reused one must be back to it.
+        began = time.monotonic()
+        check = _idle_check(
+            server.base_url,
+            kv_idle=slot.kv_idle if reused else None,
+            reset_prefix_cache=reused and run.experiment.enable_prefix_caching,
+            timeout_s=IDLE_TIMEOUT_S,
+        )
+        spent["idle_check_s"] = round(time.monotonic() - began, 3)
+        if not reused and check["idle"]:
+            slot.kv_idle = check.get("kv_usage")
+        if not check["idle"]:
+            partial: dict[str, Any] = {"idle_check": check, "server": server_facts, "engine_time": spent}
+            if reused:
+                return Run.Status.INVALID, not_idle_reason(check), {"summary": partial}
+            return (
+                Run.Status.FAILED,
+                "the new server did not go idle after its warm-up: " + not_idle_reason(check),
+                {"summary": partial},
+            )
+    began = time.monotonic()
     probe = _quality_probe(run, server, stop)
+    if probe is not None:
+        spent["warmup_s"] = round(float(spent.get("warmup_s") or 0.0) + time.monotonic() - began, 3)
 
     trace = trace_load(sha256=run.trace_sha256)
     requests = [r.to_json() for r in trace.requests]
@@ -349,6 +555,13 @@ def _with_server(
         metric_samples_ingest(run_pk=run.pk, samples=scraper.samples)
 
     summary = result.summary()
+    windows = float(run.warmup_seconds) + float(run.observation_seconds)
+    spent["windows_s"] = round(min(result.duration_s, windows), 3)
+    spent["drain_s"] = round(max(0.0, result.duration_s - windows), 3)
+    summary["engine_time"] = spent
+    summary["server"] = server_facts
+    if check is not None:
+        summary["idle_check"] = check
     if probe is not None:
         summary["quality_probe"] = probe
     summary["scrape_errors"] = scraper.errors[:20]

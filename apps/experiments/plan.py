@@ -30,18 +30,37 @@ def round_seed(seed: int, repeat: int) -> int:
 
 
 def expand_plan(
-    *, cell_ids: list[str], mixtures: list[str], rates: list[str], repeats: int, seed: int
+    *,
+    cell_ids: list[str],
+    mixtures: list[str],
+    rates: list[str],
+    repeats: int,
+    seed: int,
+    group_by_cell: bool = False,
 ) -> list[PlannedRun]:
     """Steps: 1. list every (cell, mixture, rate): cells in declared order, mixture
        and rate names sorted (Postgres jsonb does not keep key order, and the
        plan must not depend on how a database stored a mapping);
-    2. for each repeat, shuffle a copy with that round's seed;
+    2. for each repeat, shuffle a copy with that round's seed; with ``group_by_cell``
+       (engine reuse: one server per cell and round) shuffle the order of the cells,
+       then each cell's (mixture, rate) order, so a cell's runs of the round are
+       consecutive and the cells still take a new random order every round;
     3. number the runs inside the round and across the plan."""
     combos = [(c, m, r) for m in sorted(mixtures) for r in sorted(rates) for c in cell_ids]
     plan: list[PlannedRun] = []
     for repeat in range(1, repeats + 1):
-        order = list(combos)
-        random.Random(round_seed(seed, repeat)).shuffle(order)
+        rng = random.Random(round_seed(seed, repeat))
+        if group_by_cell:
+            cells = list(cell_ids)
+            rng.shuffle(cells)
+            order = []
+            for cell in cells:
+                mine = [x for x in combos if x[0] == cell]
+                rng.shuffle(mine)
+                order += mine
+        else:
+            order = list(combos)
+            rng.shuffle(order)
         for pos, (cell, mixture, rate) in enumerate(order):
             plan.append(PlannedRun(cell, mixture, rate, repeat, pos, len(plan)))
     return plan

@@ -100,7 +100,12 @@ class PlanEstimate:
     mixtures: int
     rates: int
     repeats: int
+    # Warm-up + observation + drain deadline: the replay of one run.
     seconds_per_run: float
+    # Server starts: one per run, or with engine reuse (spec engine.reuse) one per cell and
+    # round; each costs ``start_s`` (start and stop).
+    starts: int = 0
+    start_s: float = RUN_OVERHEAD_S
     # Per agreed (mixture, rate) and class: the smallest change of its primary metric the
     # design finds with 80% power (apps/analysis/inference.planned_power).
     power: tuple[PlannedPoint, ...] = ()
@@ -112,21 +117,25 @@ class PlanEstimate:
 
     @property
     def gpu_hours(self) -> float:
-        return (self.runs * self.seconds_per_run + (self.rehearsal_s or 0.0)) / 3600.0
+        return (
+            self.runs * self.seconds_per_run + self.starts * self.start_s + (self.rehearsal_s or 0.0)
+        ) / 3600.0
 
 
 def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
     """Runs and GPU time of a validated spec: runs x (warm-up + observation + drain + start/stop)."""
     w = spec["workload"]
     cells = [spec["baseline"]["id"]] + [c["id"] for c in spec["candidates"]]
+    reuse = bool((spec.get("engine") or {}).get("reuse", True))
     plan = expand_plan(
         cell_ids=cells,
         mixtures=list(w["mixtures"]),
         rates=list(w["rates"]),
         repeats=w["repeats"],
         seed=w["seed"],
+        group_by_cell=reuse,
     )
-    per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"]) + RUN_OVERHEAD_S
+    per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"])
     compare_opts = CompareOptions.from_mapping((spec.get("analysis") or {}).get("compare"))
     power = planned_power(
         classes=spec["classes"],
@@ -146,9 +155,12 @@ def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
         rates=len(w["rates"]),
         repeats=w["repeats"],
         seconds_per_run=per_run,
+        starts=len(cells) * int(w["repeats"]) if reuse else len(plan),
         power=tuple(power),
         provisional_rates=bool((spec.get("calibration") or {}).get("enabled")),
-        rehearsal_s=per_run + RUN_OVERHEAD_S if (spec.get("recovery") or {}).get("rehearse", True) else None,
+        rehearsal_s=per_run + 2 * RUN_OVERHEAD_S
+        if (spec.get("recovery") or {}).get("rehearse", True)
+        else None,
     )
 
 

@@ -221,6 +221,7 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
         rates=list(workload.rates),
         repeats=workload.repeats,
         seed=workload.seed,
+        group_by_cell=bool(((experiment.spec or {}).get("engine") or {}).get("reuse", True)),
     )
     runs = Run.objects.bulk_create(
         [

@@ -437,8 +437,16 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         )
 
     engine = c.mapping(top.get("engine"), "engine", required=False)
-    c.unknown(engine, {"image"}, "engine")
-    spec["engine"] = {"image": c.text(engine, "image", "engine", required=False, max_length=300)}
+    c.unknown(engine, {"image", "reuse", "early_stop"}, "engine")
+    spec["engine"] = {
+        "image": c.text(engine, "image", "engine", required=False, max_length=300),
+        # One server per cell and round, idle-checked between traces (workers/pull.py); false:
+        # one start per run.
+        "reuse": c.boolean(engine, "reuse", "engine", default=True),
+        # Skip a cell's remaining sweep runs once it can no longer be accepted
+        # (apps/analysis/early_stop.py); false: run every planned run.
+        "early_stop": c.boolean(engine, "early_stop", "engine", default=True),
+    }
 
     baseline = c.mapping(top.get("baseline"), "baseline")
     c.unknown(baseline, {"id", "args", "captured_from"}, "baseline")

@@ -61,3 +61,22 @@ def test_it_changes_the_order_with_the_seed() -> None:
     b = expand_plan(cell_ids=["B0", "C1", "C2"], mixtures=["m"], rates=["low", "high"], repeats=2, seed=2)
     assert [(p.cell_id, p.rate_name) for p in a] != [(p.cell_id, p.rate_name) for p in b]
     assert [p.plan_position for p in a] == list(range(12))
+
+
+def test_with_engine_reuse_each_round_runs_cell_by_cell_in_a_new_random_order() -> None:
+    cells = ["B0", "C1", "C2", "C3"]
+    plan = expand_plan(
+        cell_ids=cells, mixtures=["a", "b"], rates=["low", "high"], repeats=3, seed=5, group_by_cell=True
+    )
+    assert [p.plan_position for p in plan] == list(range(48))
+    orders = []
+    for repeat in (1, 2, 3):
+        rnd = [p for p in plan if p.repeat == repeat]
+        assert sorted((p.cell_id, p.mixture, p.rate_name) for p in rnd) == sorted(
+            (c, m, r) for c in cells for m in ("a", "b") for r in ("low", "high")
+        )
+        # One block of four consecutive runs per cell: the host replays them on one server.
+        blocks = [p.cell_id for p in rnd][::4]
+        assert all(p.cell_id == blocks[i // 4] for i, p in enumerate(rnd))
+        orders.append(blocks)
+    assert len({tuple(o) for o in orders}) > 1  # the cells' order is drawn again every round

@@ -388,3 +388,14 @@ def test_it_reports_the_longest_loop_stall_in_its_summary(mock_config: MockConfi
         result = _replay(make_requests(2), server.base_url)
     assert result.loop_stall_max_ms is not None and result.loop_stall_max_ms >= 0
     assert result.summary()["loop_stall_max_ms"] == result.loop_stall_max_ms
+
+
+def test_the_drain_ends_when_the_last_request_finishes_not_at_its_deadline(mock_config: MockConfig) -> None:
+    # Engine time (docs/ARCHITECTURE.md): a drain that always waited its deadline would be waste.
+    mock_config.default = Behaviour(ttft_s=0.05, itl_s=0.01)
+    requests = make_requests(3, output_tokens=10)
+    with MockServer(mock_config) as server:
+        result = _replay(requests, server.base_url, observation_s=0.1, drain_deadline_s=20.0)
+    assert all(r.ok for r in result.records)
+    # Every stream ended about 0.2 s after its send; the replay returned then, far inside the 20 s.
+    assert result.duration_s < 0.1 + 20.0 / 2, result.duration_s

@@ -30,10 +30,13 @@ def test_it_previews_the_plan_size_without_saving(client, author) -> None:  # ty
     estimate = response.context["estimate"]
     # B0 + 2 x 2 grid cells = 5 cells, 1 mixture, 2 rates, 2 repeats.
     assert estimate.runs == 5 * 1 * 2 * 2
-    # (2 warm-up + 10 observation + 20 drain + 60 start/stop) s per run, plus the rollback
-    # rehearsal of the proposed cell: the same windows and two server starts.
-    assert estimate.rehearsal_s == 92 + 60
-    assert estimate.gpu_hours == pytest.approx((20 * 92 + 152) / 3600)
+    # (2 warm-up + 10 observation + 20 drain) s per run, one 60 s server start per cell and
+    # round (engine reuse: 5 cells x 2 repeats), plus the rollback rehearsal of the proposed
+    # cell: the same windows and two server starts.
+    assert estimate.seconds_per_run == 32 and estimate.starts == 10
+    assert estimate.rehearsal_s == 32 + 120
+    assert estimate.gpu_hours == pytest.approx((20 * 32 + 10 * 60 + 152) / 3600)
+    assert b"10 server starts" in response.content
     assert b"20 runs" in response.content
     assert b"one rollback rehearsal of the proposed cell (about 152 s" in response.content
     assert Experiment.objects.count() == 0

@@ -1,0 +1,127 @@
+"""Engine reuse on the real CPU vLLM, through the worker's pull loop (``workers.pipeline.host_pull``).
+
+One round of B0 and C1 at two rates, prefix caching on: each cell's server starts once and
+replays both of its traces back to back. Between the two, the idle check waits for the
+server to be idle, resets its prefix cache and is recorded with the run. C1's server is
+then left busy on purpose (a long request sent after its first run), so its second run
+finds it busy and is invalid, saying so, while B0's second run is done.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from apps.experiments.models import Experiment
+from apps.experiments.services import experiment_create
+from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
+from apps.runs.models import Host, RequestRecord, Run
+from apps.runs.services import experiment_freeze_and_enqueue
+from tests.dispatch_support import hold_tasks
+from tests.engine_support import ENGINE_MARKS
+from tests.experiments.factories import UserFactory, small_spec
+from workers import pipeline
+from workers.engine.idle import gauges_now
+from workers.pipeline import host_pull
+
+pytestmark = [*ENGINE_MARKS, pytest.mark.django_db(transaction=True)]
+
+
+def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_the_next_run_invalid(
+    monkeypatch,
+) -> None:
+    hold_tasks(monkeypatch, HOST_PULL, ANALYSE_EXPERIMENT)
+    spec = small_spec()
+    spec["controls"] = {**spec["controls"], "enable_prefix_caching": True, "max_model_len": 8192}
+    spec["candidates"] = [{"id": "C1", "args": {"max_num_batched_tokens": 2048, "max_num_seqs": 1}}]
+    spec["workload"] = {
+        **spec["workload"],
+        "rates": {"low": 1.0, "high": 2.0},
+        "warmup_s": 1,
+        "observation_s": 4,
+        "drain_deadline_s": 10,
+        "max_dispatch_lag_ms": 30000,
+    }
+    experiment = experiment_create(spec=spec, owner=UserFactory(roles=["experimenter"]))
+    assert experiment.spec["engine"]["reuse"] is True
+    host = pipeline.this_host()
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
+    assert experiment_freeze_and_enqueue(experiment_id=experiment.pk) == 4
+    plan = list(experiment.runs.order_by("plan_position").select_related("cell"))
+    # One round, grouped by cell: each cell's two runs are consecutive.
+    assert [r.cell.cell_id for r in plan] in (["B0", "B0", "C1", "C1"], ["C1", "C1", "B0", "B0"])
+
+    monkeypatch.setattr(pipeline, "IDLE_TIMEOUT_S", 2.0)
+    busy: list[threading.Thread] = []
+    seen: dict[str, Any] = {}
+    real = pipeline._idle_check
+
+    def idle_check(base_url: str, *, kv_idle: float | None, **kwargs: Any) -> dict[str, Any]:
+        c1 = Run.objects.filter(experiment=experiment, cell__cell_id="C1", status__in=Run.ACTIVE).exists()
+        if c1 and kv_idle is not None and not busy:
+            # C1's server left busy on purpose as its second trace is about to start: long
+            # requests, one at a time (C1 serves one sequence), seen on /metrics first.
+            model = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
+            body = {"model": model, "prompt": [7] * 32, "max_tokens": 8000, "min_tokens": 8000,
+                    "ignore_eos": True}  # fmt: skip
+            for _ in range(8):
+                thread = threading.Thread(
+                    target=lambda: httpx.post(base_url + "/v1/completions", json=body, timeout=300),
+                    daemon=True,
+                )
+                thread.start()
+                busy.append(thread)
+            # Over a minute of decoding in all (about 12 s each here), so however late this starved
+            # process gets to the check, the server is still busy; the check starts once the
+            # scheduler shows one running (its gauges only see admitted requests).
+            with httpx.Client(timeout=60) as client:
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline:
+                    seen.update(gauges_now(client, base_url))
+                    if (seen["running"] or 0) >= 1:
+                        break
+                    time.sleep(0.05)
+        return real(base_url, kv_idle=kv_idle, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_idle_check", idle_check)
+    ran = host_pull(host=host)
+    assert len(ran) == 4
+    runs = {
+        (r.cell.cell_id, r.plan_position): r
+        for r in Run.objects.filter(experiment=experiment).select_related("cell")
+    }
+    by_cell: dict[str, list[Run]] = {}
+    for (cell, _), run in sorted(runs.items(), key=lambda kv: kv[0][1]):
+        by_cell.setdefault(cell, []).append(run)
+
+    for cell, (first, second) in by_cell.items():
+        assert first.status == "done", first.reason
+        server_first, server_second = first.summary["server"], second.summary["server"]
+        # The first run started the server; the second found it up.
+        assert server_first == {"reused": False, "started_by": str(first.run_id)}
+        assert server_second == {"reused": True, "started_by": str(first.run_id)}
+        assert first.summary["engine_time"]["start_s"] > 0 and "start_s" not in second.summary["engine_time"]
+        assert second.server_pid == first.server_pid and second.effective_args == first.effective_args
+        # The new server's idle KV level, measured after its warm-up, is what the next run is held to.
+        assert first.summary["idle_check"]["idle"] is True and first.summary["idle_check"]["running"] == 0
+        check = second.summary["idle_check"]
+        assert check["kv_idle"] == first.summary["idle_check"]["kv_usage"]
+        if cell == "B0":
+            assert second.status == "done", second.reason
+            assert check["idle"] is True and check["running"] == 0 and check["waiting"] == 0
+            assert check["prefix_cache_reset"] is True
+            assert RequestRecord.objects.filter(run=second).count() == second.requests_planned
+        else:
+            assert (seen.get("running") or 0) >= 1, f"the test could not make C1's server busy: {seen}"
+            assert second.status == "invalid", (check, second.summary["engine_time"])
+            assert second.reason.startswith("server not idle at the run's start"), second.reason
+            assert check["idle"] is False and check["running"] >= 1, check
+            assert not RequestRecord.objects.filter(run=second).exists()
+    # Two servers in all, both stopped: the stop is accounted to the last run on each.
+    assert sum(1 for r in runs.values() if "start_s" in r.summary["engine_time"]) == 2
+    assert all(by_cell[c][1].summary["engine_time"]["stop_s"] > 0 for c in by_cell)
+    assert Host.objects.get(pk=host.pk).server_pids == []

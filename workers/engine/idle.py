@@ -1,0 +1,121 @@
+"""The idle check between two traces replayed on one server (engine reuse).
+
+A reused server must start each run as a fresh one would: nothing running or waiting, its
+KV cache back to the level it had when it was new and idle, and, where prefix caching is
+on, an empty prefix cache. Steps of :func:`idle_check`:
+
+1. Poll /metrics until ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` are
+   0 and the KV cache use is within ``KV_TOLERANCE`` of ``kv_idle`` (the level measured
+   on the new server after its warm-up) on reads ``STEADY_S`` apart, or until
+   ``timeout_s`` passes.
+2. When idle and ``reset_prefix_cache`` is set, POST /reset_prefix_cache (a development
+   endpoint: the launcher sets ``VLLM_SERVER_DEV_MODE=1`` for such servers) and require
+   ``{"success": true}``.
+3. Return what was seen, for the run's record: the run is invalid when ``idle`` is false.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from apps.runs.gauges import latest_gauges
+from workers.engine.scrape import parse_metrics
+
+KV_TOLERANCE = 0.005  # KV use is a fraction (0-1): half a percentage point
+STEADY_S = 0.5
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+          "vllm:gpu_cache_usage_perc")  # fmt: skip
+
+
+def gauges_now(client: httpx.Client, base_url: str) -> dict[str, float | None]:
+    """Running, waiting and KV use from one /metrics scrape."""
+    response = client.get(base_url + "/metrics")
+    response.raise_for_status()
+    return latest_gauges(parse_metrics(response.text, names=GAUGES))
+
+
+def idle_check(
+    base_url: str,
+    *,
+    kv_idle: float | None,
+    reset_prefix_cache: bool,
+    timeout_s: float = 30.0,
+    poll_s: float = 0.25,
+    client: httpx.Client | None = None,
+) -> dict[str, Any]:
+    """Steps 1-3 (module docstring). ``kv_idle`` None: measure only (a new server)."""
+    own = client is None
+    http = client or httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0))
+    started = time.monotonic()
+    seen: dict[str, float | None] = {}
+    idle = False
+    idle_since: float | None = None
+    error = ""
+    try:
+        while True:
+            try:
+                seen = gauges_now(http, base_url)
+                error = ""
+            except httpx.HTTPError as exc:
+                error = f"/metrics: {exc}"
+            if not error and _is_idle(seen, kv_idle):
+                # Idle on two reads at least STEADY_S apart: one read may be a gauge not yet
+                # updated for requests that just arrived.
+                if idle_since is not None and time.monotonic() - idle_since >= STEADY_S:
+                    idle = True
+                    break
+                idle_since = idle_since if idle_since is not None else time.monotonic()
+            else:
+                idle_since = None
+            if time.monotonic() - started >= timeout_s:
+                break
+            time.sleep(poll_s)
+        reset: bool | None = None
+        if idle and reset_prefix_cache:
+            try:
+                response = http.post(base_url + "/reset_prefix_cache")
+                reset = response.status_code == 200 and bool(response.json().get("success"))
+            except (httpx.HTTPError, ValueError):
+                reset = False
+    finally:
+        if own:
+            http.close()
+    out: dict[str, Any] = {
+        "idle": idle and reset is not False,
+        "waited_s": round(time.monotonic() - started, 3),
+        "running": seen.get("running"),
+        "waiting": seen.get("waiting"),
+        "kv_usage": seen.get("kv_usage"),
+        "kv_idle": kv_idle,
+        "prefix_cache_reset": reset,
+    }
+    if error:
+        out["error"] = error
+    return out
+
+
+def _is_idle(seen: dict[str, float | None], kv_idle: float | None) -> bool:
+    if seen.get("running") or seen.get("waiting"):
+        return False
+    if seen.get("running") is None or seen.get("waiting") is None:
+        return False
+    if kv_idle is None or seen.get("kv_usage") is None:
+        return True
+    return float(seen["kv_usage"] or 0.0) <= kv_idle + KV_TOLERANCE
+
+
+def not_idle_reason(check: dict[str, Any]) -> str:
+    """The invalid run's reason: what the server was doing when the check gave up."""
+    if check.get("prefix_cache_reset") is False:
+        return "server not reset at the run's start: /reset_prefix_cache did not succeed"
+    kv = check.get("kv_usage")
+    kv_text = "unknown" if kv is None else f"{100 * kv:.1f}%"
+    idle_text = "" if check.get("kv_idle") is None else f" (idle {100 * check['kv_idle']:.1f}%)"
+    return (
+        f"server not idle at the run's start after {check.get('waited_s', 0):g} s: "
+        f"{check.get('running')} running, {check.get('waiting')} waiting, KV {kv_text}{idle_text}"
+        + (f"; {check['error']}" if check.get("error") else "")
+    )
