@@ -16,6 +16,7 @@ PURE = [
     "apps.analysis.inference",
     "apps.analysis.resample",
     "apps.analysis.family",
+    "apps.analysis.early_stop",
     "apps.analysis.paired",
     "apps.gate.verdict",
     "apps.experiments.plan",

@@ -40,7 +40,8 @@ def validity_check(
 ) -> dict[str, Any]:
     """Are all cells comparable? Every problem names its cell; a cell with one is invalid.
 
-    1. Every cell has exactly one done sweep run per (mixture, rate, repeat).
+    1. Every cell has exactly one done sweep run per (mixture, rate, repeat); a point whose
+       runs early stopping skipped says so, with the reason (``skipped: cannot be accepted ...``).
     2. Its trace and corpus hashes equal B0's in that (mixture, rate, repeat),
        and its cohort has as many requests per class as B0's.
     3. Hardware, model and tokenizer revisions, engine image digest and the
@@ -74,7 +75,12 @@ def validity_check(
             done = [r for r in runs if r["status"] == "done"]
             if not done:
                 states = sorted({r["status"] for r in runs}) or ["not run"]
-                add(cell, "missing", combo, statuses=states)
+                skipped = [r for r in runs if r["status"] == "skipped" and r.get("reason")]
+                if skipped:
+                    # Early stopping (apps/analysis/early_stop.py): say why, not just "missing".
+                    add(cell, f"skipped: {skipped[0]['reason']}", combo, statuses=states)
+                else:
+                    add(cell, "missing", combo, statuses=states)
                 continue
             if len(done) > 1:
                 add(cell, "duplicate runs", combo, runs=sorted(r["key"] for r in done))
@@ -197,6 +203,7 @@ def acceptance_check(
     aggregates: Sequence[Mapping[str, Any]],
     agreed: Sequence[tuple[str, str, int]],
     alpha: float = 0.05,
+    skipped: Mapping[tuple[str, str, str, int], str] | None = None,
 ) -> dict[str, Any]:
     """Per cell: does every class keep its contract at every agreed (mixture, rate)?
 
@@ -204,7 +211,9 @@ def acceptance_check(
     limit is broken when the share of requests over it (an unobserved value is
     over) is above 1% by an exact one-sided binomial test at ``alpha``; the
     error rate likewise against its own limit (inference.share_breaks). A point
-    that lacks a done run of some repeat fails ("no done run").
+    that lacks a done run of some repeat fails ("no done run"), or, when early
+    stopping skipped it (``skipped``: (cell, mixture, rate, repeat) -> the skipped
+    run's reason), "skipped: <reason>".
     """
     points: dict[tuple[str, str], list[int]] = defaultdict(list)
     for mix, rate, rep in agreed:
@@ -220,13 +229,15 @@ def acceptance_check(
             done_reps = done_repeats.get((cell, mix, rate), [])
             missing = sorted(set(reps) - set(done_reps))
             if missing:
+                why = [(skipped or {}).get((cell, mix, rate, rep)) for rep in missing]
+                stopped = next((w for w in why if w), None)
                 failures.append(
                     {
                         "mixture": mix,
                         "rate": rate,
                         "repeats": missing,
                         "class": None,
-                        "broken": ["no done run"],
+                        "broken": [f"skipped: {stopped}" if stopped else "no done run"],
                     }
                 )
                 continue

@@ -1,8 +1,12 @@
 """The gain family: which "better" a retune may rest on, with Holm's control over all of them. Pure.
 
 A candidate is adopted on a gain, so the gains are the claims whose false-positive
-rate the verdict has to bound. The family (docs/ANALYSIS.md) holds, for every
-valid candidate, agreed (mixture, rate) and class with requests there:
+rate the verdict has to bound. Only a candidate that is valid and passes acceptance
+(every class keeps its contract at every agreed point) can be adopted, so only its
+gains are claims the verdict rests on: a cell that breaks a contract is left out, and
+with it the cells early stopping cut short (apps/analysis/early_stop.py), which is what
+makes a stopped sweep reach the full sweep's decision. The family (docs/ANALYSIS.md)
+holds, for every such candidate, agreed (mixture, rate) and class with requests there:
 
 1. the class's primary metric at the level it can be judged at (p99, else p95);
 2. where B0 breaks a contract there, the metric it broke (ttft, e2e or stall at

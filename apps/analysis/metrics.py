@@ -191,6 +191,27 @@ def derive(
     )
 
 
+def cohort_groups(d: Derived) -> dict[tuple[str, str], np.ndarray]:
+    """(run key, class) -> the table rows of that run's cohort of that class, in table order.
+
+    One stable sort of the cohort rows by (run, class); every per-run and pooled metric is
+    computed over these groups (apps/analysis/report.py, apps/analysis/early_stop.py).
+    """
+    table = d.table
+    n_cls = max(1, len(table.class_names))
+    rows = np.flatnonzero(d.cohort)
+    gkey = table.run[rows] * n_cls + table.cls[rows]
+    order = np.argsort(gkey, kind="stable")
+    rows, gkey = rows[order], gkey[order]
+    uniq, starts = np.unique(gkey, return_index=True)
+    ends = np.append(starts[1:], rows.size) if starts.size else starts
+    groups: dict[tuple[str, str], np.ndarray] = {}
+    for g, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        run_i, cls_i = divmod(g, n_cls)
+        groups[(table.run_keys[run_i], table.class_names[cls_i])] = rows[s:e]
+    return groups
+
+
 def _ms(v: float) -> float:
     return float(round(float(v), 3))
 

@@ -63,7 +63,13 @@ def judge_sweep(
     agreed_pairs = {(m, r) for m, r, _ in agreed}
     primary = family.primary_metrics(classes)
     b0_failures = acceptance["cells"].get(baseline, {}).get("failures", [])
-    eligible = {c for c in cell_ids if c != baseline and c not in set(validity["invalid_cells"])}
+    # The gain family's candidates: valid and passing acceptance (family.py). A cell that breaks a
+    # contract can never be adopted, so its gains are no claim the verdict rests on; and early
+    # stopping (early_stop.py) relies on it: a stopped cell changes neither the family nor the draws.
+    accepted = {c for c, v in acceptance["cells"].items() if v.get("passed")}
+    eligible = {
+        c for c in cell_ids if c != baseline and c not in set(validity["invalid_cells"]) and c in accepted
+    }
 
     # 1-2. B0's frames; one shared resampling per (mixture, rate, class), sized by the family.
     groups_in: list[tuple[str, str, str, list[tuple[int, Mapping[str, Any]]], list[np.ndarray]]] = []

@@ -154,6 +154,25 @@ def _variation(per_repeat: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def sweep_combos(
+    sweep: Sequence[Mapping[str, Any]], experiment: Mapping[str, Any]
+) -> list[tuple[str, str, int]]:
+    """The sweep's (mixture, rate, repeat) points, sorted: those its runs sit at, and every
+    mixture x rate of the experiment at each of the runs' repeats (repeat 0 when none ran)."""
+    combo_set = {(str(r["mixture"]), str(r["rate"]), int(r["repeat"])) for r in sweep}
+    repeats = sorted({c[2] for c in combo_set})
+    for mix in experiment.get("mixtures") or {}:
+        for rate in experiment.get("rates") or {}:
+            for rep in repeats or [0]:
+                combo_set.add((mix, rate, rep))
+    return sorted(combo_set)
+
+
+def agreed_combos(combos: Sequence[tuple[str, str, int]], opts: ReportOptions) -> list[tuple[str, str, int]]:
+    """The points acceptance and the decision are judged at: those at an agreed rate."""
+    return [c for c in combos if opts.agreed_rates is None or c[1] in opts.agreed_rates]
+
+
 def build_report(
     *,
     experiment: Mapping[str, Any],
@@ -198,17 +217,7 @@ def build_report(
     # 1. Derive, then group cohort rows by (run, class) with one sort.
     natural = experiment.get("output_mode") == "natural"
     d = metrics.derive(table, windows, contracts, natural=natural)
-    n_cls = max(1, len(table.class_names))
-    rows = np.flatnonzero(d.cohort)
-    gkey = table.run[rows] * n_cls + table.cls[rows]
-    order = np.argsort(gkey, kind="stable")
-    rows, gkey = rows[order], gkey[order]
-    uniq, starts = np.unique(gkey, return_index=True)
-    ends = np.append(starts[1:], rows.size) if starts.size else starts
-    groups: dict[tuple[str, str], np.ndarray] = {}
-    for g, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist(), strict=True):
-        run_i, cls_i = divmod(g, n_cls)
-        groups[(table.run_keys[run_i], table.class_names[cls_i])] = rows[s:e]
+    groups = metrics.cohort_groups(d)
     unknown_classes = sorted({c for (_, c) in groups} - set(class_names))
     if token_hists is None:
         token_hists = metrics.cohort_histograms(d, which="token_gaps")
@@ -245,6 +254,8 @@ def build_report(
                 "repeat": int(r["repeat"]),
                 "scenario": r.get("scenario") or "",
                 "status": r["status"],
+                # Why it ended so: a failure's cause, or early stopping's "cannot be accepted (...)".
+                "reason": r.get("reason") or "",
                 "trace_sha256": r.get("trace_sha256") or "",
                 "corpus_sha256": r.get("corpus_sha256") or "",
                 "hardware_id": r.get("hardware_id") or "",
@@ -273,14 +284,9 @@ def build_report(
 
     # The sweep's (mixture, rate, repeat) combinations, and those judged.
     sweep = [r for r in run_results if not r["scenario"]]
-    combo_set = {(r["mixture"], r["rate"], r["repeat"]) for r in sweep}
-    repeats = sorted({c[2] for c in combo_set})
-    for mix in experiment.get("mixtures") or {}:
-        for rate in experiment.get("rates") or {}:
-            for rep in repeats or [0]:
-                combo_set.add((mix, rate, rep))
-    combos = sorted(combo_set)
-    agreed = [c for c in combos if opts.agreed_rates is None or c[1] in opts.agreed_rates]
+    combos = sweep_combos(sweep, experiment)
+    repeats = sorted({r["repeat"] for r in sweep})
+    agreed = agreed_combos(combos, opts)
     done: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     for r in sweep:
         if r["status"] == "done":
@@ -325,8 +331,18 @@ def build_report(
     validity = decide.validity_check(
         experiment=experiment, cells=cells, baseline=baseline, run_results=run_results, combos=combos
     )
+    skipped = {
+        (r["cell"], r["mixture"], r["rate"], r["repeat"]): r["reason"]
+        for r in sweep
+        if r["status"] == "skipped" and r["reason"]
+    }
     acceptance = decide.acceptance_check(
-        cells=cells, classes=classes, aggregates=aggregates, agreed=agreed, alpha=opts.compare.contract_alpha
+        cells=cells,
+        classes=classes,
+        aggregates=aggregates,
+        agreed=agreed,
+        alpha=opts.compare.contract_alpha,
+        skipped=skipped,
     )
     # Check 2 also holds each class to its quality contract (apps/analysis/quality.py).
     probe_result = quality.quality_check(
@@ -402,8 +418,13 @@ def build_report(
             {"cell_id": c["cell_id"], "role": c.get("role"), "args": c.get("args") or {}} for c in cells
         ],
         "classes": [dict(c) for c in classes],
-        "records": {"total": len(table), "cohort": int(rows.size), "unknown_classes": unknown_classes},
+        "records": {
+            "total": len(table),
+            "cohort": int(np.count_nonzero(d.cohort)),
+            "unknown_classes": unknown_classes,
+        },
         "runs": run_results,
+        "skipped": skipped_cells(run_results),
         "aggregates": aggregates,
         "comparisons": comparisons,
         "checks": checks,
@@ -420,6 +441,18 @@ def build_report(
         ),
     }
     return jsonable(report)
+
+
+def skipped_cells(run_results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The cells early stopping cut short, in the runs' order: cell, the reason, the skipped runs."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in run_results:
+        if r["status"] == "skipped" and not r["scenario"]:
+            entry = out.setdefault(
+                r["cell"], {"cell": r["cell"], "reason": r.get("reason") or "", "runs": []}
+            )
+            entry["runs"].append(r["key"])
+    return list(out.values())
 
 
 def _costs(

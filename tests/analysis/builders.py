@@ -155,6 +155,32 @@ def build(
     quality_probes: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Build every run of the plan, call behaviour(cell, mixture, rate, repeat, class, index) per request."""
+    inputs = build_inputs(
+        plan, behaviour, run_overrides=run_overrides, samples=samples, output_mode=output_mode
+    )
+    records = inputs.pop("records")
+    return build_report(
+        **inputs,
+        table=RecordTable.from_records(records),
+        rollback=rollback,
+        rehearsals=rehearsals,
+        rehearse=rehearse,
+        options=options,
+        stop_reasons=stop_reasons,
+        quality_probes=quality_probes,
+    )
+
+
+def build_inputs(
+    plan: Plan,
+    behaviour: Behaviour,
+    *,
+    run_overrides: Callable[[dict[str, Any]], None] | None = None,
+    samples: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    output_mode: str = "exact",
+) -> dict[str, Any]:
+    """build_report's experiment, cells, classes, runs (in plan order) and samples, with the
+    ``records`` list in place of the table (tests that drop runs filter it first)."""
     runs: list[dict[str, Any]] = []
     records: list[RequestRecord] = []
     sample_map: dict[str, list[dict[str, Any]]] = {}
@@ -211,20 +237,14 @@ def build(
         "mixtures": plan.mixtures,
         "rates": plan.rates,
     }
-    return build_report(
-        experiment=experiment,
-        cells=plan.cells,
-        classes=plan.classes,
-        runs=runs,
-        table=RecordTable.from_records(records),
-        samples=sample_map,
-        rollback=rollback,
-        rehearsals=rehearsals,
-        rehearse=rehearse,
-        options=options,
-        stop_reasons=stop_reasons,
-        quality_probes=quality_probes,
-    )
+    return {
+        "experiment": experiment,
+        "cells": plan.cells,
+        "classes": plan.classes,
+        "runs": runs,
+        "records": records,
+        "samples": sample_map,
+    }
 
 
 def healthy(*_: Any) -> dict[str, Any]:
