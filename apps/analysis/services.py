@@ -23,6 +23,7 @@ from django.db.models import Count
 
 from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, RecordTable, error_code
 from apps.analysis.decide import REHEARSAL_SCENARIO
+from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
 from apps.analysis.rehearsal import rehearsal_measures
@@ -30,6 +31,7 @@ from apps.analysis.report import build_report
 from apps.analysis.server import COUNTERS, GAUGES
 from apps.experiments.models import Experiment
 from apps.experiments.recovery import recovery_options
+from apps.runs.engine_time import engine_time_summary
 from apps.runs.models import Host, MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
 from workers.replay.records import SCALAR_RECORD_FIELDS, GapHistogram
@@ -47,20 +49,7 @@ def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
         {"cell_id": c.cell_id, "role": c.role, "args": c.args, "position": c.position, "engine": c.engine}
         for c in experiment.cells.all()
     ]
-    classes = [
-        {
-            "name": c.name,
-            "input_tokens": c.input_tokens,
-            "output_tokens": c.output_tokens,
-            "ttft_p99_ms": c.ttft_p99_ms,
-            "e2e_p99_ms": c.e2e_p99_ms,
-            "max_stall_ms": c.max_stall_ms,
-            "error_rate": c.error_rate,
-            "primary_metric": c.primary_metric or None,
-            "quality": spec_quality.get(c.name) or {},
-        }
-        for c in experiment.classes.all()
-    ]
+    classes = [{**c, "quality": spec_quality.get(c["name"]) or {}} for c in _class_inputs(experiment)]
     info = {
         "id": experiment.pk,
         "name": experiment.name,
@@ -75,6 +64,22 @@ def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
         "rates": workload.rates if workload else {},
     }
     return {"experiment": info, "cells": cells, "classes": classes}
+
+
+def _class_inputs(experiment: Experiment) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": c.name,
+            "input_tokens": c.input_tokens,
+            "output_tokens": c.output_tokens,
+            "ttft_p99_ms": c.ttft_p99_ms,
+            "e2e_p99_ms": c.e2e_p99_ms,
+            "max_stall_ms": c.max_stall_ms,
+            "error_rate": c.error_rate,
+            "primary_metric": c.primary_metric or None,
+        }
+        for c in experiment.classes.all()
+    ]
 
 
 def _host_price(experiment: Experiment) -> dict[str, Any]:
@@ -101,6 +106,7 @@ def _run_inputs(runs: list[Run]) -> list[dict[str, Any]]:
             "repeat": r.repeat,
             "scenario": r.scenario,
             "status": r.status,
+            "reason": r.reason[:2000],
             "trace_sha256": r.trace_sha256,
             "corpus_sha256": r.corpus_sha256,
             "hardware_id": r.hardware_id,
@@ -299,7 +305,7 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
     table = _load_table(done)
     if options is None:
         options = (experiment.spec or {}).get("analysis")
-    return build_report(
+    report = build_report(
         **inputs,
         runs=[{k: v for k, v in r.items() if k != "pk"} for r in run_inputs],
         table=table,
@@ -317,6 +323,25 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
             for r in runs
             if r.status == Run.Status.DONE and not r.scenario and (r.summary or {}).get("quality_probe")
         ],
+    )
+    # What the experiment's servers cost, by part, and what reuse and early stopping saved.
+    report["engine_time"] = engine_time_summary(experiment=experiment)
+    return report
+
+
+def runs_over_limit(*, experiment: Experiment, runs: list[Run]) -> dict[str, dict[str, dict[str, list[int]]]]:
+    """run key -> class -> ``over_limit`` [over, judged] per contract key of each given run, from its
+    records by the report's own path (early_stop.run_over_limits): the counts acceptance pools.
+
+    For early stopping (apps/runs/early_stop.py), which pools one cell's done runs after each run.
+    """
+    run_inputs = _run_inputs(runs)
+    workload = getattr(experiment, "workload", None)
+    return run_over_limits(
+        runs=run_inputs,
+        classes=_class_inputs(experiment),
+        table=_load_table(run_inputs),
+        natural=bool(workload and workload.output_mode == "natural"),
     )
 
 

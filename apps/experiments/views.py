@@ -36,8 +36,10 @@ from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
 from apps.experiments.uploads import trace_upload_queue
 from apps.runs.calibration import GoodputRequestError, goodput_capacity_request
+from apps.runs.engine_time import engine_time_summary
 from apps.runs.models import Run
 from apps.runs.rehearsal import rehearsal_cost_s
+from apps.runs.scheduling import hosts_by_qualification
 from apps.runs.selectors import offered_load
 from apps.workloads.importers import parse_class_thresholds
 from config.uploadhandlers import too_large_message
@@ -261,6 +263,8 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "load": offered_load(experiment=experiment),
             "mixtures": sorted(experiment.workload.mixtures),
             "goodput_cost": selectors.goodput_cost(experiment=experiment),
+            "hosts": hosts_by_qualification(experiment),
+            "engine_time": engine_time_summary(experiment=experiment),
         }
     )
     return render(request, "experiments/detail.html", context)
