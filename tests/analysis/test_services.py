@@ -106,3 +106,15 @@ def test_it_reports_an_experiment_without_records_as_failing_not_crashing():
         "no records in the observation window"
     }
     assert report["comparisons"] == []
+    # No run recorded its engine time: the report says so with None, never a made-up zero.
+    assert report["engine_time"] is None
+
+
+def test_the_report_carries_the_engine_time_the_runs_recorded():
+    experiment, _ = done_experiment(store=False)
+    parts = {"start_s": 40.0, "warmup_s": 2.0, "windows_s": 12.0, "drain_s": 0.5, "stop_s": 1.5}
+    for run in experiment.runs.all():
+        Run.objects.filter(pk=run.pk).update(summary={**(run.summary or {}), "engine_time": parts})
+    report = experiment_report_build(experiment_id=experiment.pk)
+    n = experiment.runs.count()
+    assert report["engine_time"]["spent_s"] == 56.0 * n and report["engine_time"]["server_starts"] == n

@@ -192,3 +192,27 @@ def test_a_large_plan_is_shown_a_page_of_runs_at_a_time(client, viewer, author) 
     assert "runs 1–200 of 200" not in filtered and 'id="run-pager"' not in filtered
     both = client.get(f"/experiments/{experiment.pk}/?rate=low").content.decode()
     assert "runs 1–200 of 200" not in both
+
+
+@pytest.mark.django_db
+def test_it_shows_the_hosts_that_qualify_and_the_engine_time(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(viewer)
+    now = timezone.now()
+    Experiment.objects.filter(pk=experiment.pk).update(status="running", hardware_id="1x test CPU")
+    Host.objects.create(name="cpu-a", queue="host.cpu-a", last_heartbeat=now, hardware_id="1x test CPU")
+    Host.objects.create(name="gpu-z", queue="host.gpu-z", last_heartbeat=now, hardware_id="8x H100")
+    first, second = list(experiment.runs.order_by("plan_position"))
+    parts = {"start_s": 30.0, "warmup_s": 2.0, "windows_s": 12.0, "drain_s": 1.0, "stop_s": 1.0}
+    Run.objects.filter(pk=first.pk).update(
+        status="done", started_at=now - timedelta(seconds=60), finished_at=now - timedelta(seconds=14),
+        summary={"engine_time": parts},
+    )  # fmt: skip
+    Run.objects.filter(pk=second.pk).update(
+        status="skipped", reason="cannot be accepted (run x broke short ttft)"
+    )
+    page = client.get(f"/experiments/{experiment.pk}/")
+    content = page.content.decode()
+    assert 'id="hardware-id">1x test CPU' in content
+    assert "qualifies</span> cpu-a" in content and "does not qualify</span> gpu-z" in content
+    assert 'id="engine-spent">46 engine-seconds' in content
+    assert "early stopping (1 runs skipped)" in content
