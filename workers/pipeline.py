@@ -61,8 +61,10 @@ from workers.engine.idle import not_idle_reason
 from workers.engine.launcher import HostConfig, LaunchError
 from workers.engine.procs import proc_info
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
+from workers.quality import sweep_probe
 from workers.rehearsal import rehearsal_execute
 from workers.replay.isolated import run_replay_isolated
+from workers.slot import ServerSlot
 
 log = logging.getLogger(__name__)
 
@@ -272,61 +274,6 @@ def _execute_claimed(
         experiment_check_finished(experiment_id=run.experiment_id)
 
 
-class ServerSlot:
-    """The server a host keeps up between the runs of one cell and round (engine reuse)."""
-
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self.server: EngineServer | None = None
-        self.key: tuple[int, int, int] | None = None
-        self.kv_idle: float | None = None
-        self.started_by = ""  # run_id of the run that started it
-        self.last_run_pk: int | None = None
-        self.runs = 0
-
-    def take(self, key: tuple[int, int, int]) -> EngineServer | None:
-        """The kept server if it serves ``key`` and is alive; else stop whatever is kept."""
-        if self.server is not None and self.key == key and self.server.failure() is None:
-            return self.server
-        self.close()
-        return None
-
-    def keep(self, key: tuple[int, int, int], server: EngineServer, run: Run, *, new: bool) -> None:
-        if new:
-            self.started_by, self.runs = str(run.run_id), 0
-        self.server, self.key, self.last_run_pk = server, key, run.pk
-        self.runs += 1
-
-    def close(self, *, record: bool = True) -> float:
-        """Stop the kept server; returns how long that took, which ``record`` adds to the
-        engine time of the last run on it (a run not yet finished records it itself)."""
-        server, self.server, self.key, self.kv_idle = self.server, None, None, None
-        if server is None:
-            return 0.0
-        began = time.monotonic()
-        try:
-            server.close()
-        finally:
-            took = time.monotonic() - began
-            Host.objects.filter(pk=self.host.pk).update(
-                server_pids=[], worker_pid=None, worker_pid_start=None
-            )
-            if record and self.last_run_pk is not None:
-                _add_engine_time(self.last_run_pk, stop_s=took)
-        return took
-
-
-def _add_engine_time(run_pk: int, **seconds: float) -> None:
-    """Add to a finished run's ``summary["engine_time"]`` (the server's stop, measured after)."""
-    row = Run.objects.filter(pk=run_pk).values_list("summary", flat=True).first()
-    summary = dict(row or {})
-    spent = dict(summary.get("engine_time") or {})
-    for key, value in seconds.items():
-        spent[key] = round(float(spent.get(key) or 0.0) + value, 3)
-    summary["engine_time"] = spent
-    Run.objects.filter(pk=run_pk).update(summary=summary)
-
-
 def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
     experiment = run.experiment
     log_path = Path(settings.DATA_DIR) / "runs" / str(run.run_id) / "server.log"
@@ -425,31 +372,6 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
     return status
 
 
-def _quality_probe(run: Run, server: EngineServer, stop: threading.Event) -> dict[str, Any] | None:
-    """The quality probe's answers on this sweep run's server, when the experiment has a probe:
-    at most ``prompts_per_class`` prompts of each class, each answer at most ``max_tokens``
-    (a stored trace named as the probe is held to the same bounds)."""
-    sha = run.experiment.workload.quality_probe_sha256
-    if not sha or run.scenario:
-        return None
-    from workers.quality import run_probe
-
-    options = ((run.experiment.spec or {}).get("quality") or {}).get("probe") or {}
-    per_class, cap = int(options.get("prompts_per_class") or 8), int(options.get("max_tokens") or 32)
-    taken: dict[str, int] = {}
-    requests = []
-    for r in trace_load(sha256=sha).requests:
-        if taken.get(r.klass, 0) < per_class:
-            taken[r.klass] = taken.get(r.klass, 0) + 1
-            requests.append({**r.to_json(), "output_tokens": min(int(r.output_tokens), cap)})
-    return {
-        "trace_sha256": sha,
-        "outputs": run_probe(
-            base_url=server.base_url, model=server.served_model_name, requests=requests, stop=stop
-        ),
-    }
-
-
 def _engine_time(fields: dict[str, Any]) -> dict[str, Any]:
     summary = fields.setdefault("summary", {})
     spent: dict[str, Any] = summary.setdefault("engine_time", {})
@@ -514,7 +436,7 @@ def _with_server(
                 {"summary": partial},
             )
     began = time.monotonic()
-    probe = _quality_probe(run, server, stop)
+    probe = sweep_probe(run, server, stop)
     if probe is not None:
         spent["warmup_s"] = round(float(spent.get("warmup_s") or 0.0) + time.monotonic() - began, 3)
 

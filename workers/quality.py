@@ -3,6 +3,8 @@ frozen prompt set, one request at a time, with the token ids vLLM generated.
 
 Run on every sweep run right after warm-up, before the replay: the server is then idle, and
 sequential requests keep the outputs independent of batching as far as the engine allows.
+:func:`sweep_probe` takes the run's frozen probe prompts (the pipeline calls it);
+:func:`run_probe` sends them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+
+from apps.runs.models import Run
+from apps.workloads.services import trace_load
+from workers.engine.server import EngineServer
 
 # Greedy and seeded: the same prompt must give the same tokens on the same configuration.
 PROBE_SAMPLING = {"temperature": 0.0, "seed": 0}
@@ -63,3 +69,26 @@ def run_probe(
                 )
             outputs.append(entry)
     return outputs
+
+
+def sweep_probe(run: Run, server: EngineServer, stop: threading.Event) -> dict[str, Any] | None:
+    """The quality probe's answers on this sweep run's server, when the experiment has a probe:
+    at most ``prompts_per_class`` prompts of each class, each answer at most ``max_tokens``
+    (a stored trace named as the probe is held to the same bounds)."""
+    sha = run.experiment.workload.quality_probe_sha256
+    if not sha or run.scenario:
+        return None
+    options = ((run.experiment.spec or {}).get("quality") or {}).get("probe") or {}
+    per_class, cap = int(options.get("prompts_per_class") or 8), int(options.get("max_tokens") or 32)
+    taken: dict[str, int] = {}
+    requests = []
+    for r in trace_load(sha256=sha).requests:
+        if taken.get(r.klass, 0) < per_class:
+            taken[r.klass] = taken.get(r.klass, 0) + 1
+            requests.append({**r.to_json(), "output_tokens": min(int(r.output_tokens), cap)})
+    return {
+        "trace_sha256": sha,
+        "outputs": run_probe(
+            base_url=server.base_url, model=server.served_model_name, requests=requests, stop=stop
+        ),
+    }

@@ -21,7 +21,8 @@ from apps.runs.services import experiment_start, hosts_reap_lost
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment, small_spec
 from tests.runs.factories import make_host
-from workers.pipeline import ServerSlot, host_pull
+from workers.pipeline import host_pull
+from workers.slot import ServerSlot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,0 +1,69 @@
+"""The server a host keeps up between the runs of one cell and round (engine reuse).
+
+:func:`workers.pipeline.host_pull` holds one :class:`ServerSlot`; each run takes the kept
+server when it is the same experiment, cell and round and the server is alive, and the slot
+stops it otherwise, when a run on it did not end done or invalid, and when the pull ends.
+The stop's time belongs to the last run on the server (``summary["engine_time"]["stop_s"]``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from apps.runs.models import Host, Run
+from workers.engine.server import EngineServer
+
+
+class ServerSlot:
+    """The server a host keeps up between the runs of one cell and round (engine reuse)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.server: EngineServer | None = None
+        self.key: tuple[int, int, int] | None = None
+        self.kv_idle: float | None = None
+        self.started_by = ""  # run_id of the run that started it
+        self.last_run_pk: int | None = None
+        self.runs = 0
+
+    def take(self, key: tuple[int, int, int]) -> EngineServer | None:
+        """The kept server if it serves ``key`` and is alive; else stop whatever is kept."""
+        if self.server is not None and self.key == key and self.server.failure() is None:
+            return self.server
+        self.close()
+        return None
+
+    def keep(self, key: tuple[int, int, int], server: EngineServer, run: Run, *, new: bool) -> None:
+        if new:
+            self.started_by, self.runs = str(run.run_id), 0
+        self.server, self.key, self.last_run_pk = server, key, run.pk
+        self.runs += 1
+
+    def close(self, *, record: bool = True) -> float:
+        """Stop the kept server; returns how long that took, which ``record`` adds to the
+        engine time of the last run on it (a run not yet finished records it itself)."""
+        server, self.server, self.key, self.kv_idle = self.server, None, None, None
+        if server is None:
+            return 0.0
+        began = time.monotonic()
+        try:
+            server.close()
+        finally:
+            took = time.monotonic() - began
+            Host.objects.filter(pk=self.host.pk).update(
+                server_pids=[], worker_pid=None, worker_pid_start=None
+            )
+            if record and self.last_run_pk is not None:
+                _add_engine_time(self.last_run_pk, stop_s=took)
+        return took
+
+
+def _add_engine_time(run_pk: int, **seconds: float) -> None:
+    """Add to a finished run's ``summary["engine_time"]`` (the server's stop, measured after)."""
+    row = Run.objects.filter(pk=run_pk).values_list("summary", flat=True).first()
+    summary = dict(row or {})
+    spent = dict(summary.get("engine_time") or {})
+    for key, value in seconds.items():
+        spent[key] = round(float(spent.get(key) or 0.0) + value, 3)
+    summary["engine_time"] = spent
+    Run.objects.filter(pk=run_pk).update(summary=summary)
