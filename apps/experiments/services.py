@@ -284,6 +284,7 @@ def _uniform_companions(experiment: Experiment, *, cells: list[ServerConfig], fi
             repeat=1,
             round_position=i,
             plan_position=first + i,
+            kind=Run.Kind.UNIFORM,
             scenario=UNIFORM,
             model_revision=experiment.model_revision,
             tokenizer_revision=experiment.tokenizer_revision,

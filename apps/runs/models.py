@@ -63,6 +63,16 @@ class Run(models.Model):
         # the run and the class and metric that settled it.
         SKIPPED = "skipped"
 
+    class Kind(models.TextChoices):
+        """What a run is for; ``scenario`` names which failure scenario a ``scenario`` run is."""
+
+        SWEEP = "sweep"  # a (cell, mixture, rate, repeat) of the plan: the decision's data
+        UNIFORM = "uniform"  # the uniform-spacing companion of a sweep trace
+        CALIBRATION = "calibration"  # a capacity-probe or goodput-search step, run inline
+        PACE = "pace"  # B0's decode-pace probe that sizes the failure scenarios, run inline
+        SCENARIO = "scenario"  # a failure scenario (docs/SCENARIOS.md)
+        REHEARSAL = "rehearsal"  # the rollback rehearsal of the proposed cell (check 4)
+
     FINISHED = {"done", "invalid", "failed", "cancelled", "skipped"}
     ACTIVE = {"starting", "warming", "measuring", "draining"}
 
@@ -76,7 +86,9 @@ class Run(models.Model):
     # Position inside its repeat round (a randomised order per round) and in the whole plan.
     round_position = models.PositiveIntegerField()
     plan_position = models.PositiveIntegerField()
-    # Non-empty for failure-scenario and calibration runs (apart from the sweep).
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.SWEEP, db_index=True)
+    # Empty for a sweep run; else what ``kind`` says: "uniform", "calibration" (calibration and
+    # pace runs), "rehearsal", or a failure scenario's name (the constraint below holds them together).
     scenario = models.CharField(max_length=64, blank=True)
     trace = models.ForeignKey("workloads.Trace", null=True, blank=True, on_delete=models.PROTECT)
     trace_sha256 = models.CharField(max_length=64, blank=True)
@@ -133,6 +145,21 @@ class Run(models.Model):
     class Meta:
         ordering = ["plan_position", "id"]
         indexes = [models.Index(fields=["experiment", "status"])]
+        constraints = [
+            models.CheckConstraint(
+                name="run_kind_matches_scenario",
+                condition=(
+                    models.Q(kind="sweep", scenario="")
+                    | models.Q(kind="uniform", scenario="uniform")
+                    | models.Q(kind="rehearsal", scenario="rehearsal")
+                    | models.Q(kind__in=["calibration", "pace"], scenario="calibration")
+                    | (
+                        models.Q(kind="scenario")
+                        & ~models.Q(scenario__in=["", "uniform", "rehearsal", "calibration"])
+                    )
+                ),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.cell.cell_id}/{self.mixture}/{self.rate_name}/r{self.repeat}"

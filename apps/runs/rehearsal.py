@@ -79,6 +79,7 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
         repeat=source.repeat,
         round_position=0,
         plan_position=last + 1,
+        kind=Run.Kind.REHEARSAL,
         scenario=REHEARSAL,
         trace=source.trace,
         trace_sha256=source.trace_sha256,

@@ -57,6 +57,7 @@ def probe_run_create(
     rate_rps: float,
     position: int,
     windows: Mapping[str, Any],
+    kind: str = Run.Kind.CALIBRATION,
 ) -> Run:
     """A queued probe run (``scenario="calibration"``) replaying a stored trace on ``cell``.
 
@@ -73,6 +74,7 @@ def probe_run_create(
         repeat=1,
         round_position=position,
         plan_position=position,
+        kind=kind,
         scenario=CALIBRATION,
         trace=trace,
         trace_sha256=trace.sha256,
@@ -130,6 +132,7 @@ def scenario_runs_build(*, experiment: Experiment, first_position: int) -> list[
                 repeat=1,
                 round_position=i,
                 plan_position=first_position + i,
+                kind=Run.Kind.SCENARIO,
                 scenario=name,
                 model_revision=experiment.model_revision,
                 tokenizer_revision=experiment.tokenizer_revision,
@@ -244,6 +247,7 @@ def scenario_pace_probe(*, experiment: Experiment, execute: Any) -> float | None
         rate_rps=round(len(trace.requests) / float(trace.meta["observation_s"]), 6),
         position=experiment.runs.filter(scenario=CALIBRATION).count(),
         windows=trace.meta,
+        kind=Run.Kind.PACE,
     )
     try:
         execute(run_pk=run.pk)

@@ -86,7 +86,8 @@ def scenario_copy(run: Run, scenario: str) -> Run:
         for f in Run._meta.concrete_fields
         if f.name not in {"id", "run_id", "status", "reason", "created_at", "updated_at", "retry_of"}
     }
-    fields.update(scenario=scenario, plan_position=run.plan_position + 100)
+    kind = Run.Kind.UNIFORM if scenario == "uniform" else Run.Kind.SCENARIO
+    fields.update(kind=kind, scenario=scenario, plan_position=run.plan_position + 100)
     return Run.objects.create(**fields)
 
 

@@ -89,3 +89,17 @@ def test_it_fails_and_requeues_the_run_of_a_lost_host_up_to_three_attempts(monke
     assert hosts_reap_lost() == []
     assert Run.objects.get(pk=third.pk).status == Run.Status.FAILED
     assert experiment.runs.filter(repeat=run.repeat, cell=run.cell, mixture=run.mixture).count() == 3
+
+
+@pytest.mark.django_db
+def test_a_runs_kind_always_agrees_with_its_scenario() -> None:
+    from django.db import IntegrityError, transaction
+
+    experiment = make_experiment()
+    run = experiment.runs.first()
+    assert run.kind == Run.Kind.SWEEP and run.scenario == ""
+    for kind, scenario in (("sweep", "burst"), ("scenario", ""), ("uniform", "calibration"), ("pace", "pace")):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Run.objects.filter(pk=run.pk).update(kind=kind, scenario=scenario)
+    for kind, scenario in (("scenario", "burst"), ("pace", "calibration"), ("rehearsal", "rehearsal")):
+        Run.objects.filter(pk=run.pk).update(kind=kind, scenario=scenario)

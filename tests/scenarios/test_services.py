@@ -268,7 +268,8 @@ def test_it_cancels_a_probe_step_left_queued_by_a_restart(model_dir: Path) -> No
     b0 = experiment.cells.get(cell_id="B0")
     stale = Run.objects.create(
         experiment=experiment, cell=b0, mixture="80-20", rate_name="probe0", rate_rps=1.0, repeat=1,
-        round_position=0, plan_position=0, scenario=CALIBRATION, warmup_seconds=1, observation_seconds=4,
+        round_position=0, plan_position=0, kind="calibration", scenario=CALIBRATION, warmup_seconds=1,
+        observation_seconds=4,
         drain_deadline_seconds=5,
     )  # fmt: skip
     _start(experiment)
