@@ -28,7 +28,7 @@ from rest_framework.views import APIView
 from apps.accounts.roles import EXPERIMENTER
 from apps.accounts.tokens import token_check
 from apps.api.auth import TokenAuthentication
-from apps.api.views import SPEC_ERRORS, ApiView, _clean_text, _errors, upload_resource, upload_too_large
+from apps.api.base import SPEC_ERRORS, ApiView, _clean_text, _errors, upload_resource, upload_too_large
 from apps.approvals.audit import audit_record
 from apps.experiments.models import TraceUpload
 from apps.experiments.spec import SpecError

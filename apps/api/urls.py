@@ -2,7 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
-from apps.api import gates, views
+from apps.api import gates, views, views_runs, views_traces
 
 app_name = "api"
 OPEN = {"authentication_classes": [], "permission_classes": [AllowAny]}
@@ -19,10 +19,10 @@ urlpatterns = [
     path("experiments/<int:pk>/approve", views.ExperimentApprove.as_view(), name="approve"),
     path("experiments/<int:pk>/revoke", views.ExperimentRevoke.as_view(), name="revoke"),
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
-    path("runs/<str:run_id>", views.RunDetail.as_view(), name="run"),
-    path("runs/<str:run_id>/records", views.RunRecords.as_view(), name="records"),
-    path("traces", views.TraceUpload.as_view(), name="traces"),
-    path("traces/uploads/<int:pk>", views.TraceUploadDetail.as_view(), name="trace-upload"),
+    path("runs/<str:run_id>", views_runs.RunDetail.as_view(), name="run"),
+    path("runs/<str:run_id>/records", views_runs.RunRecords.as_view(), name="records"),
+    path("traces", views_traces.TraceUpload.as_view(), name="traces"),
+    path("traces/uploads/<int:pk>", views_traces.TraceUploadDetail.as_view(), name="trace-upload"),
     path("gates", gates.GateCreate.as_view(), name="gates"),
     path("gates/<int:pk>", gates.GateVerdict.as_view(), name="gate"),
     path("gates/uploads/<int:pk>", gates.GateUploadDetail.as_view(), name="gate-upload"),

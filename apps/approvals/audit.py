@@ -7,7 +7,7 @@ from typing import Any
 
 from apps.approvals.models import AuditEvent
 
-# The API token a request acts through (apps/api/views.py binds it per request): every audit
+# The API token a request acts through (apps/api/base.py binds it per request): every audit
 # event written meanwhile names it, so a change made by a CI job says which token made it.
 _via_token: ContextVar[str | None] = ContextVar("tailtune_via_token", default=None)
 

@@ -164,6 +164,16 @@ def test_it_validates_the_analysis_options() -> None:
         validate_spec(spec)
     paths = [e.path for e in info.value.errors]
     assert "analysis.agreed_rates[0]" in paths and "analysis" in paths
+    # Not a list of names: a field error, never a crash.
+    for bad, where in (
+        (3, "analysis.agreed_rates"),
+        ([{"low": 1}], "analysis.agreed_rates[0]"),
+        ([7], "analysis.agreed_rates[0]"),
+    ):
+        spec["analysis"] = {"agreed_rates": bad}
+        with pytest.raises(SpecError) as info:
+            validate_spec(spec)
+        assert [e.path for e in info.value.errors] == [where]
 
 
 def test_it_takes_a_primary_metric_per_class_and_refuses_an_unknown_one() -> None:

@@ -1,0 +1,138 @@
+"""What every resource of the REST API shares: the base view (token, audit binding, role
+checks), the bounded JSON and YAML parsers, the error bodies, and the checks of form fields
+and uploads.
+
+The resources: apps/api/views.py (experiments), views_runs.py (runs and their records),
+views_traces.py (trace uploads) and gates.py (the gate).
+"""
+
+from __future__ import annotations
+
+from contextvars import Token
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from drf_spectacular.utils import inline_serializer
+from rest_framework import serializers
+from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import PermissionDenied as ApiForbidden
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from apps.accounts.models import ApiToken
+from apps.accounts.roles import VIEWER, has_role
+from apps.approvals.audit import bind_token, unbind_token
+from apps.experiments import selectors
+from apps.experiments.models import Experiment
+from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, load_yaml
+from config.uploadhandlers import too_large_message
+
+
+class YamlParser(BaseParser):
+    """A spec sent as YAML text (bounded like every spec: apps/experiments/spec.load_yaml)."""
+
+    media_type = "application/yaml"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        raw = stream.read()
+        try:
+            return load_yaml(raw.decode("utf-8"), where="body")
+        except UnicodeDecodeError as exc:
+            raise ParseError(f"the body is not UTF-8 text (byte {exc.start})") from None
+        except SpecError as exc:
+            raise ParseError({"errors": _errors(exc)}) from None
+
+
+def _errors(exc: SpecError) -> list[dict[str, str]]:
+    return [{"field": e.path, "message": e.message} for e in exc.errors]
+
+
+class SpecJsonParser(JSONParser):
+    """JSON bounded like a YAML spec: at most MAX_SPEC_BYTES, and nesting that Python can read."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        request = (parser_context or {}).get("request")
+        raw_length = request.META.get("CONTENT_LENGTH") if request is not None else None
+        length = (
+            int(raw_length) if raw_length and str(raw_length).isascii() and str(raw_length).isdigit() else 0
+        )
+        if length > MAX_SPEC_BYTES:
+            raise ParseError(
+                {"errors": [{"field": "body", "message": f"is {length} bytes; at most {MAX_SPEC_BYTES}"}]}
+            )
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError({"errors": [{"field": "body", "message": "is nested too deeply"}]}) from None
+
+
+class ApiView(APIView):
+    """Binds the request's token to the audit trail for exactly the length of the call."""
+
+    parser_classes = [SpecJsonParser]
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        binding: Token[str | None] = bind_token(None)
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        finally:
+            unbind_token(binding)  # whatever happened: the name never outlives this call
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        if isinstance(request.auth, ApiToken):
+            bind_token(request.auth.name)  # undone with dispatch's own binding
+
+    def need(self, role: str) -> None:
+        if role == VIEWER:
+            if not selectors.can_read(self.request.user):
+                raise ApiForbidden("this needs the viewer, experimenter or approver role")
+        elif not has_role(self.request.user, role):
+            raise ApiForbidden(f"this needs the {role} role")
+
+    def experiment(self, pk: int) -> Experiment:
+        self.need(VIEWER)
+        return get_object_or_404(Experiment.objects.select_related("owner", "workload"), pk=pk)
+
+
+SPEC_ERRORS = inline_serializer(
+    "SpecErrors",
+    {"errors": serializers.ListField(child=serializers.DictField(child=serializers.CharField()))},
+)
+
+
+def upload_resource(row: Any, *, url_name: str) -> dict[str, Any]:
+    """What the API says of any upload a worker imports (apps/experiments/uploads.py): where it
+    is, its file and status, and once failed its errors, stored as "field: message"."""
+    body: dict[str, Any] = {
+        "upload": row.pk,
+        "url": reverse(url_name, args=[row.pk]),
+        "status": row.status,
+        "file": row.file_name,
+        "bytes": row.size_bytes,
+    }
+    if row.status == row.Status.FAILED:
+        body["errors"] = [
+            {"field": field, "message": message}
+            for field, _, message in (error.partition(": ") for error in row.errors)
+        ]
+    return body
+
+
+def upload_too_large(request: Request, field: str) -> str | None:
+    """The field error for a file dropped past the upload cap (config/uploadhandlers.py), if any."""
+    limit = (getattr(request._request, "uploads_too_large", None) or {}).get(field)
+    return None if limit is None else too_large_message(limit)
+
+
+def _clean_text(value: Any, limit: int) -> bool:
+    """A string the database stores as given: UTF-8, no NUL, at most ``limit`` characters."""
+    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
