@@ -22,6 +22,10 @@ Inputs (dicts, as the service builds them from the models):
 
 The output is JSON-serialisable: no NaN or infinity anywhere (a value that
 is not a finite number is null, with a flag saying why).
+
+The options (``ReportOptions``) and the points they judge (``sweep_combos``,
+``agreed_combos``) are apps/analysis/report_options.py, importable from here too;
+the four checks are apps/analysis/checks.py.
 """
 
 from __future__ import annotations
@@ -29,76 +33,20 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, cost, decide, findings, lengths, metrics, paired, quality, rejections
+from apps.analysis import cost, findings, lengths, metrics, paired, quality, rejections
+from apps.analysis.checks import acceptance_check, recovery_check, scenario_check, validity_check
 from apps.analysis.columns import RecordTable
+from apps.analysis.report_options import ReportOptions, agreed_combos, sweep_combos
 from apps.analysis.server import server_metrics
 from workers.replay.records import GapHistogram
 
 REPORT_FORMAT = "tailtune-report"
 REPORT_VERSION = 1
 HEADLINE = ("goodput_rps", "contract_share", "ttft_p99", "e2e_p99", "max_stall_p99", "itl_p99")
-
-
-@dataclass(frozen=True)
-class ReportOptions:
-    compare: compare.CompareOptions = field(default_factory=compare.CompareOptions)
-    # The rates (names) at which acceptance and the decision are judged; None: every rate.
-    agreed_rates: tuple[str, ...] | None = None
-    # Short-class max-stall growth next to long traffic that counts as a stall finding.
-    stall_ratio: float = 2.0
-    # Preemptions over requests above which a candidate is rejected (apps/analysis/rejections.py).
-    max_preemption_share: float = rejections.MAX_PREEMPTION_SHARE
-    # Price of one GPU-hour for the cost per 1M output tokens (else the host's, apps/analysis/cost.py).
-    usd_per_gpu_hour: float | None = None
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None) -> ReportOptions:
-        data = dict(data or {})
-        unknown = set(data) - {
-            "compare",
-            "agreed_rates",
-            "stall_ratio",
-            "max_preemption_share",
-            "usd_per_gpu_hour",
-        }
-        if unknown:
-            raise ValueError(f"unknown analysis options: {', '.join(sorted(unknown))}")
-        agreed = data.get("agreed_rates")
-        return cls(
-            compare=compare.CompareOptions.from_mapping(data.get("compare")),
-            agreed_rates=tuple(str(r) for r in agreed) if agreed is not None else None,
-            stall_ratio=float(data.get("stall_ratio", 2.0)),
-            max_preemption_share=_share(data.get("max_preemption_share", rejections.MAX_PREEMPTION_SHARE)),
-            usd_per_gpu_hour=_price(data.get("usd_per_gpu_hour")),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "compare": self.compare.to_json(),
-            "agreed_rates": list(self.agreed_rates) if self.agreed_rates is not None else None,
-            "stall_ratio": self.stall_ratio,
-            "max_preemption_share": self.max_preemption_share,
-            "usd_per_gpu_hour": self.usd_per_gpu_hour,
-        }
-
-
-def _share(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"max_preemption_share must be a number from 0 to 1, got {value!r:.40}")
-    return float(value)
-
-
-def _price(value: Any) -> float | None:
-    if value is None:
-        return None
-    if not cost.valid_price(value):
-        raise ValueError(f"usd_per_gpu_hour must be a positive number of dollars, got {value!r:.40}")
-    return float(value)
 
 
 def jsonable(value: Any) -> Any:
@@ -152,25 +100,6 @@ def _variation(per_repeat: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "max": max(finite) if finite else None,
         }
     return out
-
-
-def sweep_combos(
-    sweep: Sequence[Mapping[str, Any]], experiment: Mapping[str, Any]
-) -> list[tuple[str, str, int]]:
-    """The sweep's (mixture, rate, repeat) points, sorted: those its runs sit at, and every
-    mixture x rate of the experiment at each of the runs' repeats (repeat 0 when none ran)."""
-    combo_set = {(str(r["mixture"]), str(r["rate"]), int(r["repeat"])) for r in sweep}
-    repeats = sorted({c[2] for c in combo_set})
-    for mix in experiment.get("mixtures") or {}:
-        for rate in experiment.get("rates") or {}:
-            for rep in repeats or [0]:
-                combo_set.add((mix, rate, rep))
-    return sorted(combo_set)
-
-
-def agreed_combos(combos: Sequence[tuple[str, str, int]], opts: ReportOptions) -> list[tuple[str, str, int]]:
-    """The points acceptance and the decision are judged at: those at an agreed rate."""
-    return [c for c in combos if opts.agreed_rates is None or c[1] in opts.agreed_rates]
 
 
 def build_report(
@@ -328,7 +257,7 @@ def build_report(
                 )
 
     # 4. The checks that need no comparison: validity, and acceptance pooled over repeats.
-    validity = decide.validity_check(
+    validity = validity_check(
         experiment=experiment, cells=cells, baseline=baseline, run_results=run_results, combos=combos
     )
     skipped = {
@@ -336,7 +265,7 @@ def build_report(
         for r in sweep
         if r["status"] == "skipped" and r["reason"]
     }
-    acceptance = decide.acceptance_check(
+    acceptance = acceptance_check(
         cells=cells,
         classes=classes,
         aggregates=aggregates,
@@ -388,8 +317,8 @@ def build_report(
         "validity": validity,
         "acceptance": acceptance,
         "quality": probe_result,
-        "failure_scenarios": decide.scenario_check(run_results, scenario_verdicts),
-        "recovery": decide.recovery_check(
+        "failure_scenarios": scenario_check(run_results, scenario_verdicts),
+        "recovery": recovery_check(
             rollback,
             chosen_cell=decision.get("chosen_cell"),
             baseline=baseline,

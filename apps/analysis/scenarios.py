@@ -14,7 +14,9 @@ backlog, the input past the context window...). Every verdict has two parts:
   ``shown`` and the evidence. A scenario that did not produce its signal did
   not test what it claims to, and says so.
 
-docs/SCENARIOS.md states the same rules in prose.
+docs/SCENARIOS.md states the same rules in prose. Each record's outcome and the
+measures read from the records (``outcome``, ``decode_step_ms``...) are
+apps/analysis/scenario_records.py, importable from here too.
 """
 
 from __future__ import annotations
@@ -23,11 +25,33 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
+from apps.analysis.scenario_records import (
+    NS_PER_MS,
+    OUTCOMES,
+    deadline_ns,
+    decode_step_ms,
+    in_flight_peak,
+    oldest_wait_ms,
+    outcome,
+    outcome_counts,
+    record_brief,
+    stall_p99,
+    ttft_percentile,
+)
 
-from apps.analysis.metrics import REJECT_STATUSES, censored_percentile
+__all__ = [
+    "FCFS_OVERTAKE_SHARE",
+    "NS_PER_MS",
+    "OUTCOMES",
+    "OVERTAKE_MARGIN_MS",
+    "PRIORITY_OVERTAKE_SHARE",
+    "decode_step_ms",
+    "outcome",
+    "priority_order",
+    "scenario_verdict",
+    "scenarios_summary",
+]
 
-NS_PER_MS = 1_000_000.0
 # A flood request "overtakes" an older backlog request when its first token
 # comes at least this much earlier: first tokens of one scheduler step differ
 # only by delivery jitter, and that must not count as reordering.
@@ -36,51 +60,6 @@ OVERTAKE_MARGIN_MS = 50.0
 # priority works; at or below the second, the order was arrival order.
 PRIORITY_OVERTAKE_SHARE = 0.5
 FCFS_OVERTAKE_SHARE = 0.1
-
-OUTCOMES = ("unsent", "rejected", "timeout", "error", "cancelled", "unfinished", "completed")
-
-
-def outcome(rec: Mapping[str, Any]) -> str:
-    """One outcome per record, in the precedence apps/analysis/metrics.py uses."""
-    kind = rec.get("error_kind")
-    if not rec.get("sent", True):
-        return "unsent"
-    if rec.get("http_status") in REJECT_STATUSES or kind == "admission":
-        return "rejected"
-    if kind == "timeout":
-        return "timeout"
-    if kind is not None:
-        return "error"
-    if rec.get("cancelled"):
-        return "cancelled"
-    if rec.get("unfinished"):
-        return "unfinished"
-    if rec.get("http_status") == 200:
-        return "completed"
-    return "error"
-
-
-def decode_step_ms(records: Iterable[Mapping[str, Any]], *, min_output_tokens: int = 8) -> float | None:
-    """The decode pace of a run: median over completed streams of (last - first token) / (tokens - 1), in ms.
-
-    What one stream waits per output token once it is decoding (the
-    scheduler's step time as a client sees it). Only streams delivered token
-    by token count (at least half as many chunks as tokens, when the record
-    has ``chunks``): a stream whose tokens arrived in a few lumps (an API
-    server or a client that fell behind) says nothing about the step time.
-    None when no completed stream qualifies.
-    """
-    per = []
-    for r in records:
-        tokens = int(r.get("output_tokens") or 0)
-        first, last = r.get("first_token_ns"), r.get("last_token_ns")
-        if outcome(r) != "completed" or first is None or last is None or tokens < max(2, min_output_tokens):
-            continue
-        chunks = r.get("chunks")
-        if (chunks is not None and int(chunks) < tokens // 2) or float(last) <= float(first):
-            continue
-        per.append((float(last) - float(first)) / (tokens - 1) / NS_PER_MS)
-    return round(float(np.median(per)), 6) if per else None
 
 
 def _unsized(meta: Mapping[str, Any], key: str) -> str | None:
@@ -97,67 +76,6 @@ def _unsized(meta: Mapping[str, Any], key: str) -> str | None:
 
 def _claim(claim: str, held: bool, **evidence: Any) -> dict[str, Any]:
     return {"claim": claim, "held": bool(held), "evidence": evidence}
-
-
-def _counts(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    out = dict.fromkeys(OUTCOMES, 0)
-    for r in records:
-        out[outcome(r)] += 1
-    return out
-
-
-def _deadline_ns(meta: Mapping[str, Any]) -> float:
-    return (
-        float(meta.get("warmup_s") or 0)
-        + float(meta.get("observation_s") or 0)
-        + float(meta.get("drain_deadline_s") or 0)
-    ) * 1e9
-
-
-def _ttft_ms(rec: Mapping[str, Any]) -> float | None:
-    first = rec.get("first_token_ns")
-    if first is None or outcome(rec) in ("unsent", "rejected"):
-        return None
-    return (float(first) - float(rec["planned_ns"])) / NS_PER_MS
-
-
-def _p(records: Sequence[Mapping[str, Any]], q: float, deadline_ns: float) -> dict[str, Any]:
-    """Censored percentile of TTFT: a request without a first token ranks above every observed one."""
-    seen = [t for t in (_ttft_ms(r) for r in records) if t is not None]
-    bounds = [
-        (deadline_ns - float(r["planned_ns"])) / NS_PER_MS
-        for r in records
-        if _ttft_ms(r) is None and outcome(r) in ("unfinished", "timeout")
-    ]
-    return censored_percentile(np.asarray(seen, dtype=float), np.asarray(bounds, dtype=float), q)
-
-
-def _oldest_wait_ms(records: Sequence[Mapping[str, Any]], deadline_ns: float) -> float | None:
-    """Oldest wait from planned arrival to first token; still waiting counts up to the deadline."""
-    waits = []
-    for r in records:
-        if outcome(r) in ("unsent", "rejected", "error"):
-            continue
-        end = r.get("first_token_ns")
-        end = float(end) if end is not None else deadline_ns
-        waits.append((end - float(r["planned_ns"])) / NS_PER_MS)
-    return round(max(waits), 3) if waits else None
-
-
-def _in_flight_peak(records: Sequence[Mapping[str, Any]], deadline_ns: float) -> int:
-    """Most streams between first and last token at the same moment."""
-    events: list[tuple[float, int]] = []
-    for r in records:
-        first = r.get("first_token_ns")
-        if first is None:
-            continue
-        last = r.get("last_token_ns") or r.get("end_ns") or deadline_ns
-        events += [(float(first), 1), (float(last), -1)]
-    peak = cur = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
-        cur += step
-        peak = max(peak, cur)
-    return peak
 
 
 def _roles(
@@ -187,7 +105,7 @@ def _long_burst(
     deadline: float,
     _: Mapping[str, Any],
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    burst = _counts(roles.get("burst", []))
+    burst = outcome_counts(roles.get("burst", []))
     steady = roles.get("steady", [])
     not_done = burst["unfinished"] + burst["rejected"] + burst["timeout"] + burst["error"]
     claims = [
@@ -203,9 +121,9 @@ def _long_burst(
         "shown": not_done > 0,
         "evidence": {
             "burst": burst,
-            "steady": _counts(steady),
-            "steady_ttft_p99": _p(steady, 0.99, deadline),
-            "steady_oldest_wait_ms": _oldest_wait_ms(steady, deadline),
+            "steady": outcome_counts(steady),
+            "steady_ttft_p99": ttft_percentile(steady, 0.99, deadline),
+            "steady_oldest_wait_ms": oldest_wait_ms(steady, deadline),
         },
     }
     if not signal["shown"]:
@@ -222,13 +140,13 @@ def _decode_pressure(
     server: Mapping[str, Any],
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     streams = roles.get("long_output", [])
-    counts = _counts(streams)
+    counts = outcome_counts(streams)
     wrong = sum(
         1
         for r in streams
         if outcome(r) == "completed" and r.get("output_tokens") != r.get("expected_output_tokens")
     )
-    peak = _in_flight_peak(streams, deadline)
+    peak = in_flight_peak(streams, deadline)
     want = max(2, math.ceil(len(streams) / 2))
     running = ((server.get("gauges") or {}).get("running") or {}).get("max")
     claims = [
@@ -245,15 +163,10 @@ def _decode_pressure(
         "evidence": {
             "peak_streams_in_flight": peak,
             "server_running_max": running,
-            "stream_stall_p99": _stall_p99(streams),
+            "stream_stall_p99": stall_p99(streams),
         },
     }
     return claims, signal
-
-
-def _stall_p99(records: Sequence[Mapping[str, Any]]) -> float | None:
-    gaps = [float(r["max_gap_ns"]) / NS_PER_MS for r in records if r.get("max_gap_ns") is not None]
-    return round(float(np.quantile(gaps, 0.99, method="inverted_cdf")), 3) if gaps else None
 
 
 def _context_boundary(
@@ -272,32 +185,20 @@ def _context_boundary(
         _claim(
             "the input exactly at the context window is served in full",
             at_ok,
-            at_limit=[_brief(r) for r in at],
+            at_limit=[record_brief(r) for r in at],
         ),
         _claim(
             "the input past the context window is refused, and the refusal is recorded with its kind",
             past_err,
-            past_limit=[_brief(r) for r in past],
+            past_limit=[record_brief(r) for r in past],
         ),
     ]
     signal = {
         "expected": "the server's error for the input past the window is captured in its record",
         "shown": past_err,
-        "evidence": {"past_limit": [_brief(r) for r in past]},
+        "evidence": {"past_limit": [record_brief(r) for r in past]},
     }
     return claims, signal
-
-
-def _brief(r: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "index": r.get("index"),
-        "input_tokens": r.get("input_tokens"),
-        "outcome": outcome(r),
-        "http_status": r.get("http_status"),
-        "error_kind": r.get("error_kind"),
-        "error": (r.get("error") or "")[:200] or None,
-        "output_tokens": r.get("output_tokens"),
-    }
 
 
 def _cancellation(
@@ -308,8 +209,8 @@ def _cancellation(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     cancel = roles.get("cancel", [])
     keep = roles.get("complete", [])
-    c_cancel = _counts(cancel)
-    c_keep = _counts(keep)
+    c_cancel = outcome_counts(cancel)
+    c_keep = outcome_counts(keep)
     claims = [
         _claim(
             "streams the client cancelled are recorded as cancellations, not as server errors",
@@ -338,7 +239,7 @@ def _kv_pressure(
     server: Mapping[str, Any],
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     reqs = roles.get("pressure", [])
-    counts = _counts(reqs)
+    counts = outcome_counts(reqs)
     preemptions = (server.get("counters") or {}).get("preemptions")
     claims = [
         _claim(
@@ -416,9 +317,9 @@ def _priority_flood(
     backlog = roles.get("backlog", [])
     flood = roles.get("flood", [])
     order = priority_order(backlog, flood)
-    high = _p(flood, 0.5, deadline)
-    low = _p(backlog, 0.5, deadline)
-    oldest = _oldest_wait_ms(backlog, deadline)
+    high = ttft_percentile(flood, 0.5, deadline)
+    low = ttft_percentile(backlog, 0.5, deadline)
+    oldest = oldest_wait_ms(backlog, deadline)
     high_v = high["ms"] if high["ms"] is not None else math.inf
     low_v = low["ms"] if low["ms"] is not None else (math.inf if low.get("censored") else math.nan)
     claims = [
@@ -427,12 +328,13 @@ def _priority_flood(
             "reported, counting requests still waiting at the drain deadline",
             oldest is not None,
             oldest_lower_priority_wait_ms=oldest,
-            backlog=_counts(backlog),
+            backlog=outcome_counts(backlog),
         ),
         _claim(
             "every request of the flood and the backlog is accounted for",
-            sum(_counts(backlog).values()) + sum(_counts(flood).values()) == len(backlog) + len(flood),
-            flood=_counts(flood),
+            sum(outcome_counts(backlog).values()) + sum(outcome_counts(flood).values())
+            == len(backlog) + len(flood),
+            flood=outcome_counts(flood),
         ),
     ]
     evidence = {
@@ -517,7 +419,7 @@ def scenario_verdict(
         raise ValueError(f"no check for scenario {kind!r}")
     by_index = {int(r["index"]): r for r in records}
     roles = _roles(meta, by_index)
-    deadline = _deadline_ns(meta)
+    deadline = deadline_ns(meta)
     meta = {
         **meta,
         "scheduling_policy": scheduling_policy or "fcfs",
@@ -529,7 +431,7 @@ def scenario_verdict(
         "scenario": meta.get("scenario") or kind,
         "kind": kind,
         "status": status,
-        "counts": _counts(by_index.values()),
+        "counts": outcome_counts(by_index.values()),
         "must_hold": claims,
         "held": all(c["held"] for c in claims),
         "signal": signal,

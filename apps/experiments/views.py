@@ -20,17 +20,9 @@ from django.views.decorators.http import require_POST
 from apps.accounts.roles import APPROVER, has_role
 from apps.analysis import charts
 from apps.analysis.services import recovery_check_now
-from apps.analysis.spread import arrival_spread
 from apps.experiments import selectors
-from apps.experiments.forms import (
-    CellFormSet,
-    ClassFormSet,
-    ExperimentForm,
-    attach_spec_errors,
-    build_spec,
-    spec_from_upload,
-    validate_built,
-)
+from apps.experiments.form_spec import attach_spec_errors, build_spec, spec_from_upload, validate_built
+from apps.experiments.forms import CellFormSet, ClassFormSet, ExperimentForm
 from apps.experiments.models import Experiment, TraceUpload
 from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
@@ -392,30 +384,10 @@ def experiment_spec(request: HttpRequest, pk: int) -> HttpResponse:
 # --- results ---------------------------------------------------------------------------
 
 
-def _combos(report: dict[str, Any]) -> list[tuple[str, str]]:
-    return sorted({(a["mixture"], a["rate"]) for a in report.get("aggregates", [])})
-
-
 def _revocation(experiment: Experiment) -> Any:
     from apps.approvals.models import Revocation
 
     return Revocation.objects.filter(approval__experiment=experiment).select_related("revoked_by").first()
-
-
-def _cost_rows(report: dict[str, Any]) -> dict[str, Any] | None:
-    """Every cell's output tokens/s and $ per 1M output tokens (B0 first), from the report."""
-    costs = report.get("costs")
-    if not costs:
-        return None  # a report stored before costs were computed
-    reasons = {
-        c["cell"]: c["reasons"]
-        for c in ((report.get("decision") or {}).get("evidence") or {}).get("candidates", [])
-    }
-    rows = [
-        {"cell": cell, **entry, "reasons": reasons.get(cell), "judged": cell in reasons}
-        for cell, entry in (costs.get("cells") or {}).items()
-    ]
-    return {**costs, "rows": rows}
 
 
 def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
@@ -434,15 +406,6 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
         context["partial"] = selectors.partial_results(experiment=experiment)
         return render(request, "experiments/results.html", context)
     report = decision.report
-    cells = [c["cell_id"] for c in report.get("cells", [])]
-    baseline = report.get("baseline", cells[0] if cells else "")
-    classes = report.get("classes", [])
-    class_names = [c["name"] for c in classes]
-    combos = _combos(report)
-    chosen = (request.GET.get("mixture", ""), request.GET.get("rate", ""))
-    if chosen not in combos:
-        chosen = combos[-1] if combos else ("", "")
-    mixture, rate = chosen
     runs_url = reverse("experiments:detail", args=[experiment.pk])
 
     def url_for_cell(*, cell: str, mixture: str, rate: str) -> str:
@@ -451,138 +414,20 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
     def url_for_run(key: str) -> str:
         return reverse("runs:detail", args=[key])
 
-    figures: list[tuple[str, dict[str, Any]]] = []
-    if combos:
-        for metric in ("ttft", "e2e", "stall"):
-            figures.append(
-                (
-                    f"latency-{metric}",
-                    charts.latency_by_cell(
-                        aggregates=report["aggregates"],
-                        cells=cells,
-                        baseline=baseline,
-                        classes=classes,
-                        metric=metric,
-                        mixture=mixture,
-                        rate=rate,
-                        url_for_cell=url_for_cell,
-                    ),
-                )
-            )
-    heat_goodput, heat_accepted = charts.goodput_heatmaps(
-        aggregates=report.get("aggregates", []),
-        runs=report.get("runs", []),
-        cells=cells,
-        combos=combos,
-        url_for_cell=url_for_cell,
+    # Every figure and table comes from the stored report (apps/analysis/results_charts.py).
+    chosen = (request.GET.get("mixture", ""), request.GET.get("rate", ""))
+    context.update(
+        charts.results_figures(report, chosen=chosen, url_for_cell=url_for_cell, url_for_run=url_for_run)
     )
-    diffs = charts.paired_diffs(
-        comparisons=report.get("comparisons", []),
-        cells=cells,
-        classes=class_names,
-        mixture=mixture,
-        rate=rate,
-        url_for_cell=url_for_cell,
-    )
-    combo_runs = [
-        r
-        for r in report.get("runs", [])
-        if r["mixture"] == mixture and r["rate"] == rate and not r.get("scenario")
-    ]
-    queue = charts.gauges_over_time(
-        runs=combo_runs,
-        cells=cells,
-        baseline=baseline,
-        gauge="waiting",
-        title=f"Waiting requests over time, {mixture} @ {rate}",
-        y_title="waiting",
-        unit="requests",
-        url_for_run=url_for_run,
-    )
-    kv = charts.gauges_over_time(
-        runs=combo_runs,
-        cells=cells,
-        baseline=baseline,
-        gauge="kv_usage",
-        title=f"KV cache usage over time, {mixture} @ {rate}",
-        y_title="KV cache usage",
-        unit="%",
-        url_for_run=url_for_run,
-        scale=100.0,
-    )
-    preempt = charts.preemptions_by_cell(
-        runs=report.get("runs", []), cells=cells, baseline=baseline, url_for_run=url_for_run
-    )
-    uniform = charts.uniform_vs_bursty(
-        runs=report.get("runs", []), classes=class_names, cells=cells, url_for_cell=url_for_cell
-    )
-    rehearsals = report.get("rehearsals") or {}
-    rehearsal_figures = [
-        (cell, entry, charts.rehearsal_timeline(measures=entry["measures"], class_names=class_names))
-        for cell, entry in sorted(rehearsals.items())
-        if entry.get("measures")
-    ]
     context.update(
         {
-            "rehearsals": rehearsals,
-            "rehearsal_figures": rehearsal_figures,
-            "rehearsal_cells": [c for c in cells if c != baseline],
             "rehearsal_cost_s": rehearsal_cost_s(experiment),
-            "report": report,
-            "cells": cells,
-            "baseline": baseline,
-            "class_names": class_names,
-            "class_colours": charts.class_colours(class_names),
-            "combos": [
-                {
-                    "mixture": m,
-                    "rate": r,
-                    "active": (m, r) == chosen,
-                    "query": urlencode({"mixture": m, "rate": r}),
-                }
-                for m, r in combos
-            ],
-            "mixture": mixture,
-            "rate": rate,
-            "latency_figures": figures,
-            "heat_goodput": heat_goodput,
-            "heat_accepted": heat_accepted,
-            "diffs": diffs,
-            "queue": queue,
-            "kv": kv,
-            "preempt": preempt,
-            "uniform": uniform,
-            "spread": arrival_spread(runs=report.get("runs", []), classes=class_names, cells=cells),
             # Check 4 recomputed from its inputs now (a manifest written at approval, a rehearsal
             # that ended): the stored report is what the approver saw and stays as it was.
             "checks": {
                 **report.get("checks", {}),
                 "recovery": recovery_check_now(experiment=experiment, report=report),
             },
-            "findings": report.get("findings", []),
-            "costs": _cost_rows(report),
-            "natural": report.get("output_mode") == "natural",
-            "stop_rows": [
-                {"cell": cell, "class": cls, "reasons": sorted(counts.items())}
-                for cell, by_class in (report.get("stop_reasons") or {}).items()
-                for cls, counts in by_class.items()
-            ],
-            "strata_rows": [
-                {"cell": a["cell"], "class": a["class"], "strata": a["pooled"].get("output_strata") or []}
-                for a in report.get("aggregates", [])
-                if a["mixture"] == mixture and a["rate"] == rate
-            ],
-            "tails": [
-                {
-                    "cell": a["cell"],
-                    "class": a["class"],
-                    "ttft": a["pooled"]["ttft_ms"],
-                    "e2e": a["pooled"]["e2e_ms"],
-                }
-                for a in report.get("aggregates", [])
-                if a["mixture"] == mixture and a["rate"] == rate
-            ],
-            "decision_data": report.get("decision", {}),
             "approve_refusal": selectors.approve_refusal(request.user, experiment),
         }
     )

@@ -99,6 +99,9 @@ def test_it_marks_pass_and_fail_on_the_heatmaps() -> None:
     assert acc["data"][0]["z"] == [[100.0], [90.0]]
     assert good["data"][0]["colorbar"]["title"]["text"] == "req/s"
     assert acc["data"][0]["colorbar"]["title"]["text"] == "%"
+    # A tile links to its own cell and point (the rate's name, not a leftover run row).
+    assert good["data"][0]["customdata"] == [[_url(cell="B0", mixture="80-20", rate="low")],
+                                             [_url(cell="C1", mixture="80-20", rate="low")]]  # fmt: skip
 
 
 def test_it_draws_paired_differences_with_intervals_and_material_markers() -> None:

@@ -1,0 +1,406 @@
+"""The four checks of an experiment: validity, acceptance, failure scenarios, recovery. Pure.
+
+Inputs are the report's own parts (per-run results, pooled aggregates, see
+apps/analysis/report.py), so a check can always be re-derived from a stored report; the
+decision that reads them is apps/analysis/decide.py. Cells are taken in their plan order, the
+rest is sorted, so the same records give the same checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from apps.analysis import inference, lengths
+from apps.experiments.generation import request_sampling
+
+
+def rounded(x: float | None) -> float | None:
+    """A finite number rounded to 6 places; None for None, NaN or infinity."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(round(x, 6))
+
+
+def validity_check(
+    *,
+    experiment: Mapping[str, Any],
+    cells: Sequence[Mapping[str, Any]],
+    baseline: str,
+    run_results: Sequence[Mapping[str, Any]],
+    combos: Sequence[tuple[str, str, int]],
+) -> dict[str, Any]:
+    """Are all cells comparable? Every problem names its cell; a cell with one is invalid.
+
+    1. Every cell has exactly one done sweep run per (mixture, rate, repeat); a point whose
+       runs early stopping skipped says so, with the reason (``skipped: cannot be accepted ...``).
+    2. Its trace and corpus hashes equal B0's in that (mixture, rate, repeat),
+       and its cohort has as many requests per class as B0's.
+    3. Hardware, model and tokenizer revisions, engine image digest and the
+       sampling settings the requests carried are the same in every run (and
+       match the experiment's where it names them); a candidate whose spec
+       names its own ``engine.model_revision`` must run that, and one that
+       names its own ``engine.image`` may run another image.
+    4. The load generator's dispatch lag p99 is within the experiment's tolerance.
+    5. In a natural-length replay, each class's output tokens are within
+       ``lengths.MAX_OUTPUT_SHIFT`` of B0's in the same (mixture, rate, repeat):
+       otherwise a cell could win by emitting fewer tokens.
+    """
+    problems: list[dict[str, Any]] = []
+    max_lag = float(experiment.get("max_dispatch_lag_ms") or math.inf)
+    sweep: dict[tuple[str, str, str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for r in run_results:
+        if not r.get("scenario"):
+            sweep[(r["cell"], r["mixture"], r["rate"], int(r["repeat"]))].append(r)
+
+    def add(cell: str, problem: str, combo: tuple[str, str, int] | None = None, **detail: Any) -> None:
+        entry: dict[str, Any] = {"cell": cell, "problem": problem}
+        if combo is not None:
+            entry.update(mixture=combo[0], rate=combo[1], repeat=combo[2])
+        entry.update(detail)
+        problems.append(entry)
+
+    chosen: dict[tuple[str, str, str, int], Mapping[str, Any]] = {}
+    for cell in (c["cell_id"] for c in cells):
+        for combo in combos:
+            runs = sweep.get((cell, *combo), [])
+            done = [r for r in runs if r["status"] == "done"]
+            if not done:
+                states = sorted({r["status"] for r in runs}) or ["not run"]
+                skipped = [r for r in runs if r["status"] == "skipped" and r.get("reason")]
+                if skipped:
+                    # Early stopping (apps/analysis/early_stop.py): say why, not just "missing".
+                    add(cell, f"skipped: {skipped[0]['reason']}", combo, statuses=states)
+                else:
+                    add(cell, "missing", combo, statuses=states)
+                continue
+            if len(done) > 1:
+                add(cell, "duplicate runs", combo, runs=sorted(r["key"] for r in done))
+            chosen[(cell, *combo)] = done[0]
+
+    identity = ("hardware_id", "model_revision", "tokenizer_revision", "image_digest")
+    reference: dict[str, Any] = {}
+    for field in identity:
+        expected = experiment.get(field) or None
+        if expected is None:
+            base_runs = [chosen[(baseline, *c)] for c in combos if (baseline, *c) in chosen]
+            expected = base_runs[0].get(field) if base_runs else None
+        reference[field] = expected
+    # What every request should carry (the spec's sampling settings; its flags belong to the replay).
+    reference["generation"] = request_sampling(experiment.get("generation"))
+    own_revision = {c["cell_id"]: (c.get("engine") or {}).get("model_revision") for c in cells}
+    # A candidate that is another engine build on purpose (its spec names its own image) runs
+    # another image; every other cell runs B0's.
+    own_image = {c["cell_id"] for c in cells if (c.get("engine") or {}).get("image")}
+    # A field no run recorded cannot tell cells apart: a warning, not an invalid cell (for the
+    # image digest, among the cells held to B0's image).
+    unrecorded = [
+        f
+        for f in identity
+        if chosen
+        and not any(
+            r.get(f) for (cell, *_), r in chosen.items() if f != "image_digest" or cell not in own_image
+        )
+    ]
+    worst_lag: float | None = None
+    for (cell, mix, rate, repeat), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):
+        combo = (mix, rate, repeat)
+        base = chosen.get((baseline, *combo))
+        for field in ("trace_sha256", "corpus_sha256"):
+            if not run.get(field):
+                add(cell, f"no {field}", combo)
+            elif base is not None and run.get(field) != base.get(field):
+                add(cell, f"{field} differs from {baseline}", combo, value=run.get(field), b0=base.get(field))
+        weights = (experiment.get("mixtures") or {}).get(combo[0]) or {}
+        expected = sorted(c for c, w in weights.items() if w and w > 0)
+        empty = sorted(
+            c for c in expected if run["classes"].get(c, {}).get("counts", {}).get("offered", 0) == 0
+        )
+        if not any(m["counts"]["offered"] for m in run["classes"].values()):
+            add(cell, "no records in the observation window", combo, run=run["key"])
+        elif empty:
+            add(cell, "a class of the mixture has no requests", combo, classes=empty)
+        if base is not None and run is not base:
+            mine = {c: m["counts"]["offered"] for c, m in run["classes"].items()}
+            theirs = {c: m["counts"]["offered"] for c, m in base["classes"].items()}
+            if mine != theirs:
+                add(cell, f"cohort differs from {baseline}", combo, offered=mine, b0=theirs)
+            if experiment.get("output_mode") == "natural":
+                # Mean tokens per completed request: a cell that drops requests is a regression
+                # the comparison shows, not a length shift.
+                shifted = {}
+                for c, m in run["classes"].items():
+                    mine_mean = lengths.mean_completed_tokens(m)
+                    b0_mean = lengths.mean_completed_tokens(base["classes"].get(c) or {})
+                    if (
+                        mine_mean is not None
+                        and b0_mean
+                        and abs(mine_mean / b0_mean - 1.0) > lengths.MAX_OUTPUT_SHIFT
+                    ):
+                        shifted[c] = round(mine_mean / b0_mean - 1.0, 4)
+                if shifted:
+                    add(
+                        cell,
+                        f"output lengths differ from {baseline}",
+                        combo,
+                        relative_shift=shifted,
+                        max_shift=lengths.MAX_OUTPUT_SHIFT,
+                    )
+        for field in identity:
+            want = reference[field]
+            if field == "model_revision" and own_revision.get(cell):
+                want = own_revision[cell]  # a candidate that is another model revision, on purpose
+            if field == "image_digest" and cell in own_image:
+                continue
+            if want and run.get(field) and run.get(field) != want:
+                add(cell, f"{field} differs", combo, value=run.get(field), expected=want)
+            elif not run.get(field) and field not in unrecorded:
+                add(cell, f"no {field}", combo)
+        if run.get("generation") is not None and run.get("generation") != reference["generation"]:
+            add(
+                cell,
+                "generation settings differ",
+                combo,
+                value=run.get("generation"),
+                expected=reference["generation"],
+            )
+        lag = run.get("dispatch_lag_p99_ms")
+        if lag is None:
+            lag = run.get("lateness_ms", {}).get("p99")
+        if lag is not None and (worst_lag is None or lag > worst_lag):
+            worst_lag = float(lag)
+        if lag is not None and lag > max_lag:
+            add(cell, "dispatch lag over tolerance", combo, p99_ms=lag, tolerance_ms=max_lag)
+
+    invalid = sorted({p["cell"] for p in problems if p["problem"] != "duplicate runs"})
+    order = [c["cell_id"] for c in cells]
+    invalid.sort(key=order.index)
+    return {
+        "status": "pass" if not invalid else "fail",
+        "invalid_cells": invalid,
+        "baseline_valid": baseline not in invalid,
+        "problems": problems,
+        "warnings": [f"no run recorded {f}: cells cannot be checked for it" for f in unrecorded],
+        "reference": reference,
+        # The tolerance, and the worst p99 dispatch lag measured in any compared run.
+        "max_dispatch_lag_ms": rounded(max_lag),
+        "worst_dispatch_lag_p99_ms": rounded(worst_lag) if worst_lag is not None else None,
+    }
+
+
+def acceptance_check(
+    *,
+    cells: Sequence[Mapping[str, Any]],
+    classes: Sequence[Mapping[str, Any]],
+    aggregates: Sequence[Mapping[str, Any]],
+    agreed: Sequence[tuple[str, str, int]],
+    alpha: float = 0.05,
+    skipped: Mapping[tuple[str, str, str, int], str] | None = None,
+) -> dict[str, Any]:
+    """Per cell: does every class keep its contract at every agreed (mixture, rate)?
+
+    Judged pooled over the repeats, with the uncertainty the counts have: a p99
+    limit is broken when the share of requests over it (an unobserved value is
+    over) is above 1% by an exact one-sided binomial test at ``alpha``; the
+    error rate likewise against its own limit (inference.share_breaks). A point
+    that lacks a done run of some repeat fails ("no done run"), or, when early
+    stopping skipped it (``skipped``: (cell, mixture, rate, repeat) -> the skipped
+    run's reason), "skipped: <reason>".
+    """
+    points: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for mix, rate, rep in agreed:
+        points[(mix, rate)].append(int(rep))
+    agg = {(a["cell"], a["mixture"], a["rate"], a["class"]): a for a in aggregates}
+    # Every class of a (cell, mixture, rate) pools the same done repeats.
+    done_repeats = {(a["cell"], a["mixture"], a["rate"]): sorted(set(a["repeats"])) for a in aggregates}
+    limits = {str(c["name"]): float(c.get("error_rate", 0.0)) for c in classes}
+    out: dict[str, Any] = {}
+    for cell in (c["cell_id"] for c in cells):
+        failures: list[dict[str, Any]] = []
+        for (mix, rate), reps in sorted(points.items()):
+            done_reps = done_repeats.get((cell, mix, rate), [])
+            missing = sorted(set(reps) - set(done_reps))
+            if missing:
+                why = [(skipped or {}).get((cell, mix, rate, rep)) for rep in missing]
+                stopped = next((w for w in why if w), None)
+                failures.append(
+                    {
+                        "mixture": mix,
+                        "rate": rate,
+                        "repeats": missing,
+                        "class": None,
+                        "broken": [f"skipped: {stopped}" if stopped else "no done run"],
+                    }
+                )
+                continue
+            for name in sorted(limits):
+                a = agg.get((cell, mix, rate, name))
+                if a is None or a["pooled"]["counts"]["offered"] == 0:
+                    continue
+                m = a["pooled"]
+                over = m.get("over_limit") or {}
+                shares: dict[str, float | None] = {}
+                pvals: dict[str, float] = {}
+                broken = []
+                for key, allowed in (
+                    ("ttft", 0.01),
+                    ("e2e", 0.01),
+                    ("stall", 0.01),
+                    ("error_rate", limits[name]),
+                ):
+                    k, n = over.get(key, [0, 0])
+                    bad, p = inference.share_breaks(k, n, allowed, alpha)
+                    shares[key] = rounded(k / n) if n else None
+                    pvals[key] = float(round(p, 6))
+                    if bad:
+                        broken.append(key)
+                if broken:
+                    failures.append(
+                        {
+                            "mixture": mix,
+                            "rate": rate,
+                            "repeats": done_reps,
+                            "class": name,
+                            "broken": broken,
+                            "share_over": shares,
+                            "p_values": {k: pvals[k] for k in broken},
+                            "ttft_p99": m["ttft_ms"]["p99"],
+                            "e2e_p99": m["e2e_ms"]["p99"],
+                            "max_stall_p99": m["max_stall_ms"]["p99"],
+                            "error_rate": m["error_rate"],
+                        }
+                    )
+        out[cell] = {"passed": not failures and bool(points), "failures": failures, "checked": len(points)}
+    return {
+        "status": "pass" if any(v["passed"] for v in out.values()) else "fail",
+        "rule": f"pooled over repeats; a limit is broken when the share over it is above the allowed share "
+        f"(1% for a p99) by an exact binomial test at {alpha:g}",
+        "cells": out,
+        "agreed": [list(c) for c in agreed],
+    }
+
+
+# Runs apart from the sweep that are not failure scenarios: the capacity probe's steps
+# (apps/runs/calibration.py) and the uniform-spacing companions of the sweep's traces.
+CALIBRATION_SCENARIO = "calibration"
+UNIFORM_SCENARIO = "uniform"
+NOT_FAILURE_SCENARIOS = frozenset({CALIBRATION_SCENARIO, UNIFORM_SCENARIO, "rehearsal"})
+
+
+def scenario_check(
+    run_results: Sequence[Mapping[str, Any]], verdicts: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Failure-scenario runs, listed apart from the sweep with what held and what did not.
+
+    ``verdicts`` (run key -> apps.analysis.scenarios.scenario_verdict) says what each
+    scenario must show and hold; without one a run is judged by its classes' contracts.
+    """
+    verdicts = verdicts or {}
+    listed = []
+    for r in sorted(
+        (r for r in run_results if r.get("scenario") and r["scenario"] not in NOT_FAILURE_SCENARIOS),
+        key=lambda r: (r["scenario"], r["cell"], r["mixture"], r["rate"], int(r["repeat"]), r["key"]),
+    ):
+        classes = {}
+        for name, m in sorted(r["classes"].items()):
+            c = m["counts"]
+            classes[name] = {
+                "offered": c["offered"],
+                "completed": c["completed"],
+                "rejected": c["rejected"],
+                "errors": c["errors"],
+                "timeouts": c["timeouts"],
+                "cancelled": c["cancelled"],
+                "unfinished": c["unfinished"],
+                "contract_met": m["contract"]["met"],
+                "ttft_p99": m["ttft_ms"]["p99"],
+                "e2e_p99": m["e2e_ms"]["p99"],
+                "oldest_queue_age_ms": m["oldest_queue_age_ms"],
+            }
+        verdict = verdicts.get(str(r["key"]))
+        held = r["status"] == "done" and all(v["contract_met"] for v in classes.values())
+        if verdict is not None:
+            held = bool(verdict["held"] and verdict["shown"])
+        listed.append(
+            {
+                "verdict": verdict,
+                "scenario": r["scenario"],
+                "cell": r["cell"],
+                "mixture": r["mixture"],
+                "rate": r["rate"],
+                "repeat": r["repeat"],
+                "run": r["key"],
+                "status": r["status"],
+                "held": held,
+                "preemptions": (r.get("server") or {}).get("counters", {}).get("preemptions"),
+                "classes": classes,
+            }
+        )
+    status = "none" if not listed else ("pass" if all(x["held"] for x in listed) else "listed")
+    return {"status": status, "runs": listed}
+
+
+REHEARSAL_SCENARIO = "rehearsal"
+
+
+def recovery_check(
+    rollback: Mapping[str, Any] | None,
+    *,
+    chosen_cell: str | None = None,
+    baseline: str | None = None,
+    rehearse: bool = True,
+    rehearsal: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Check 4: the rollback to B0, rehearsed for real (apps/analysis/rehearsal.py).
+
+    ``rehearsal`` is the latest rehearsal of the chosen cell: {"run", "status", "reason",
+    "measures"}. Statuses: ``not needed`` (B0 stays: nothing to roll back), ``pending`` (not
+    run yet), ``not rehearsed`` (the spec turned it off), ``fail`` (the rehearsal failed, or
+    B0 did not recover in time, a class broke its error budget after it, or a request is
+    unaccounted for), ``pass``. The manifest's existence is reported beside it.
+    """
+    rb = dict(rollback or {})
+    out: dict[str, Any] = {"manifest": bool(rb.get("exists")), "baseline": rb.get("baseline") or baseline}
+    if chosen_cell is None or chosen_cell == baseline:
+        return {
+            **out,
+            "status": "not needed",
+            "reason": "the decision keeps B0: there is no change to roll back",
+        }
+    out["cell"] = chosen_cell
+    if rehearsal is None:
+        if not rehearse:
+            return {
+                **out,
+                "status": "not rehearsed",
+                "reason": "the spec turned the rollback rehearsal off (recovery.rehearse: false)",
+            }
+        return {
+            **out,
+            "status": "pending",
+            "reason": f"the rollback of {chosen_cell} has not been rehearsed yet",
+        }
+    out["run"] = rehearsal.get("run")
+    status = rehearsal.get("status")
+    if status in ("queued", "starting", "warming", "measuring", "draining"):
+        return {**out, "status": "pending", "reason": f"the rehearsal of {chosen_cell} is {status}"}
+    measures = rehearsal.get("measures")
+    if status != "done" or not measures:
+        return {
+            **out,
+            "status": "fail",
+            "reason": f"the rehearsal ended {status}: {rehearsal.get('reason') or 'no measures'}",
+        }
+    out["measures"] = {
+        k: measures.get(k)
+        for k in ("time_to_recover_s", "max_recovery_s", "cut", "surge", "standby", "switch_at_s")
+    }
+    if measures["passed"]:
+        return {
+            **out,
+            "status": "pass",
+            "reason": f"B0 recovered {measures['time_to_recover_s']:g} s after the switch",
+        }
+    return {**out, "status": "fail", "reason": "; ".join(measures["problems"])}

@@ -1,0 +1,185 @@
+"""The results page's figures and tables, from a stored report. Pure.
+
+``results_figures`` turns a decision's report into the parts of the results page's template
+context that come from the report alone (every figure and table); the view adds what needs
+the database and the request (apps/experiments/views.py ``experiment_results``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from apps.analysis import cell_charts, run_charts
+from apps.analysis.chart_style import UrlFor, class_colours
+from apps.analysis.spread import arrival_spread
+
+
+def report_combos(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The report's (mixture, rate) points, sorted."""
+    return sorted({(a["mixture"], a["rate"]) for a in report.get("aggregates", [])})
+
+
+def cost_rows(report: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Every cell's output tokens/s and $ per 1M output tokens (B0 first), from the report."""
+    costs = report.get("costs")
+    if not costs:
+        return None  # a report stored before costs were computed
+    reasons = {
+        c["cell"]: c["reasons"]
+        for c in ((report.get("decision") or {}).get("evidence") or {}).get("candidates", [])
+    }
+    rows = [
+        {"cell": cell, **entry, "reasons": reasons.get(cell), "judged": cell in reasons}
+        for cell, entry in (costs.get("cells") or {}).items()
+    ]
+    return {**costs, "rows": rows}
+
+
+def results_figures(
+    report: Mapping[str, Any],
+    *,
+    chosen: tuple[str, str],
+    url_for_cell: UrlFor,
+    url_for_run: Callable[[str], str],
+) -> dict[str, Any]:
+    """The results page's figures and tables at the (mixture, rate) ``chosen`` (the last point
+    of the report when it has no such point), as template context.
+
+    ``url_for_cell(cell=, mixture=, rate=)`` and ``url_for_run(key)`` are the pages a click on a
+    point opens.
+    """
+    cells = [c["cell_id"] for c in report.get("cells", [])]
+    baseline = report.get("baseline", cells[0] if cells else "")
+    classes = report.get("classes", [])
+    class_names = [c["name"] for c in classes]
+    combos = report_combos(report)
+    if chosen not in combos:
+        chosen = combos[-1] if combos else ("", "")
+    mixture, rate = chosen
+    figures: list[tuple[str, dict[str, Any]]] = []
+    if combos:
+        for metric in ("ttft", "e2e", "stall"):
+            figures.append(
+                (
+                    f"latency-{metric}",
+                    cell_charts.latency_by_cell(
+                        aggregates=report["aggregates"],
+                        cells=cells,
+                        baseline=baseline,
+                        classes=classes,
+                        metric=metric,
+                        mixture=mixture,
+                        rate=rate,
+                        url_for_cell=url_for_cell,
+                    ),
+                )
+            )
+    heat_goodput, heat_accepted = cell_charts.goodput_heatmaps(
+        aggregates=report.get("aggregates", []),
+        runs=report.get("runs", []),
+        cells=cells,
+        combos=combos,
+        url_for_cell=url_for_cell,
+    )
+    diffs = cell_charts.paired_diffs(
+        comparisons=report.get("comparisons", []),
+        cells=cells,
+        classes=class_names,
+        mixture=mixture,
+        rate=rate,
+        url_for_cell=url_for_cell,
+    )
+    combo_runs = [
+        r
+        for r in report.get("runs", [])
+        if r["mixture"] == mixture and r["rate"] == rate and not r.get("scenario")
+    ]
+    queue = run_charts.gauges_over_time(
+        runs=combo_runs,
+        cells=cells,
+        baseline=baseline,
+        gauge="waiting",
+        title=f"Waiting requests over time, {mixture} @ {rate}",
+        y_title="waiting",
+        unit="requests",
+        url_for_run=url_for_run,
+    )
+    kv = run_charts.gauges_over_time(
+        runs=combo_runs,
+        cells=cells,
+        baseline=baseline,
+        gauge="kv_usage",
+        title=f"KV cache usage over time, {mixture} @ {rate}",
+        y_title="KV cache usage",
+        unit="%",
+        url_for_run=url_for_run,
+        scale=100.0,
+    )
+    preempt = run_charts.preemptions_by_cell(
+        runs=report.get("runs", []), cells=cells, baseline=baseline, url_for_run=url_for_run
+    )
+    uniform = cell_charts.uniform_vs_bursty(
+        runs=report.get("runs", []), classes=class_names, cells=cells, url_for_cell=url_for_cell
+    )
+    rehearsals = report.get("rehearsals") or {}
+    rehearsal_figures = [
+        (cell, entry, run_charts.rehearsal_timeline(measures=entry["measures"], class_names=class_names))
+        for cell, entry in sorted(rehearsals.items())
+        if entry.get("measures")
+    ]
+    return {
+        "rehearsals": rehearsals,
+        "rehearsal_figures": rehearsal_figures,
+        "rehearsal_cells": [c for c in cells if c != baseline],
+        "report": report,
+        "cells": cells,
+        "baseline": baseline,
+        "class_names": class_names,
+        "class_colours": class_colours(class_names),
+        "combos": [
+            {
+                "mixture": m,
+                "rate": r,
+                "active": (m, r) == chosen,
+                "query": urlencode({"mixture": m, "rate": r}),
+            }
+            for m, r in combos
+        ],
+        "mixture": mixture,
+        "rate": rate,
+        "latency_figures": figures,
+        "heat_goodput": heat_goodput,
+        "heat_accepted": heat_accepted,
+        "diffs": diffs,
+        "queue": queue,
+        "kv": kv,
+        "preempt": preempt,
+        "uniform": uniform,
+        "spread": arrival_spread(runs=report.get("runs", []), classes=class_names, cells=cells),
+        "findings": report.get("findings", []),
+        "costs": cost_rows(report),
+        "natural": report.get("output_mode") == "natural",
+        "stop_rows": [
+            {"cell": cell, "class": cls, "reasons": sorted(counts.items())}
+            for cell, by_class in (report.get("stop_reasons") or {}).items()
+            for cls, counts in by_class.items()
+        ],
+        "strata_rows": [
+            {"cell": a["cell"], "class": a["class"], "strata": a["pooled"].get("output_strata") or []}
+            for a in report.get("aggregates", [])
+            if a["mixture"] == mixture and a["rate"] == rate
+        ],
+        "tails": [
+            {
+                "cell": a["cell"],
+                "class": a["class"],
+                "ttft": a["pooled"]["ttft_ms"],
+                "e2e": a["pooled"]["e2e_ms"],
+            }
+            for a in report.get("aggregates", [])
+            if a["mixture"] == mixture and a["rate"] == rate
+        ],
+        "decision_data": report.get("decision", {}),
+    }
