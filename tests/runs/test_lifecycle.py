@@ -98,7 +98,12 @@ def test_a_runs_kind_always_agrees_with_its_scenario() -> None:
     experiment = make_experiment()
     run = experiment.runs.first()
     assert run.kind == Run.Kind.SWEEP and run.scenario == ""
-    for kind, scenario in (("sweep", "burst"), ("scenario", ""), ("uniform", "calibration"), ("pace", "pace")):
+    for kind, scenario in (
+        ("sweep", "burst"),
+        ("scenario", ""),
+        ("uniform", "calibration"),
+        ("pace", "pace"),
+    ):
         with pytest.raises(IntegrityError), transaction.atomic():
             Run.objects.filter(pk=run.pk).update(kind=kind, scenario=scenario)
     for kind, scenario in (("scenario", "burst"), ("pace", "calibration"), ("rehearsal", "rehearsal")):
