@@ -42,6 +42,10 @@ PURE = [
     "apps.experiments.spec_sections",
     "workers.replay.records",
     "workers.replay.sse",
+    "workers.replay.request",
+    "workers.replay.result",
+    "workers.replay.stream",
+    "workers.replay.batches",
 ]
 
 

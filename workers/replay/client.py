@@ -17,7 +17,10 @@ CPU for the same load and fell behind at 200 req/s (issue 4), and the send
 loop is the one place where the client's own cost becomes measurement error.
 
 Algorithm of a replay (:func:`workers.replay.run.run_replay` is the entry point, which
-also fans a replay out over processes through :mod:`workers.replay.shard`):
+also fans a replay out over processes through :mod:`workers.replay.shard`). This module is
+the send loop (steps 1, 2 and 4); the request's body and record are in
+:mod:`workers.replay.request`, the stream reader in :mod:`workers.replay.stream`, the
+batches in :mod:`workers.replay.batches` and the result in :mod:`workers.replay.result`:
 
 1. Build one record per request (planned time, class, warm-up flag) and fix
    the origin a little in the future so the first sends are not late.
@@ -43,21 +46,27 @@ import asyncio
 import collections
 import contextlib
 import functools
-import json
-import math
 import resource
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 
 from workers.replay import rawhttp
-from workers.replay.frames import frame_parse
+from workers.replay.batches import BatchCallback, Batcher, ProgressCallback
 from workers.replay.records import RequestRecord
-from workers.replay.sse import DONE, SSEParser
+from workers.replay.request import ENDPOINTS, OUTPUT_MODES, new_record, request_body
+from workers.replay.result import ReplayResult, summarise
+from workers.replay.stream import (
+    ERROR_TEXT_LIMIT,
+    Tally,
+    is_context_error,
+    mark_late,
+    read_aiohttp,
+    record_failure,
+)
 
 uvloop: Any
 try:  # uvloop halves the loop's own CPU cost; plain asyncio still works.
@@ -67,75 +76,11 @@ except ImportError:  # pragma: no cover - uvloop is a dependency, this is a fall
 
 perf_ns = time.perf_counter_ns
 
-ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # Lead time between building the plan and the origin, so that session setup
 # and the first task creations are not counted as lateness.
 _ORIGIN_LEAD_NS = 50_000_000
 # How often the loop looks at the caller's threading.Event (and checks it still runs on time).
 _STOP_POLL_S = 0.02
-# Bytes of an error body kept in a record.
-_ERROR_TEXT_LIMIT = 500
-
-BatchCallback = Callable[[list[RequestRecord]], None]
-ProgressCallback = Callable[[int, int], None]
-
-
-@dataclass
-class ReplayResult:
-    run_id: str
-    records: list[RequestRecord]
-    planned_requests: int
-    sent: int
-    ok: int
-    errors: int
-    cancelled: int
-    unfinished: int
-    not_sent: int
-    dispatch_lag_p50_ms: float | None
-    dispatch_lag_p99_ms: float | None
-    dispatch_lag_max_ms: float | None
-    planned_rate_rps: float | None
-    achieved_rate_rps: float | None
-    valid: bool
-    invalid_reason: str
-    # True when the caller's stop event ended the run early.
-    stopped: bool
-    duration_s: float
-    tolerance_ms: float
-    notes: list[str] = field(default_factory=list)
-    # The longest time the event loop could not run during the replay (None: not measured,
-    # e.g. sharded). A stall holds back sends and stamps every frame read after it late.
-    loop_stall_max_ms: float | None = None
-    # A recovery rehearsal's own facts (workers/replay/rehearsal.py): the switch, B0 ready, cuts.
-    rehearsal: dict[str, Any] | None = None
-    # The fields every request body carried besides its own (the sampling settings): what the
-    # server was asked for, recorded with the run so cells can be checked for the same settings.
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    # exact: every request forced to its length; natural: the length is only a cap.
-    output_mode: str = "exact"
-
-    def run_fields(self) -> dict[str, Any]:
-        """The Run row's load-generator fields (dispatch lag, achieved rate, requests sent)."""
-        return {
-            "dispatch_lag_p50_ms": self.dispatch_lag_p50_ms,
-            "dispatch_lag_p99_ms": self.dispatch_lag_p99_ms,
-            "dispatch_lag_max_ms": self.dispatch_lag_max_ms,
-            "achieved_rate_rps": self.achieved_rate_rps,
-            "requests_sent": self.sent,
-        }
-
-    def summary(self) -> dict[str, Any]:
-        """Everything but the records, JSON-ready (for Run.summary and logs)."""
-        return {k: v for k, v in self.__dict__.items() if k != "records"}
-
-
-def check_requests(requests: Sequence[dict[str, Any]], *, endpoint: str) -> None:
-    """Refuse a request the endpoint cannot send, naming its position."""
-    for position, request in enumerate(requests):
-        if endpoint == "chat" and not isinstance(request.get("prompt"), str):
-            raise ValueError(f"request {position}: the chat endpoint needs a text 'prompt'")
-        if request.get("prompt") is None and request.get("prompt_token_ids") is None:
-            raise ValueError(f"request {position}: needs prompt_token_ids or prompt")
 
 
 def drive(
@@ -147,7 +92,7 @@ def drive(
     tolerance_ms: float,
 ) -> ReplayResult:
     """Run one prepared replay on its own event loop, hand its records to ``on_batch``, summarise it."""
-    batcher = _Batcher(replay, on_batch=on_batch, on_progress=on_progress, interval_s=batch_interval_s)
+    batcher = Batcher(replay, on_batch=on_batch, on_progress=on_progress, interval_s=batch_interval_s)
     batcher.start()
     started = perf_ns()
     try:
@@ -158,64 +103,7 @@ def drive(
     duration_s = (perf_ns() - started) / 1e9
     if batcher.error is not None:
         raise batcher.error
-    return _result(replay, tolerance_ms=tolerance_ms, duration_s=duration_s)
-
-
-OUTPUT_MODES = ("exact", "natural")
-
-
-def request_body(
-    request: dict[str, Any],
-    *,
-    model: str,
-    endpoint: str,
-    extra_body: dict[str, Any],
-    output_mode: str = "exact",
-) -> bytes:
-    """The JSON body of one streaming request.
-
-    ``exact``: exactly ``output_tokens`` tokens (``min_tokens`` = the cap, ``ignore_eos``), so
-    every cell decodes the same lengths. ``natural``: ``output_tokens`` is only the cap; the
-    model stops where it stops, and the record keeps the length and ``finish_reason``.
-    """
-    output_tokens = int(request["output_tokens"])
-    body: dict[str, Any] = {"model": model}
-    if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": request["prompt"]}]
-        body["max_completion_tokens"] = output_tokens
-    else:
-        prompt = request.get("prompt")
-        body["prompt"] = prompt if prompt is not None else request["prompt_token_ids"]
-        body["max_tokens"] = output_tokens
-    if output_mode == "exact":
-        body["min_tokens"] = output_tokens
-        body["ignore_eos"] = True
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    # vLLM refuses a priority when its scheduler is FCFS, so 0 (the default) is not sent.
-    priority = int(request.get("priority") or 0)
-    if priority:
-        body["priority"] = priority
-    body.update(extra_body)
-    return json.dumps(body, separators=(",", ":")).encode()
-
-
-def new_record(*, run_id: str, warmup_ns: int, position: int, request: dict[str, Any]) -> RequestRecord:
-    """The record of a request before it is sent (planned time, class, warm-up flag)."""
-    planned_ns = round(float(request["t_offset_s"]) * 1e9)
-    warmup = request.get("warmup")
-    return RequestRecord(
-        run_id=run_id,
-        index=int(request.get("index", position)),
-        request_class=str(request.get("class", "")),
-        warmup=bool(warmup) if warmup is not None else planned_ns < warmup_ns,
-        input_tokens=int(request.get("input_tokens") or len(request.get("prompt_token_ids") or ())),
-        expected_output_tokens=int(request["output_tokens"]),
-        planned_ns=planned_ns,
-        sent_ns=None,
-        sent=False,
-        priority=int(request.get("priority") or 0),
-    )
+    return summarise(replay, tolerance_ms=tolerance_ms, duration_s=duration_s)
 
 
 class _Replay:
@@ -486,7 +374,7 @@ class _Replay:
         origin = self.origin_ns
         dispatched = perf_ns()
         response: aiohttp.ClientResponse | rawhttp.Response | None = sent_early
-        tally: _Tally | None = None
+        tally: Tally | None = None
         acquired = False
         try:
             if sent_early is not None:
@@ -520,12 +408,12 @@ class _Replay:
             self._on_response(record, response)
             if response.status != 200:
                 if isinstance(response, rawhttp.Response):
-                    raw = await response.read_body(_ERROR_TEXT_LIMIT * 4)
+                    raw = await response.read_body(ERROR_TEXT_LIMIT * 4)
                 else:
-                    raw = await response.content.read(_ERROR_TEXT_LIMIT * 4)
+                    raw = await response.content.read(ERROR_TEXT_LIMIT * 4)
                 text = raw.decode("utf-8", "replace")
-                record.error_kind = "context" if _is_context_error(text) else "http"
-                record.error = f"HTTP {response.status}: {text[:_ERROR_TEXT_LIMIT]}"
+                record.error_kind = "context" if is_context_error(text) else "http"
+                record.error = f"HTTP {response.status}: {text[:ERROR_TEXT_LIMIT]}"
                 record.end_ns = perf_ns() - origin
                 return
             cancel_after = request.get("cancel_after_tokens")
@@ -533,14 +421,14 @@ class _Replay:
                 record.cancelled = True
                 record.end_ns = perf_ns() - origin
                 return
-            tally = _Tally(record, origin, cancel_after)
+            tally = Tally(record, origin, cancel_after)
             if isinstance(response, rawhttp.Response):
                 # Frames are accounted inside the connection's data_received, stamped on arrival.
                 await response.stream(tally.feed)
                 if not tally.ended:
                     tally.feed(b"", perf_ns())
             else:
-                await self._read_stream(response, tally)
+                await read_aiohttp(response, tally)
             mark_late(record, self.deadline_ns)
         except asyncio.CancelledError:
             # Only this module cancels stream tasks: at the drain deadline or on stop.
@@ -549,9 +437,9 @@ class _Replay:
             if current is not None:
                 current.uncancel()
         except TimeoutError as exc:
-            _fail(record, "timeout", exc, origin)
+            record_failure(record, "timeout", exc, origin)
         except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
-            _fail(record, "connect", exc, origin)
+            record_failure(record, "connect", exc, origin)
         except OSError as exc:
             # ConnectionLost (server hung up mid-stream) is an OSError too; a failed
             # connect has no HTTP status yet.
@@ -560,12 +448,12 @@ class _Replay:
                 if record.http_status is None and not isinstance(exc, rawhttp.ConnectionLost)
                 else "protocol"
             )
-            _fail(record, kind, exc, origin)
+            record_failure(record, kind, exc, origin)
         except (aiohttp.ClientError, ValueError) as exc:
             # Server hung up mid-stream, broken chunked encoding, bad JSON.
-            _fail(record, "protocol", exc, origin)
+            record_failure(record, "protocol", exc, origin)
         except Exception as exc:  # a client bug must still become data, not kill the run
-            _fail(record, "client", exc, origin)
+            record_failure(record, "client", exc, origin)
         finally:
             if tally is not None:
                 tally.close()
@@ -577,123 +465,6 @@ class _Replay:
             if acquired and semaphore is not None:
                 semaphore.release()
             self.finished.append(record)
-
-    async def _read_stream(self, response: aiohttp.ClientResponse, tally: _Tally) -> None:
-        content = response.content
-        while True:
-            data = await content.readany()
-            if tally.feed(data, perf_ns()) or not data:
-                return
-
-
-class _Tally:
-    """Turns one stream's bytes into its record: tokens, chunks, gaps, end.
-
-    ``feed`` gets each network read with its arrival time; counts are written
-    to the record by ``close`` however the stream ends (done, cancelled, cut,
-    timed out, closed at the deadline): partial streams are data too.
-    """
-
-    __slots__ = (
-        "record",
-        "origin",
-        "cancel_after",
-        "parser",
-        "tokens",
-        "final_tokens",
-        "chunks",
-        "first_ns",
-        "last_ns",
-        "max_gap",
-        "done",
-        "ended",
-    )
-
-    def __init__(self, record: RequestRecord, origin: int, cancel_after: int | None) -> None:
-        self.record = record
-        self.origin = origin
-        self.cancel_after = cancel_after
-        self.parser = SSEParser()
-        self.tokens = 0
-        self.final_tokens: int | None = None
-        self.chunks = 0
-        self.first_ns: int | None = None
-        self.last_ns = 0
-        self.max_gap = 0
-        # Saw data: [DONE]; and: the stream reached its end (EOF or [DONE] or a cancel).
-        self.done = False
-        self.ended = False
-
-    def feed(self, data: bytes, now: int) -> bool:
-        """Account one read (b"" = end of stream); True when the caller should stop reading."""
-        record = self.record
-        events = self.parser.feed(data) if data else self.parser.close()
-        for event in events:
-            if self.done:
-                continue
-            if event == DONE:
-                self.done = True
-                record.end_ns = now - self.origin
-                continue
-            frame = frame_parse(event)
-            if frame.error is not None:
-                record.error_kind = "http"
-                record.error = f"error event in stream: {frame.error[:_ERROR_TEXT_LIMIT]}"
-                continue
-            delta = 0
-            completion = frame.completion_tokens
-            if frame.prompt_tokens is not None:
-                record.prompt_tokens = frame.prompt_tokens
-            if completion is not None:
-                if frame.has_choices:
-                    delta = completion - self.tokens
-                else:
-                    # The closing usage-only frame: the authoritative total.
-                    self.final_tokens = completion
-            elif frame.has_output:
-                # No usage on this frame (server ignores continuous usage
-                # stats): one frame, one token, corrected by the final usage.
-                delta = 1
-            if frame.finish_reason is not None:
-                record.finish_reason = frame.finish_reason
-            if delta > 0:
-                if self.first_ns is None:
-                    self.first_ns = now
-                else:
-                    gap = now - self.last_ns
-                    gap_us = gap / 1000
-                    record.chunk_gaps.add(gap_us)
-                    record.token_gaps.add(gap_us / delta, delta)
-                    if gap > self.max_gap:
-                        self.max_gap = gap
-                self.last_ns = now
-                self.tokens += delta
-                self.chunks += 1
-                if self.cancel_after is not None and self.tokens >= self.cancel_after:
-                    record.cancelled = True
-                    record.end_ns = now - self.origin
-                    self.ended = True
-                    return True
-        if not data:
-            self.ended = True
-            return True
-        return False
-
-    def close(self) -> None:
-        record = self.record
-        origin = self.origin
-        record.output_tokens = self.final_tokens if self.final_tokens is not None else self.tokens
-        record.chunks = self.chunks
-        if self.first_ns is not None:
-            record.first_token_ns = self.first_ns - origin
-            record.last_token_ns = self.last_ns - origin
-            record.max_gap_ns = self.max_gap if self.chunks > 1 else None
-        if self.ended:
-            if record.end_ns is None:
-                record.end_ns = perf_ns() - origin
-            if not self.done and not record.cancelled and record.error_kind is None:
-                record.error_kind = "protocol"
-                record.error = "stream ended before data: [DONE]"
 
 
 async def _preflight(session: aiohttp.ClientSession, url: str) -> None:
@@ -707,35 +478,6 @@ async def _preflight(session: aiohttp.ClientSession, url: str) -> None:
             await response.read()
 
 
-def mark_late(record: RequestRecord, deadline_ns: int) -> bool:
-    """Count a stream that ended after the drain deadline as unfinished at the deadline.
-
-    The deadline timer normally closes such a stream first. But when this
-    process is stalled across the deadline (a host that stops scheduling it
-    for seconds), the loop may read the rest of a stream before the timer
-    runs: the record then ends after the deadline, and at the deadline it had
-    not finished. Returns True when it marked the record.
-    """
-    if record.cancelled or record.error_kind is not None or record.end_ns is None:
-        return False
-    if record.end_ns <= deadline_ns:
-        return False
-    record.unfinished = True
-    record.error = record.error or "the stream ended after the drain deadline"
-    return True
-
-
-def _is_context_error(text: str) -> bool:
-    lowered = text.lower()
-    return "context length" in lowered or "maximum context" in lowered or "max_model_len" in lowered
-
-
-def _fail(record: RequestRecord, kind: str, exc: BaseException, origin: int) -> None:
-    record.error_kind = kind
-    record.error = f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT]
-    record.end_ns = perf_ns() - origin
-
-
 def _raise_fd_limit() -> None:
     # Each open stream holds a socket; an open-loop run at hundreds of req/s
     # can hold thousands when the server is slow.
@@ -745,120 +487,3 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(
                 resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard)
             )
-
-
-class _Batcher:
-    """Hands finished records to the caller from its own thread."""
-
-    def __init__(
-        self,
-        replay: Any,  # _Replay, or shard.Sharded: anything with finished, sent_count, total, stop, notes
-        *,
-        on_batch: BatchCallback | None,
-        on_progress: ProgressCallback | None,
-        interval_s: float,
-    ) -> None:
-        self.replay = replay
-        self.on_batch = on_batch
-        self.on_progress = on_progress
-        self.interval_s = max(0.01, interval_s)
-        self.error: BaseException | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, name=f"replay-batches-{replay.run_id}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def finish(self) -> None:
-        self._done.set()
-        self._thread.join()
-        # Whatever finished after the thread's last pass (at least the unsent ones).
-        self._flush()
-
-    def _loop(self) -> None:
-        while not self._done.wait(self.interval_s):
-            self._flush()
-
-    def _flush(self) -> None:
-        if self.error is not None:
-            return
-        replay = self.replay
-        batch: list[RequestRecord] = []
-        with contextlib.suppress(IndexError):
-            while True:
-                batch.append(replay.finished.popleft())
-        try:
-            if batch and self.on_batch is not None:
-                self.on_batch(batch)
-            if self.on_progress is not None:
-                self.on_progress(replay.sent_count, replay.total)
-        except BaseException as exc:  # re-raised by run_replay once the loop is down
-            self.error = exc
-            replay.notes.append(f"on_batch/on_progress raised {type(exc).__name__}: the run was stopped")
-            replay.stop.set()
-
-
-def _percentile(sorted_values: list[int], q: float) -> float:
-    # Nearest-rank: the reported p99 is a lag that some request really had.
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return float(sorted_values[rank - 1])
-
-
-def _result(replay: Any, *, tolerance_ms: float, duration_s: float) -> ReplayResult:
-    """Summarise a finished replay (single loop or sharded: records, windows, stopped, notes)."""
-    records = replay.records
-    sent = [r for r in records if r.sent and r.sent_ns is not None]
-    observed = [r for r in sent if not r.warmup] or sent
-    lags = sorted(r.sent_ns - (r.admission_delay_ns or 0) - r.planned_ns for r in observed)
-    p50 = _percentile(lags, 0.50) / 1e6 if lags else None
-    p99 = _percentile(lags, 0.99) / 1e6 if lags else None
-    lag_max = lags[-1] / 1e6 if lags else None
-
-    planned_obs = [r for r in records if not r.warmup]
-    window_s = replay.observation_ns / 1e9
-    planned_rate = len(planned_obs) / window_s if window_s > 0 and planned_obs else None
-    achieved_rate = None
-    sent_obs = [r for r in sent if not r.warmup]
-    if planned_rate is not None and sent_obs:
-        last_dispatch = max(r.sent_ns - (r.admission_delay_ns or 0) for r in sent_obs)
-        span_s = max(window_s, (last_dispatch - replay.warmup_ns) / 1e9)
-        achieved_rate = len(sent_obs) / span_s
-
-    not_sent = len(records) - len(sent)
-    reasons = []
-    if p99 is not None and p99 > tolerance_ms:
-        reasons.append(
-            f"load generator fell behind: p99 dispatch lag {p99:.1f} ms > tolerance {tolerance_ms:g} ms"
-        )
-    behind = [r for r in records if not r.sent and r.error == "not sent by the drain deadline"]
-    if behind and not replay.stopped:
-        reasons.append(f"load generator fell behind: {len(behind)} requests not sent by the drain deadline")
-    return ReplayResult(
-        run_id=replay.run_id,
-        records=records,
-        planned_requests=len(records),
-        sent=len(sent),
-        ok=sum(1 for r in records if r.ok),
-        errors=sum(1 for r in records if r.error_kind is not None),
-        cancelled=sum(1 for r in records if r.cancelled),
-        unfinished=sum(1 for r in records if r.unfinished),
-        not_sent=not_sent,
-        dispatch_lag_p50_ms=p50,
-        dispatch_lag_p99_ms=p99,
-        dispatch_lag_max_ms=lag_max,
-        planned_rate_rps=planned_rate,
-        achieved_rate_rps=achieved_rate,
-        valid=not reasons,
-        invalid_reason="; ".join(reasons),
-        stopped=replay.stopped,
-        duration_s=duration_s,
-        tolerance_ms=tolerance_ms,
-        notes=replay.notes,
-        extra_body=dict(replay.extra_body),
-        output_mode=replay.output_mode,
-        loop_stall_max_ms=(
-            round(replay.loop_stall_max_ns / 1e6, 3) if hasattr(replay, "loop_stall_max_ns") else None
-        ),
-    )

@@ -31,8 +31,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.replay.client import ReplayResult
 from workers.replay.records import RequestRecord
+from workers.replay.result import ReplayResult
 from workers.replay.run import run_replay
 
 

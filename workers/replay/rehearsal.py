@@ -39,16 +39,11 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from workers.replay import rawhttp
-from workers.replay.client import (
-    BatchCallback,
-    ReplayResult,
-    _raise_fd_limit,
-    _Replay,
-    check_requests,
-    drive,
-    perf_ns,
-)
+from workers.replay.batches import BatchCallback
+from workers.replay.client import _raise_fd_limit, _Replay, drive, perf_ns
 from workers.replay.records import RequestRecord
+from workers.replay.request import check_requests
+from workers.replay.result import ReplayResult
 
 CUT_ERROR = "cut at the drain deadline after the switch"
 # How often a held request's B0 is asked for /health (cold standby).

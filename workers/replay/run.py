@@ -12,15 +12,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from workers.replay.client import (
-    ENDPOINTS,
-    BatchCallback,
-    ProgressCallback,
-    ReplayResult,
-    _Replay,
-    check_requests,
-    drive,
-)
+from workers.replay.batches import BatchCallback, ProgressCallback
+from workers.replay.client import _Replay, drive
+from workers.replay.request import ENDPOINTS, check_requests
+from workers.replay.result import ReplayResult
 from workers.replay.shard import run_sharded
 
 

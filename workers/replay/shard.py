@@ -32,17 +32,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from workers.replay.client import (
-    BatchCallback,
-    ProgressCallback,
-    ReplayResult,
-    _Batcher,
-    _Replay,
-    _result,
-    new_record,
-    uvloop,
-)
+from workers.replay.batches import BatchCallback, Batcher, ProgressCallback
+from workers.replay.client import _Replay, uvloop
 from workers.replay.records import RequestRecord
+from workers.replay.request import new_record
+from workers.replay.result import ReplayResult, summarise
 
 perf_ns = time.perf_counter_ns
 
@@ -55,7 +49,7 @@ _FLUSH_S = 0.2
 
 
 class Sharded:
-    """The parent's view of a sharded run: what _Batcher and _result read."""
+    """The parent's view of a sharded run: what Batcher and summarise read."""
 
     def __init__(
         self, requests: Sequence[dict[str, Any]], options: dict[str, Any], stop: threading.Event
@@ -100,7 +94,7 @@ def run_sharded(
     indexed = [r if "index" in r else {**r, "index": i} for i, r in enumerate(requests)]
     shards = [indexed[k::processes] for k in range(processes)]
     state = Sharded(indexed, options, stop)
-    batcher = _Batcher(state, on_batch=on_batch, on_progress=on_progress, interval_s=batch_interval_s)
+    batcher = Batcher(state, on_batch=on_batch, on_progress=on_progress, interval_s=batch_interval_s)
     started = perf_ns()
     origin_ns = started + _START_LEAD_NS
     env = dict(os.environ)
@@ -150,7 +144,7 @@ def run_sharded(
         state.notes.extend(closing[k].get("notes", []))
     state.records.sort(key=lambda r: r.index)
     state.notes.append(f"send loop spread over {processes} processes")
-    return _result(state, tolerance_ms=tolerance_ms, duration_s=(perf_ns() - started) / 1e9)
+    return summarise(state, tolerance_ms=tolerance_ms, duration_s=(perf_ns() - started) / 1e9)
 
 
 def _read_child(shard: int, stream: BinaryIO, state: Sharded, closing: dict[int, dict[str, Any]]) -> None:

@@ -1,0 +1,82 @@
+"""One trace request as the replay sends it: the endpoint, the check, the JSON body, the record.
+
+Pure: what goes on the wire and what is written down before a request is sent, with no I/O,
+shared by the one-loop send loop (:mod:`workers.replay.client`), the process fan-out
+(:mod:`workers.replay.shard`) and the rehearsal client (:mod:`workers.replay.rehearsal`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from workers.replay.records import RequestRecord
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def check_requests(requests: Sequence[dict[str, Any]], *, endpoint: str) -> None:
+    """Refuse a request the endpoint cannot send, naming its position."""
+    for position, request in enumerate(requests):
+        if endpoint == "chat" and not isinstance(request.get("prompt"), str):
+            raise ValueError(f"request {position}: the chat endpoint needs a text 'prompt'")
+        if request.get("prompt") is None and request.get("prompt_token_ids") is None:
+            raise ValueError(f"request {position}: needs prompt_token_ids or prompt")
+
+
+OUTPUT_MODES = ("exact", "natural")
+
+
+def request_body(
+    request: dict[str, Any],
+    *,
+    model: str,
+    endpoint: str,
+    extra_body: dict[str, Any],
+    output_mode: str = "exact",
+) -> bytes:
+    """The JSON body of one streaming request.
+
+    ``exact``: exactly ``output_tokens`` tokens (``min_tokens`` = the cap, ``ignore_eos``), so
+    every cell decodes the same lengths. ``natural``: ``output_tokens`` is only the cap; the
+    model stops where it stops, and the record keeps the length and ``finish_reason``.
+    """
+    output_tokens = int(request["output_tokens"])
+    body: dict[str, Any] = {"model": model}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": request["prompt"]}]
+        body["max_completion_tokens"] = output_tokens
+    else:
+        prompt = request.get("prompt")
+        body["prompt"] = prompt if prompt is not None else request["prompt_token_ids"]
+        body["max_tokens"] = output_tokens
+    if output_mode == "exact":
+        body["min_tokens"] = output_tokens
+        body["ignore_eos"] = True
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    # vLLM refuses a priority when its scheduler is FCFS, so 0 (the default) is not sent.
+    priority = int(request.get("priority") or 0)
+    if priority:
+        body["priority"] = priority
+    body.update(extra_body)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def new_record(*, run_id: str, warmup_ns: int, position: int, request: dict[str, Any]) -> RequestRecord:
+    """The record of a request before it is sent (planned time, class, warm-up flag)."""
+    planned_ns = round(float(request["t_offset_s"]) * 1e9)
+    warmup = request.get("warmup")
+    return RequestRecord(
+        run_id=run_id,
+        index=int(request.get("index", position)),
+        request_class=str(request.get("class", "")),
+        warmup=bool(warmup) if warmup is not None else planned_ns < warmup_ns,
+        input_tokens=int(request.get("input_tokens") or len(request.get("prompt_token_ids") or ())),
+        expected_output_tokens=int(request["output_tokens"]),
+        planned_ns=planned_ns,
+        sent_ns=None,
+        sent=False,
+        priority=int(request.get("priority") or 0),
+    )
