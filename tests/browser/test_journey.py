@@ -144,7 +144,7 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     # The worker registers its host with a heartbeat; start once it is there.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        from apps.runs.services import hosts_alive
+        from apps.runs.hosts import hosts_alive
 
         if hosts_alive():
             break
