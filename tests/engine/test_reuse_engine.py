@@ -3,8 +3,9 @@
 One round of B0 and C1 at two rates, prefix caching on: each cell's server starts once and
 replays both of its traces back to back. Between the two, the idle check waits for the
 server to be idle, resets its prefix cache and is recorded with the run. C1's server is
-then left busy on purpose (a long request sent after its first run), so its second run
-finds it busy and is invalid, saying so, while B0's second run is done.
+left busy on purpose as its second trace is due (long requests kept in flight until the
+check returns), so that run finds it busy and is invalid, saying so, while B0's second run
+is done.
 """
 
 from __future__ import annotations
@@ -58,34 +59,46 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
     monkeypatch.setattr(pipeline, "IDLE_TIMEOUT_S", 2.0)
     busy: list[threading.Thread] = []
     seen: dict[str, Any] = {}
+    checks: list[dict[str, Any]] = []
+    done_checking = threading.Event()
     real = pipeline._idle_check
 
     def idle_check(base_url: str, *, kv_idle: float | None, **kwargs: Any) -> dict[str, Any]:
         c1 = Run.objects.filter(experiment=experiment, cell__cell_id="C1", status__in=Run.ACTIVE).exists()
-        if c1 and kv_idle is not None and not busy:
-            # C1's server left busy on purpose as its second trace is about to start: long
-            # requests, one at a time (C1 serves one sequence), seen on /metrics first.
-            model = httpx.get(base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
-            body = {"model": model, "prompt": [7] * 32, "max_tokens": 8000, "min_tokens": 8000,
-                    "ignore_eos": True}  # fmt: skip
-            for _ in range(8):
-                thread = threading.Thread(
-                    target=lambda: httpx.post(base_url + "/v1/completions", json=body, timeout=300),
-                    daemon=True,
-                )
-                thread.start()
-                busy.append(thread)
-            # Over a minute of decoding in all (about 12 s each here), so however late this starved
-            # process gets to the check, the server is still busy; the check starts once the
-            # scheduler shows one running (its gauges only see admitted requests).
-            with httpx.Client(timeout=60) as client:
-                deadline = time.monotonic() + 90
-                while time.monotonic() < deadline:
-                    seen.update(gauges_now(client, base_url))
-                    if (seen["running"] or 0) >= 1:
-                        break
-                    time.sleep(0.05)
-        return real(base_url, kv_idle=kv_idle, **kwargs)
+        if not (c1 and kv_idle is not None and not busy):
+            return real(base_url, kv_idle=kv_idle, **kwargs)
+        # C1's server left busy on purpose as its second trace is about to start. The work never
+        # runs out while the check goes on: three senders keep long requests (about 12 s each
+        # here, one decoding at a time) in flight until it returns, however slowly this starved
+        # process and the server's /metrics answer. The check starts once the scheduler shows one
+        # running (its gauges only see admitted requests).
+        model = httpx.get(base_url + "/v1/models", timeout=60).json()
+        body = {"model": model["data"][0]["id"], "prompt": [7] * 32, "max_tokens": 8000, "min_tokens": 8000,
+                "ignore_eos": True}  # fmt: skip
+
+        def send() -> None:
+            while not done_checking.is_set():
+                try:
+                    httpx.post(base_url + "/v1/completions", json=body, timeout=300)
+                except httpx.HTTPError:
+                    return  # the server was stopped
+
+        for _ in range(3):
+            thread = threading.Thread(target=send, daemon=True)
+            thread.start()
+            busy.append(thread)
+        with httpx.Client(timeout=120) as client:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                seen.update(gauges_now(client, base_url))
+                if (seen["running"] or 0) >= 1:
+                    break
+                time.sleep(0.05)
+        try:
+            checks.append(real(base_url, kv_idle=kv_idle, **kwargs))
+        finally:
+            done_checking.set()
+        return checks[-1]
 
     monkeypatch.setattr(pipeline, "_idle_check", idle_check)
     ran = host_pull(host=host)
