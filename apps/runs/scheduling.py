@@ -41,11 +41,19 @@ def reuse_enabled(experiment: Experiment) -> bool:
     return bool(((experiment.spec or {}).get("engine") or {}).get("reuse", True))
 
 
+def why_not(host: Host, experiment: Experiment) -> str | None:
+    """Why ``host`` may not take the experiment's runs (other hardware, too short a context);
+    None when it may."""
+    if host.max_model_len is not None and host.max_model_len < experiment.max_model_len:
+        return f"serves at most {host.max_model_len} tokens of context"
+    if experiment.hardware_id and host.hardware_id != experiment.hardware_id:
+        return f"other hardware: {host.hardware_id or 'not recorded'}"
+    return None
+
+
 def host_qualifies(host: Host, experiment: Experiment) -> bool:
     """Whether ``host`` may take the experiment's runs: same hardware, long enough context."""
-    if experiment.hardware_id and host.hardware_id != experiment.hardware_id:
-        return False
-    return host.max_model_len is None or host.max_model_len >= experiment.max_model_len
+    return why_not(host, experiment) is None
 
 
 def hosts_qualifying(experiment: Experiment) -> list[Host]:
@@ -58,16 +66,11 @@ def hosts_by_qualification(experiment: Experiment) -> tuple[list[Host], list[tup
     ok: list[Host] = []
     not_ok: list[tuple[Host, str]] = []
     for host in hosts_alive():
-        if (
-            experiment.max_model_len
-            and host.max_model_len is not None
-            and host.max_model_len < experiment.max_model_len
-        ):
-            not_ok.append((host, f"serves at most {host.max_model_len} tokens of context"))
-        elif experiment.hardware_id and host.hardware_id != experiment.hardware_id:
-            not_ok.append((host, f"other hardware: {host.hardware_id or 'not recorded'}"))
-        else:
+        reason = why_not(host, experiment)
+        if reason is None:
             ok.append(host)
+        else:
+            not_ok.append((host, reason))
     return ok, not_ok
 
 
