@@ -63,7 +63,7 @@ from workers.engine.procs import proc_info
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
 from workers.quality import sweep_probe
 from workers.rehearsal import rehearsal_execute
-from workers.replay.isolated import run_replay_isolated
+from workers.replay.run import processes_for, run_replay
 from workers.slot import ServerSlot
 
 log = logging.getLogger(__name__)
@@ -453,8 +453,10 @@ def _with_server(
         watcher.scraper, watcher.log_path = scraper, server.log_path
         watcher.origin = time.monotonic()
         workload = run.experiment.workload
-        result = run_replay_isolated(
+        result = run_replay(
             requests,
+            isolated=True,
+            processes=processes_for(requests),
             base_url=server.base_url,
             model=server.served_model_name,
             run_id=str(run.run_id),

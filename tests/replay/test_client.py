@@ -3,7 +3,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,20 +13,9 @@ from workers.replay.client import ReplayResult, request_body
 from workers.replay.records import RequestRecord
 from workers.replay.run import run_replay
 
-# Every behaviour is checked on both HTTP paths: the raw protocol (default) and aiohttp.
-_transport = {"name": "raw"}
-
-
-@pytest.fixture(autouse=True, params=["raw", "aiohttp"])
-def _each_transport(request: pytest.FixtureRequest) -> Iterator[None]:
-    _transport["name"] = request.param
-    yield
-    _transport["name"] = "raw"
-
 
 def _replay(requests: list[dict[str, Any]], base_url: str, **overrides: Any) -> ReplayResult:
     options: dict[str, Any] = {
-        "transport": _transport["name"],
         "base_url": base_url,
         "model": "mock",
         "run_id": "run-1",
@@ -330,13 +318,20 @@ def test_it_spreads_the_send_loop_over_processes_with_one_origin(mock_config: Mo
 def test_it_stops_every_process_when_asked(mock_config: MockConfig) -> None:
     mock_config.default = Behaviour(ttft_s=0.01, itl_s=0.05)
     stop = threading.Event()
-    timer = threading.Timer(2.5, stop.set)
-    timer.start()
+
+    def stop_once_sending(sent: int, _total: int) -> None:
+        # Asked to stop mid-run, however long the children took to start on a busy machine.
+        if sent >= 4:
+            stop.set()
+
     with MockServer(mock_config) as server:
         result = _replay(
-            make_requests(100, spacing_s=0.1, output_tokens=100), server.base_url, stop=stop, processes=2
+            make_requests(100, spacing_s=0.1, output_tokens=100),
+            server.base_url,
+            stop=stop,
+            processes=2,
+            on_progress=stop_once_sending,
         )
-    timer.cancel()
     assert result.stopped
     assert result.sent > 0 and result.not_sent > 0
     assert len(result.records) == 100

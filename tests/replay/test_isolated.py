@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
+
+import pytest
 
 from tests.replay.helpers import make_requests
 from tests.replay.mockserver import MockServer
-from workers.replay.isolated import run_replay_isolated
+from workers.replay.run import run_replay
+from workers.replay.shard import ReplayProcessError
 
 OPTIONS = {
     "model": "mock",
@@ -16,13 +20,14 @@ OPTIONS = {
     "drain_deadline_s": 10.0,
     "max_dispatch_lag_ms": 1000.0,
     "batch_interval_s": 0.05,
+    "isolated": True,
 }
 
 
 def test_it_returns_every_record_once_through_batches(mock_server: MockServer) -> None:
     requests = make_requests(20, spacing_s=0.01, output_tokens=5)
     batches: list[list[int]] = []
-    result = run_replay_isolated(
+    result = run_replay(
         requests,
         base_url=mock_server.base_url,
         observation_s=0.5,
@@ -41,9 +46,7 @@ def test_it_stops_when_asked(mock_server: MockServer) -> None:
     stop = threading.Event()
     threading.Timer(0.5, stop.set).start()
     started = time.monotonic()
-    result = run_replay_isolated(
-        requests, base_url=mock_server.base_url, observation_s=10.0, stop=stop, **OPTIONS
-    )
+    result = run_replay(requests, base_url=mock_server.base_url, observation_s=10.0, stop=stop, **OPTIONS)
     assert time.monotonic() - started < 8.0
     assert result.stopped
     assert len(result.records) == 200  # the unsent ones are records too
@@ -53,8 +56,58 @@ def test_it_stops_when_asked(mock_server: MockServer) -> None:
 def test_every_request_carries_the_sampling_fields_and_the_result_says_which(mock_server: MockServer) -> None:
     requests = make_requests(6, spacing_s=0.01, output_tokens=3)
     sampling = {"seed": 5, "temperature": 0.0, "top_p": 0.9}
-    result = run_replay_isolated(
+    result = run_replay(
         requests, base_url=mock_server.base_url, observation_s=0.2, extra_body=sampling, **OPTIONS
     )
     assert result.sent == 6 and result.extra_body == sampling
     assert [e.sampling for e in mock_server.log] == [sampling] * 6
+
+
+def test_a_child_that_dies_fails_the_run_with_its_exit_code(
+    mock_server: MockServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The child is killed by its first batch (SIGKILL, no word to the parent): the parent says
+    # so rather than returning a result as if the run were whole.
+    import subprocess
+
+    real_popen = subprocess.Popen
+
+    def popen_that_dies(args: list[str], **kwargs: Any) -> Any:
+        return real_popen([args[0], "-c", "import os, sys; sys.stdin.readline(); os._exit(3)"], **kwargs)
+
+    monkeypatch.setattr("workers.replay.shard.subprocess.Popen", popen_that_dies)
+    with pytest.raises(ReplayProcessError, match="exit 3"):
+        run_replay(
+            make_requests(5, output_tokens=2), base_url=mock_server.base_url, observation_s=0.1, **OPTIONS
+        )
+
+
+def test_records_of_a_process_that_died_are_marked_not_sent(
+    mock_server: MockServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes, the second dies before it reports: its share is marked not sent, with why.
+    import subprocess
+
+    real_popen = subprocess.Popen
+    started: list[int] = []
+
+    def second_dies(args: list[str], **kwargs: Any) -> Any:
+        started.append(1)
+        if len(started) == 2:
+            return real_popen([args[0], "-c", "import os, sys; sys.stdin.readline(); os._exit(4)"], **kwargs)
+        return real_popen(args, **kwargs)
+
+    monkeypatch.setattr("workers.replay.shard.subprocess.Popen", second_dies)
+    options = {**OPTIONS, "isolated": False}
+    result = run_replay(
+        make_requests(6, output_tokens=2),
+        base_url=mock_server.base_url,
+        observation_s=0.2,
+        processes=2,
+        **options,
+    )
+    lost = [r for r in result.records if not r.sent]
+    assert sorted(r.index for r in lost) == [1, 3, 5]
+    assert all("exited (4)" in (r.error or "") for r in lost)
+    assert [r.index for r in result.records if r.ok] == [0, 2, 4]
+    assert any("process 1 ended without reporting (exit code 4)" in n for n in result.notes)

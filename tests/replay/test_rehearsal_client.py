@@ -9,11 +9,12 @@ from tests.replay.helpers import make_requests
 from tests.replay.mockserver import Behaviour, MockConfig, MockServer
 from tests.support_router import running_router
 from workers.engine.launcher import free_port
-from workers.replay.rehearsal import CUT_ERROR, run_rehearsal
+from workers.replay.rehearsal import CUT_ERROR
+from workers.replay.run import run_replay
 
 
 def _replay(requests, base_url, rehearsal, **kw):
-    return run_rehearsal(
+    return run_replay(
         requests,
         base_url=base_url,
         model="mock",

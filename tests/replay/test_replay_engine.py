@@ -33,7 +33,7 @@ def _trace(count: int) -> list[dict[str, object]]:
     ]
 
 
-def test_it_replays_a_trace_with_exact_token_counts_on_both_transports(tmp_path: Path) -> None:
+def test_it_replays_a_trace_with_exact_token_counts(tmp_path: Path) -> None:
     server = EngineServer(
         model=str(MODEL),
         cell_args={"max_num_batched_tokens": 2048, "max_num_seqs": 8},
@@ -47,20 +47,18 @@ def test_it_replays_a_trace_with_exact_token_counts_on_both_transports(tmp_path:
     requests[5]["cancel_after_tokens"] = 3
     with server:
         server.start()
-        results = {
-            transport: run_replay(
-                requests,
-                base_url=server.base_url,
-                model="tiny",
-                run_id=f"engine-{transport}",
-                warmup_s=0.0,
-                observation_s=1.6,
-                drain_deadline_s=120.0,
-                max_dispatch_lag_ms=1000.0,
-                transport=transport,
-            )
-            for transport in ("raw", "aiohttp")
-        }
+        # In its own process, as a worker runs it.
+        result = run_replay(
+            requests,
+            base_url=server.base_url,
+            model="tiny",
+            run_id="engine",
+            warmup_s=0.0,
+            observation_s=1.6,
+            drain_deadline_s=120.0,
+            max_dispatch_lag_ms=1000.0,
+            isolated=True,
+        )
         # The same server, the quality probe twice: B0 against itself must agree fully.
         probe_requests = [{**r, "output_tokens": 12} for r in _trace(4)]
         answers = [
@@ -80,18 +78,17 @@ def test_it_replays_a_trace_with_exact_token_counts_on_both_transports(tmp_path:
             extra_body={"temperature": 0.0},
             output_mode="natural",
         )
-    for transport, result in results.items():
-        for record in result.records:
-            if record.index == 5:
-                assert record.cancelled and record.output_tokens == 3, (transport, record)
-                continue
-            assert record.ok, (transport, record.error)
-            assert record.output_tokens == record.expected_output_tokens, (transport, record.index)
-            assert record.prompt_tokens == record.input_tokens
-            assert record.finish_reason == "length"
-            assert record.first_token_ns is not None and record.last_token_ns is not None
-            assert record.token_gaps.total == record.output_tokens - 1 or record.chunks < record.output_tokens
-        assert result.sent == 8 and result.errors == 0 and result.unfinished == 0
+    for record in result.records:
+        if record.index == 5:
+            assert record.cancelled and record.output_tokens == 3, record
+            continue
+        assert record.ok, record.error
+        assert record.output_tokens == record.expected_output_tokens, record.index
+        assert record.prompt_tokens == record.input_tokens
+        assert record.finish_reason == "length"
+        assert record.first_token_ns is not None and record.last_token_ns is not None
+        assert record.token_gaps.total == record.output_tokens - 1 or record.chunks < record.output_tokens
+    assert result.sent == 8 and result.errors == 0 and result.unfinished == 0
     for first, second in zip(*answers, strict=True):
         assert first["token_ids"] and 1 <= len(first["token_ids"]) <= 12 and "error" not in first, first
         assert first["finish_reason"] in ("stop", "length")

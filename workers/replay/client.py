@@ -11,9 +11,10 @@ anything that goes wrong with one request (HTTP error, refused connection,
 timeout, malformed stream) is written into its record, never raised out of
 the run loop.
 
-The HTTP side uses aiohttp on uvloop directly: on this project's 2-core
-machine a streaming ``httpx.AsyncClient`` loop needed about four times the
-CPU for the same load and fell behind at 200 req/s (issue 4), and the send
+The HTTP side is :mod:`workers.replay.rawhttp` on uvloop, the one transport:
+on this project's 2-core machine a streaming ``httpx.AsyncClient`` loop needed
+about four times the CPU for the same load and fell behind at 200 req/s, and
+aiohttp a third more than the raw protocol (bench/results/replay.md); the send
 loop is the one place where the client's own cost becomes measurement error.
 
 Algorithm of a replay (:func:`workers.replay.run.run_replay` is the entry point, which
@@ -22,11 +23,16 @@ the send loop (steps 1, 2 and 4); the request's body and record are in
 :mod:`workers.replay.request`, the stream reader in :mod:`workers.replay.stream`, the
 batches in :mod:`workers.replay.batches` and the result in :mod:`workers.replay.result`:
 
-1. Build one record per request (planned time, class, warm-up flag) and fix
-   the origin a little in the future so the first sends are not late.
+1. Build one record per request (planned time, class, warm-up flag); open
+   spare keep-alive connections, as many as the trace's largest burst (the
+   most requests due within 250 ms), and keep that many fresh while it runs;
+   fix the origin a little in the future (or take the parent's) so the first
+   sends are not late.
 2. Dispatch: for each request in order, sleep until ``origin + t_offset``,
-   then start its stream as its own task (optionally behind a concurrency
-   cap, whose wait is recorded as admission delay, not as lag).
+   then send it on an idle connection at once, or start its stream as its
+   own task (optionally behind a concurrency cap, whose wait is recorded as
+   admission delay, not as lag). A send is stamped when its bytes are
+   written, after any connect, so the lag is what the server sees.
 3. Each stream timestamps every network read, parses SSE frames, and counts
    tokens from the server's usage (cumulative ``completion_tokens`` with
    continuous usage stats), since one frame can carry several tokens.
@@ -35,7 +41,8 @@ batches in :mod:`workers.replay.batches` and the result in :mod:`workers.replay.
    and marked cancelled. Requests never sent say why.
 5. Finished records go to ``on_batch`` from a helper thread, so a slow
    database write never stalls the send loop.
-6. The result carries dispatch lag (dispatch - planned) p50/p99/max and
+6. While the loop runs the cyclic garbage collector is off (:func:`quiet_interpreter`).
+7. The result carries dispatch lag (dispatch - planned) p50/p99/max and
    achieved vs planned rate; a p99 lag above the tolerance makes the run
    invalid: the load generator fell behind, the server is not to blame.
 """
@@ -46,13 +53,13 @@ import asyncio
 import collections
 import contextlib
 import functools
+import gc
 import resource
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-
-import aiohttp
 
 from workers.replay import rawhttp
 from workers.replay.batches import BatchCallback, Batcher, ProgressCallback
@@ -64,7 +71,6 @@ from workers.replay.stream import (
     Tally,
     is_context_error,
     mark_late,
-    read_aiohttp,
     record_failure,
 )
 
@@ -81,6 +87,10 @@ perf_ns = time.perf_counter_ns
 _ORIGIN_LEAD_NS = 50_000_000
 # How often the loop looks at the caller's threading.Event (and checks it still runs on time).
 _STOP_POLL_S = 0.02
+# Spare connections: enough for the most requests due within this span, at most _MAX_SPARE.
+_BURST_WINDOW_NS = 250_000_000
+_MAX_SPARE = 512
+_SWITCH_INTERVAL_S = 0.0005
 
 
 def drive(
@@ -96,7 +106,10 @@ def drive(
     batcher.start()
     started = perf_ns()
     try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+        with (
+            quiet_interpreter(),
+            asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner,
+        ):
             runner.run(replay.run())
     finally:
         batcher.finish()
@@ -123,9 +136,9 @@ class _Replay:
         read_timeout_s: float | None,
         extra_body: dict[str, Any],
         stop: threading.Event,
-        transport: str = "raw",
         origin_ns: int | None = None,
         output_mode: str = "exact",
+        origin_source: Callable[[], int] | None = None,
     ) -> None:
         if output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode must be exact or natural, not {output_mode!r}")
@@ -134,7 +147,6 @@ class _Replay:
         self.base_url = base_url
         self.url = base_url.rstrip("/") + ENDPOINTS[endpoint]
         self.path = ENDPOINTS[endpoint]
-        self.transport = transport
         self._pool: rawhttp.Pool
         self.model = model
         self.run_id = run_id
@@ -156,6 +168,12 @@ class _Replay:
         # Fixed by the caller when several processes share one origin.
         self.origin_ns = origin_ns or 0
         self._fixed_origin = origin_ns is not None
+        # Called (off the loop) once the connections are warm; returns the origin. A child
+        # process of a replay spread over processes learns its origin this way.
+        self.origin_source = origin_source
+        # Idle connections kept open ahead of need: the most requests due within any
+        # _BURST_WINDOW_NS of the trace, so that a burst never waits on connects.
+        self.spare_connections = min(_MAX_SPARE, burst_size([r.planned_ns for r in self.records]))
         self.stopped = False
         self.notes: list[str] = []
         self.loop_stall_max_ns = 0
@@ -181,38 +199,32 @@ class _Replay:
         _raise_fd_limit()
         semaphore = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         self._idle = asyncio.Event()
-        if self.transport == "raw":
-            self._pool = rawhttp.Pool(
-                self.base_url, connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s
-            )
-            try:
-                await self._drive(None, semaphore)
-            finally:
-                self._pool.close()
-        else:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
-            timeout = aiohttp.ClientTimeout(
-                total=None,
-                connect=self.connect_timeout_s,
-                sock_connect=self.connect_timeout_s,
-                sock_read=self.read_timeout_s,
-            )
-            async with aiohttp.ClientSession(
-                connector=connector,
-                timeout=timeout,
-                auto_decompress=False,
-                skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            ) as session:
-                await _preflight(session, self.url)
-                await self._drive(session, semaphore)
+        self._pool = rawhttp.Pool(
+            self.base_url, connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s
+        )
+        try:
+            await self._prepare(self._pool)
+            await self._drive(semaphore)
+        finally:
+            self._pool.close()
         self._mark_unsent()
 
-    async def _drive(
-        self, session: aiohttp.ClientSession | None, semaphore: asyncio.Semaphore | None
-    ) -> None:
+    async def _prepare(self, pool: rawhttp.Pool) -> None:
+        """Before the origin: open the spare connections, then learn the origin if a parent sets it."""
+        opened = await pool.warm(self.spare_connections)
+        if opened < self.spare_connections:
+            self.notes.append(
+                f"opened {opened} of {self.spare_connections} spare connections before the start"
+            )
+        if self.origin_source is not None:
+            self.origin_ns = await asyncio.get_running_loop().run_in_executor(None, self.origin_source)
+            self._fixed_origin = True
+        pool.keep_warm(self.spare_connections)
+
+    async def _drive(self, semaphore: asyncio.Semaphore | None) -> None:
         if not self._fixed_origin:
             self.origin_ns = perf_ns() + _ORIGIN_LEAD_NS
-        dispatcher = asyncio.create_task(self._dispatch(session, semaphore))
+        dispatcher = asyncio.create_task(self._dispatch(semaphore))
         watcher = asyncio.create_task(self._watch_stop())
         deadline_s = (self.origin_ns + self.deadline_ns - perf_ns()) / 1e9
         done, _ = await asyncio.wait(
@@ -252,9 +264,7 @@ class _Replay:
             self.loop_stall_max_ns = max(self.loop_stall_max_ns, now - last - tick_ns)
             last = now
 
-    async def _dispatch(
-        self, session: aiohttp.ClientSession | None, semaphore: asyncio.Semaphore | None
-    ) -> None:
+    async def _dispatch(self, semaphore: asyncio.Semaphore | None) -> None:
         loop = asyncio.get_running_loop()
         origin = self.origin_ns
         for position, request in enumerate(self.requests):
@@ -268,9 +278,9 @@ class _Replay:
                     break
                 await asyncio.sleep(delay / 1e9)
             sent_early = None
-            if session is None and semaphore is None:
+            if semaphore is None:
                 sent_early = self._send_now(request, record)
-            task = loop.create_task(self._stream(session, semaphore, request, record, sent_early))
+            task = loop.create_task(self._stream(semaphore, request, record, sent_early))
             self._tasks.add(task)
             task.add_done_callback(functools.partial(self._task_done, record, sent_early))
             self._dispatched = position + 1
@@ -333,9 +343,7 @@ class _Replay:
         """Wait, if this request must, before it is sent; True when it waited (admission delay)."""
         return False
 
-    def _on_response(
-        self, record: RequestRecord, response: aiohttp.ClientResponse | rawhttp.Response
-    ) -> None:
+    def _on_response(self, record: RequestRecord, response: rawhttp.Response) -> None:
         """Called once the response's status (and headers) arrived."""
 
     def _headers(self, record: RequestRecord) -> dict[str, str]:
@@ -354,18 +362,16 @@ class _Replay:
             body = self._body(request)
         except Exception:  # the stream task records the error
             return None
-        sent = perf_ns()
         response = self._pool_for(record).send_nowait(self.path, body, self._headers(record))
         if response is not None:
             record.sent = True
-            record.sent_ns = sent - self.origin_ns
+            record.sent_ns = response.written_ns - self.origin_ns
             record.admission_delay_ns = 0
             self.sent_count += 1
         return response
 
     async def _stream(
         self,
-        session: aiohttp.ClientSession | None,
         semaphore: asyncio.Semaphore | None,
         request: dict[str, Any],
         record: RequestRecord,
@@ -373,9 +379,14 @@ class _Replay:
     ) -> None:
         origin = self.origin_ns
         dispatched = perf_ns()
-        response: aiohttp.ClientResponse | rawhttp.Response | None = sent_early
+        response: rawhttp.Response | None = sent_early
         tally: Tally | None = None
         acquired = False
+
+        def written(at_ns: int) -> None:
+            # The request's bytes went out now, on a connection already open: its sent time.
+            record.sent_ns = at_ns - origin
+
         try:
             if sent_early is not None:
                 try:
@@ -394,23 +405,18 @@ class _Replay:
                 held = await self._before_send(record)
                 body = self._body(request)
                 headers = self._headers(record)
-                sent = perf_ns()
+                released = perf_ns()
                 record.sent = True
-                record.sent_ns = sent - origin
-                record.admission_delay_ns = sent - dispatched if semaphore is not None or held else 0
+                # Until the bytes are written (after any connect), the attempt's time stands.
+                record.sent_ns = released - origin
+                record.admission_delay_ns = released - dispatched if semaphore is not None or held else 0
                 self.sent_count += 1
-                if session is None:
-                    response = await self._pool_for(record).post(self.path, body, headers)
-                else:
-                    response = await session.post(self.url, data=body, headers=headers)
+                response = await self._pool_for(record).post(self.path, body, headers, on_written=written)
             assert response is not None
             record.http_status = response.status
             self._on_response(record, response)
             if response.status != 200:
-                if isinstance(response, rawhttp.Response):
-                    raw = await response.read_body(ERROR_TEXT_LIMIT * 4)
-                else:
-                    raw = await response.content.read(ERROR_TEXT_LIMIT * 4)
+                raw = await response.read_body(ERROR_TEXT_LIMIT * 4)
                 text = raw.decode("utf-8", "replace")
                 record.error_kind = "context" if is_context_error(text) else "http"
                 record.error = f"HTTP {response.status}: {text[:ERROR_TEXT_LIMIT]}"
@@ -422,13 +428,10 @@ class _Replay:
                 record.end_ns = perf_ns() - origin
                 return
             tally = Tally(record, origin, cancel_after)
-            if isinstance(response, rawhttp.Response):
-                # Frames are accounted inside the connection's data_received, stamped on arrival.
-                await response.stream(tally.feed)
-                if not tally.ended:
-                    tally.feed(b"", perf_ns())
-            else:
-                await read_aiohttp(response, tally)
+            # Frames are accounted inside the connection's data_received, stamped on arrival.
+            await response.stream(tally.feed)
+            if not tally.ended:
+                tally.feed(b"", perf_ns())
             mark_late(record, self.deadline_ns)
         except asyncio.CancelledError:
             # Only this module cancels stream tasks: at the drain deadline or on stop.
@@ -438,7 +441,7 @@ class _Replay:
                 current.uncancel()
         except TimeoutError as exc:
             record_failure(record, "timeout", exc, origin)
-        except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+        except ConnectionRefusedError as exc:
             record_failure(record, "connect", exc, origin)
         except OSError as exc:
             # ConnectionLost (server hung up mid-stream) is an OSError too; a failed
@@ -449,8 +452,8 @@ class _Replay:
                 else "protocol"
             )
             record_failure(record, kind, exc, origin)
-        except (aiohttp.ClientError, ValueError) as exc:
-            # Server hung up mid-stream, broken chunked encoding, bad JSON.
+        except ValueError as exc:
+            # Broken chunked encoding, a bad response head, bad JSON.
             record_failure(record, "protocol", exc, origin)
         except Exception as exc:  # a client bug must still become data, not kill the run
             record_failure(record, "client", exc, origin)
@@ -467,15 +470,39 @@ class _Replay:
             self.finished.append(record)
 
 
-async def _preflight(session: aiohttp.ClientSession, url: str) -> None:
-    # aiohttp's first request pays one-off setup costs (several ms) that would
-    # otherwise land on the first planned request. GET /v1/models is harmless
-    # on any OpenAI-compatible server; whatever it answers is ignored here,
-    # since a server that is down shows up in the records anyway.
-    models_url = url.rsplit("/v1/", 1)[0] + "/v1/models"
-    with contextlib.suppress(Exception):
-        async with session.get(models_url, timeout=aiohttp.ClientTimeout(total=2.0)) as response:
-            await response.read()
+def burst_size(planned_ns: Sequence[int], window_ns: int | None = None) -> int:
+    """The most requests planned within any ``window_ns`` (default ``_BURST_WINDOW_NS``) of a trace."""
+    window = _BURST_WINDOW_NS if window_ns is None else window_ns
+    ordered = sorted(planned_ns)
+    most = start = 0
+    for end, at in enumerate(ordered):
+        while at - ordered[start] >= window:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+@contextlib.contextmanager
+def quiet_interpreter() -> Iterator[None]:
+    """Keep the interpreter's own pauses out of the send loop while a replay runs.
+
+    - The cyclic garbage collector is off: a collection walks every live record and stalls
+      the loop for milliseconds; the replay's objects are freed by reference counting, and
+      one collection runs at the end.
+    - The GIL switch interval is 0.5 ms instead of 5: a helper thread (the batcher writing
+      records) hands the interpreter back to the loop sooner.
+    """
+    enabled = gc.isenabled()
+    interval = sys.getswitchinterval()
+    gc.disable()
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        if enabled:
+            gc.enable()
+            gc.collect()
 
 
 def _raise_fd_limit() -> None:

@@ -26,6 +26,10 @@ perf_ns = time.perf_counter_ns
 # Servers close idle keep-alive connections (uvicorn after 5 s); a connection
 # idle longer than this is closed rather than risked.
 _IDLE_REUSE_NS = 3_000_000_000
+# The spare-connection keeper looks this often, and replaces a spare this long before the
+# reuse limit.
+_KEEP_POLL_S = 0.1
+_KEEP_MARGIN_NS = 500_000_000
 _MAX_HEAD = 64 * 1024
 _HEAD, _CHUNKED, _LENGTH, _UNTIL_CLOSE, _DONE = range(5)
 
@@ -84,6 +88,8 @@ class Response:
         self.headers: dict[str, str] = {}
         # Sent on a kept-alive connection (which the server may have just closed).
         self.reused = False
+        # When the request's bytes were handed to the socket (perf_counter_ns).
+        self.written_ns = 0
         self.last_data_ns = perf_ns()
         self.bytes_seen = 0
         self._state = _HEAD
@@ -310,6 +316,7 @@ class Pool:
         self._idle: list[_Connection] = []
         self._active: set[Response] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        self._keeper: asyncio.Task[None] | None = None
         if read_timeout_s:
             self._watchdog = self.loop.create_task(self._watch())
 
@@ -327,6 +334,7 @@ class Pool:
         conn.response = response
         self._active.add(response)
         assert conn.transport is not None
+        response.written_ns = perf_ns()
         conn.transport.write(message)
         return response
 
@@ -343,12 +351,25 @@ class Pool:
         response.reused = True
         return response
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Response:
-        """Send a POST and return once the response head is in (status known)."""
+    async def post(
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        *,
+        on_written: Callable[[int], None] | None = None,
+    ) -> Response:
+        """Send a POST and return once the response head is in (status known).
+
+        ``on_written`` gets the time the bytes went to the socket, once a connection is open
+        (the first attempt's: a retry resends what the server never processed).
+        """
         message = self._message(path, body, headers)
         for attempt in (0, 1):
             conn, reused = await self._acquire()
             response = self._send(conn, message)
+            if on_written is not None and attempt == 0:
+                on_written(response.written_ns)
             try:
                 await response._head
                 return response
@@ -373,6 +394,9 @@ class Pool:
         conn = self._idle_connection()
         if conn is not None:
             return conn, True
+        return await self._open(self.connect_timeout_s), False
+
+    async def _open(self, timeout_s: float) -> _Connection:
         _transport, conn = await asyncio.wait_for(
             self.loop.create_connection(
                 _Connection,
@@ -381,10 +405,70 @@ class Pool:
                 ssl=self.ssl,
                 server_hostname=self.host if self.ssl else None,
             ),
-            self.connect_timeout_s,
+            timeout_s,
         )
         assert conn is not None
-        return conn, False
+        return conn
+
+    async def warm(self, count: int, *, timeout_s: float = 2.0) -> int:
+        """Open idle connections until ``count`` wait in the pool; how many are there.
+
+        A load generator calls this before its first request is due, so that a burst
+        goes out on open connections instead of waiting on connects.
+        """
+        need = count - len(self._idle)
+        if need > 0:
+            opened = await asyncio.gather(
+                *(self._open(timeout_s) for _ in range(need)), return_exceptions=True
+            )
+            now = perf_ns()
+            for conn in opened:
+                if isinstance(conn, _Connection):
+                    conn.idle_since_ns = now
+                    self._idle.insert(0, conn)
+        return len(self._idle)
+
+    def keep_warm(self, spare: int) -> None:
+        """From now on keep ``spare`` fresh idle connections, opened in the background.
+
+        A connection idle past the reuse limit is replaced (the server may close it any
+        moment). Connects that fail back off, up to 2 s apart; the requests themselves
+        record whatever is wrong with the server.
+        """
+        if spare > 0 and self._keeper is None:
+            self._keeper = self.loop.create_task(self._keep(spare))
+
+    async def _keep(self, spare: int) -> None:
+        backoff_s = _KEEP_POLL_S
+        while True:
+            await asyncio.sleep(backoff_s)
+            now = perf_ns()
+            fresh = []
+            for conn in self._idle:
+                if conn.closed or not conn.reusable:
+                    continue
+                if now - conn.idle_since_ns >= _IDLE_REUSE_NS - _KEEP_MARGIN_NS:
+                    conn.close()
+                    continue
+                fresh.append(conn)
+            self._idle[:] = fresh
+            need = spare - len(fresh)
+            if need <= 0:
+                backoff_s = _KEEP_POLL_S
+                continue
+            opened = await asyncio.gather(
+                *(self._open(self.connect_timeout_s) for _ in range(need)), return_exceptions=True
+            )
+            now = perf_ns()
+            failed = False
+            for new in opened:
+                if isinstance(new, _Connection):
+                    new.idle_since_ns = now
+                    # At the bottom: connections a stream just released are reused first.
+                    self._idle.insert(0, new)
+                else:
+                    failed = True
+            backoff_s = min(2.0, backoff_s * 2) if failed else _KEEP_POLL_S
 
     def _release(self, response: Response) -> None:
         if response not in self._active:
@@ -409,8 +493,9 @@ class Pool:
                 response._timeout(timeout_s)
 
     def close(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for task in (self._watchdog, self._keeper):
+            if task is not None:
+                task.cancel()
         for conn in self._idle:
             conn.close()
         self._idle.clear()

@@ -31,19 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from workers.replay import rawhttp
-from workers.replay.batches import BatchCallback
-from workers.replay.client import _raise_fd_limit, _Replay, drive, perf_ns
+from workers.replay.client import _raise_fd_limit, _Replay, perf_ns
 from workers.replay.records import RequestRecord
-from workers.replay.request import check_requests
-from workers.replay.result import ReplayResult
 
 CUT_ERROR = "cut at the drain deadline after the switch"
 # How often a held request's B0 is asked for /health (cold standby).
@@ -69,59 +63,6 @@ async def health_ok(base_url: str, *, timeout_s: float = 1.0) -> bool:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
-
-
-def run_rehearsal(
-    requests: Sequence[dict[str, Any]],
-    *,
-    rehearsal: dict[str, Any],
-    base_url: str,
-    model: str,
-    run_id: str,
-    warmup_s: float,
-    observation_s: float,
-    drain_deadline_s: float,
-    max_dispatch_lag_ms: float,
-    on_batch: BatchCallback | None = None,
-    batch_interval_s: float = 1.0,
-    stop: threading.Event | None = None,
-    origin_ns: int | None = None,
-    connect_timeout_s: float = 10.0,
-    read_timeout_s: float | None = None,
-    extra_body: dict[str, Any] | None = None,
-    output_mode: str = "exact",
-) -> ReplayResult:
-    """:func:`workers.replay.run.run_replay` for a rehearsal: one process, the raw transport,
-    no concurrency cap; the result's ``rehearsal`` holds the client's facts."""
-    check_requests(requests, endpoint="completions")
-    replay = RehearsalReplay(
-        requests,
-        rehearsal=rehearsal,
-        base_url=base_url,
-        model=model,
-        run_id=run_id,
-        warmup_s=warmup_s,
-        observation_s=observation_s,
-        drain_deadline_s=drain_deadline_s,
-        endpoint="completions",
-        max_concurrency=None,
-        connect_timeout_s=connect_timeout_s,
-        read_timeout_s=read_timeout_s,
-        extra_body=extra_body or {},
-        stop=stop or threading.Event(),
-        transport="raw",
-        origin_ns=origin_ns,
-        output_mode=output_mode,
-    )
-    result = drive(
-        replay,
-        on_batch=on_batch,
-        on_progress=None,
-        batch_interval_s=batch_interval_s,
-        tolerance_ms=max_dispatch_lag_ms,
-    )
-    result.rehearsal = replay.facts()
-    return result
 
 
 class RehearsalReplay(_Replay):
@@ -162,16 +103,15 @@ class RehearsalReplay(_Replay):
                 self.b0_url, connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s
             )
         try:
-            await self._drive(None, None)
+            await self._prepare(self._pool)
+            await self._drive(None)
         finally:
             self._pool.close()
             if self._b0_pool is not None:
                 self._b0_pool.close()
         self._mark_unsent()
 
-    async def _drive(
-        self, session: aiohttp.ClientSession | None, semaphore: asyncio.Semaphore | None
-    ) -> None:
+    async def _drive(self, semaphore: asyncio.Semaphore | None) -> None:
         if not self._fixed_origin:
             self.origin_ns = perf_ns() + 50_000_000
             self._fixed_origin = True
@@ -179,7 +119,7 @@ class RehearsalReplay(_Replay):
         if self.wait_for_b0:
             helpers.append(asyncio.create_task(self._watch_b0()))
         try:
-            await super()._drive(session, semaphore)
+            await super()._drive(semaphore)
         finally:
             for task in helpers:
                 task.cancel()
@@ -230,16 +170,13 @@ class RehearsalReplay(_Replay):
         else:
             record.backend = "unknown"
 
-    def _on_response(
-        self, record: RequestRecord, response: aiohttp.ClientResponse | rawhttp.Response
-    ) -> None:
+    def _on_response(self, record: RequestRecord, response: rawhttp.Response) -> None:
         if self.backend_header:
             value = response.headers.get(self.backend_header)
             record.backend = str(value)[:64] if value else "unknown"
 
     async def _stream(
         self,
-        session: aiohttp.ClientSession | None,
         semaphore: asyncio.Semaphore | None,
         request: dict[str, Any],
         record: RequestRecord,
@@ -256,7 +193,7 @@ class RehearsalReplay(_Replay):
             else:
                 self._open_before[record.index] = task
         try:
-            await super()._stream(session, semaphore, request, record, sent_early)
+            await super()._stream(semaphore, request, record, sent_early)
         finally:
             self._open_before.pop(record.index, None)
         if before and self._ended_after_cut(record) and self._close_reason != "cancelled":

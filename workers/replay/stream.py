@@ -3,8 +3,8 @@
 :class:`Tally` turns a stream's bytes, each network read stamped with its arrival time, into
 the record's tokens, chunks, gaps and end: SSE frames are parsed and tokens counted from the
 server's usage (cumulative ``completion_tokens`` with continuous usage stats), since one frame
-can carry several tokens. The raw transport feeds it from the connection's ``data_received``;
-the aiohttp transport through :func:`read_aiohttp`. The helpers below write what went wrong
+can carry several tokens. The transport (:mod:`workers.replay.rawhttp`) feeds it from the
+connection's ``data_received``. The helpers below write what went wrong
 with a request into its record (the send loop never raises it).
 
 This is the per-chunk hot path of the load generator: keep it free of extra work.
@@ -13,14 +13,10 @@ This is the per-chunk hot path of the load generator: keep it free of extra work
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from workers.replay.frames import frame_parse
 from workers.replay.records import RequestRecord
 from workers.replay.sse import DONE, SSEParser
-
-if TYPE_CHECKING:
-    import aiohttp
 
 perf_ns = time.perf_counter_ns
 
@@ -136,15 +132,6 @@ class Tally:
             if not self.done and not record.cancelled and record.error_kind is None:
                 record.error_kind = "protocol"
                 record.error = "stream ended before data: [DONE]"
-
-
-async def read_aiohttp(response: aiohttp.ClientResponse, tally: Tally) -> None:
-    """Feed an aiohttp response's reads to ``tally`` until it ends or asks to stop."""
-    content = response.content
-    while True:
-        data = await content.readany()
-        if tally.feed(data, perf_ns()) or not data:
-            return
 
 
 def mark_late(record: RequestRecord, deadline_ns: int) -> bool:
