@@ -31,13 +31,14 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from django.db import close_old_connections
 
 from apps.experiments.generation import request_sampling
 from apps.experiments.models import ServerConfig
 from apps.experiments.recovery import recovery_options
+from apps.experiments.spec_types import RecoverySpec
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
 from apps.workloads.services import trace_load
@@ -207,7 +208,7 @@ def _replay(
     host: Host,
     candidate: EngineServer,
     b0: EngineServer,
-    options: dict[str, Any],
+    options: RecoverySpec,
     facts: dict[str, Any],
     stop: threading.Event,
     watcher: Any,
@@ -217,7 +218,7 @@ def _replay(
 ) -> tuple[str, str, dict[str, Any]]:
     trace = trace_load(sha256=run.trace_sha256)
     requests = [r.to_json() for r in trace.requests]
-    switch_s = float(options["switch_at_s"])
+    switch_s = float(cast(float, options["switch_at_s"]))  # recovery_options fills it from the windows
     router = options.get("route_url")
     timing = {"origin_ns": 0}  # fixed just before the replay starts, after the "before" scrapes
     clock = lambda: time.perf_counter_ns() - timing["origin_ns"]  # noqa: E731 - times from the replay's origin
@@ -229,7 +230,9 @@ def _replay(
 
     def switch_command() -> None:
         try:
-            _run_switch_command(options["switch_command"], candidate, b0, facts, timing["origin_ns"])
+            # Only with a router, and the spec gives switch_command with route_url (check_recovery).
+            argv = cast(list[str], options["switch_command"])
+            _run_switch_command(argv, candidate, b0, facts, timing["origin_ns"])
         except SwitchFailed as exc:
             side_errors.append(str(exc))
             stop.set()

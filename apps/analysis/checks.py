@@ -11,9 +11,16 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from apps.analysis import inference, lengths
+from apps.analysis.report_types import (
+    AcceptanceCheck,
+    CellAcceptance,
+    RecoveryCheck,
+    ScenarioCheck,
+    ValidityCheck,
+)
 from apps.experiments.generation import request_sampling
 
 
@@ -31,7 +38,7 @@ def validity_check(
     baseline: str,
     run_results: Sequence[Mapping[str, Any]],
     combos: Sequence[tuple[str, str, int]],
-) -> dict[str, Any]:
+) -> ValidityCheck:
     """Are all cells comparable? Every problem names its cell; a cell with one is invalid.
 
     1. Every cell has exactly one done sweep run per (mixture, rate, repeat); a point whose
@@ -198,7 +205,7 @@ def acceptance_check(
     agreed: Sequence[tuple[str, str, int]],
     alpha: float = 0.05,
     skipped: Mapping[tuple[str, str, str, int], str] | None = None,
-) -> dict[str, Any]:
+) -> AcceptanceCheck:
     """Per cell: does every class keep its contract at every agreed (mixture, rate)?
 
     Judged pooled over the repeats, with the uncertainty the counts have: a p99
@@ -216,7 +223,7 @@ def acceptance_check(
     # Every class of a (cell, mixture, rate) pools the same done repeats.
     done_repeats = {(a["cell"], a["mixture"], a["rate"]): sorted(set(a["repeats"])) for a in aggregates}
     limits = {str(c["name"]): float(c.get("error_rate", 0.0)) for c in classes}
-    out: dict[str, Any] = {}
+    out: dict[str, CellAcceptance] = {}
     for cell in (c["cell_id"] for c in cells):
         failures: list[dict[str, Any]] = []
         for (mix, rate), reps in sorted(points.items()):
@@ -291,7 +298,7 @@ NOT_FAILURE_SCENARIOS = frozenset({CALIBRATION_SCENARIO, UNIFORM_SCENARIO, "rehe
 
 def scenario_check(
     run_results: Sequence[Mapping[str, Any]], verdicts: Mapping[str, Mapping[str, Any]] | None = None
-) -> dict[str, Any]:
+) -> ScenarioCheck:
     """Failure-scenario runs, listed apart from the sweep with what held and what did not.
 
     ``verdicts`` (run key -> apps.analysis.scenarios.scenario_verdict) says what each
@@ -352,7 +359,7 @@ def recovery_check(
     baseline: str | None = None,
     rehearse: bool = True,
     rehearsal: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> RecoveryCheck:
     """Check 4: the rollback to B0, rehearsed for real (apps/analysis/rehearsal.py).
 
     ``rehearsal`` is the latest rehearsal of the chosen cell: {"run", "status", "reason",
@@ -363,44 +370,30 @@ def recovery_check(
     """
     rb = dict(rollback or {})
     out: dict[str, Any] = {"manifest": bool(rb.get("exists")), "baseline": rb.get("baseline") or baseline}
+
+    def verdict(status: str, reason: str) -> RecoveryCheck:
+        return cast(RecoveryCheck, {**out, "status": status, "reason": reason})
+
     if chosen_cell is None or chosen_cell == baseline:
-        return {
-            **out,
-            "status": "not needed",
-            "reason": "the decision keeps B0: there is no change to roll back",
-        }
+        return verdict("not needed", "the decision keeps B0: there is no change to roll back")
     out["cell"] = chosen_cell
     if rehearsal is None:
         if not rehearse:
-            return {
-                **out,
-                "status": "not rehearsed",
-                "reason": "the spec turned the rollback rehearsal off (recovery.rehearse: false)",
-            }
-        return {
-            **out,
-            "status": "pending",
-            "reason": f"the rollback of {chosen_cell} has not been rehearsed yet",
-        }
+            return verdict(
+                "not rehearsed", "the spec turned the rollback rehearsal off (recovery.rehearse: false)"
+            )
+        return verdict("pending", f"the rollback of {chosen_cell} has not been rehearsed yet")
     out["run"] = rehearsal.get("run")
     status = rehearsal.get("status")
     if status in ("queued", "starting", "warming", "measuring", "draining"):
-        return {**out, "status": "pending", "reason": f"the rehearsal of {chosen_cell} is {status}"}
+        return verdict("pending", f"the rehearsal of {chosen_cell} is {status}")
     measures = rehearsal.get("measures")
     if status != "done" or not measures:
-        return {
-            **out,
-            "status": "fail",
-            "reason": f"the rehearsal ended {status}: {rehearsal.get('reason') or 'no measures'}",
-        }
+        return verdict("fail", f"the rehearsal ended {status}: {rehearsal.get('reason') or 'no measures'}")
     out["measures"] = {
         k: measures.get(k)
         for k in ("time_to_recover_s", "max_recovery_s", "cut", "surge", "standby", "switch_at_s")
     }
     if measures["passed"]:
-        return {
-            **out,
-            "status": "pass",
-            "reason": f"B0 recovered {measures['time_to_recover_s']:g} s after the switch",
-        }
-    return {**out, "status": "fail", "reason": "; ".join(measures["problems"])}
+        return verdict("pass", f"B0 recovered {measures['time_to_recover_s']:g} s after the switch")
+    return verdict("fail", "; ".join(measures["problems"]))

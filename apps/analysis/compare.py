@@ -36,6 +36,7 @@ import numpy as np
 
 from apps.analysis import inference
 from apps.analysis.metrics import Derived
+from apps.analysis.report_types import CompareOptionsJSON, MetricVerdict
 from apps.analysis.resample import Resampling, TailQuantile
 from workers.replay.records import GapHistogram
 
@@ -148,7 +149,7 @@ class CompareOptions:
             raise ValueError("itl_min_repeats must be at least 2")
         return opts
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> CompareOptionsJSON:
         return {
             "resamples": self.resamples,
             "seed": self.seed,
@@ -313,7 +314,7 @@ def judge(
     options: CompareOptions,
     judged: bool = True,
     note: str | None = None,
-) -> dict[str, Any]:
+) -> MetricVerdict:
     """Point difference, interval, one-sided p-values, the worse guard and non-inferiority of one metric.
 
     "Harm" is candidate − B0 for a lower-is-better metric and B0 − candidate
@@ -403,7 +404,7 @@ def b0_spread(rows: Rows, n_rep: int) -> float:
 class GroupResult:
     """Every candidate's judged metrics of one (mixture, rate, class), and B0's own spread."""
 
-    metrics: dict[str, dict[str, dict[str, Any]]]
+    metrics: dict[str, dict[str, MetricVerdict]]  # cell -> metric -> its verdict
     levels: list[str]
     b0: dict[str, float]
     b0_se: dict[str, float]
@@ -447,7 +448,7 @@ def compare_group(
             f"inter-token latency is resampled by repeat only: with {n_rep} repeats "
             f"(< {options.itl_min_repeats}) it is never called material"
         )
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, dict[str, MetricVerdict]] = {}
     for cell in cands:
         out[cell] = {
             m: judge(

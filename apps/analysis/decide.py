@@ -27,6 +27,15 @@ from apps.analysis.checks import (
     scenario_check,
     validity_check,
 )
+from apps.analysis.report_types import (
+    AcceptanceCheck,
+    CellAcceptance,
+    Comparison,
+    ConsideredCandidate,
+    Decision,
+    DecisionEvidence,
+    ValidityCheck,
+)
 
 __all__ = [
     "CALIBRATION_SCENARIO",
@@ -49,16 +58,22 @@ RETAIN, RETUNE, ISOLATE, INCONCLUSIVE = "retain", "retune", "isolate", "inconclu
 P99_KEYS = {"ttft_ms": "ttft", "e2e_ms": "e2e", "max_stall_ms": "stall"}
 
 
+def _passed(accept: Mapping[str, CellAcceptance], cell: str) -> bool:
+    """Acceptance passed the cell (a cell it did not judge did not pass)."""
+    entry = accept.get(cell)
+    return entry is not None and bool(entry["passed"])
+
+
 def decide(
     *,
     cells: Sequence[Mapping[str, Any]],
     baseline: str,
-    validity: Mapping[str, Any],
-    acceptance: Mapping[str, Any],
-    comparisons: Sequence[Mapping[str, Any]],
+    validity: ValidityCheck,
+    acceptance: AcceptanceCheck,
+    comparisons: Sequence[Comparison],
     agreed: Sequence[tuple[str, str, int]],
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-) -> dict[str, Any]:
+) -> Decision:
     """retain / retune / isolate (or inconclusive when B0 itself is not valid data).
 
     The comparisons carry the gain family's verdicts (apps/analysis/family.py):
@@ -89,12 +104,12 @@ def decide(
             "evidence": {"problems": [p for p in validity["problems"] if p["cell"] == baseline][:20]},
         }
     b0_passes = accept[baseline]["passed"]
-    by_cell: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_cell: dict[str, list[Comparison]] = defaultdict(list)
     for c in comparisons:
         if (c["mixture"], c["rate"]) in agreed_pairs:
             by_cell[c["cell"]].append(c)
 
-    considered = []
+    considered: list[ConsideredCandidate] = []
     ranked = []
     for pos, cell in enumerate(c["cell_id"] for c in cells):
         if cell == baseline:
@@ -123,12 +138,12 @@ def decide(
             (c["mixture"], c["rate"], c["class"], m)
             for c in comps
             for m in c.get("repairs") or []
-            if c["metrics"].get(m, {}).get("direction") != "better"
+            if m not in c["metrics"] or c["metrics"][m]["direction"] != "better"
         ]
         reasons = []
         if cell in invalid:
             reasons.append("invalid")
-        if not accept.get(cell, {}).get("passed"):
+        if not _passed(accept, cell):
             reasons.append("breaks a contract")
         if worse:
             reasons.append("a class is materially worse than B0")
@@ -173,7 +188,7 @@ def decide(
         if not reasons:
             ranked.append((-min_gain, worst_ratio, pos, cell))
     ranked.sort()
-    evidence: dict[str, Any] = {
+    evidence: DecisionEvidence = {
         "b0_meets_contracts": b0_passes,
         "candidates": considered,
         "b0_failures": accept[baseline]["failures"][:20],
@@ -199,12 +214,8 @@ def decide(
             "rule": "B0 keeps every class contract and no candidate passes every gate with a material gain",
             "evidence": evidence,
         }
-    passing = [
-        c["cell"] for c in considered if c["cell"] not in invalid and accept.get(c["cell"], {}).get("passed")
-    ]
-    passing_invalid = [
-        c["cell"] for c in considered if c["cell"] in invalid and accept.get(c["cell"], {}).get("passed")
-    ]
+    passing = [c["cell"] for c in considered if c["cell"] not in invalid and _passed(accept, c["cell"])]
+    passing_invalid = [c["cell"] for c in considered if c["cell"] in invalid and _passed(accept, c["cell"])]
     if not passing and passing_invalid:
         # Cells that keep every contract exist but their runs are not comparable data:
         # a fixed rerun would settle it, separate capacity would not.

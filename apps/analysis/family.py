@@ -27,6 +27,7 @@ from typing import Any
 
 from apps.analysis import inference
 from apps.analysis.compare import PRIMARY_CHOICES, latency_metric, metric_kind
+from apps.analysis.report_types import Comparison, FamilySummary
 
 # A contract key B0 broke -> the compared metric kind a candidate must improve.
 BROKEN_TO_KIND = {"ttft": "ttft", "e2e": "e2e", "stall": "max_stall", "error_rate": "contract_share"}
@@ -95,21 +96,21 @@ def family_size(
 
 
 def apply(
-    comparisons: list[dict[str, Any]],
+    comparisons: list[Comparison],
     *,
     primary: Mapping[str, str],
     eligible_cells: set[str],
     agreed_pairs: set[tuple[str, str]],
     b0_failures: Sequence[Mapping[str, Any]],
     alpha: float,
-) -> dict[str, Any]:
+) -> FamilySummary:
     """Mark each comparison's primary metric and repairs, run Holm, and set ``direction`` "better".
 
     Mutates ``comparisons``: each gets ``primary`` (the judged primary metric or
     None), ``repairs`` and, on family members, ``in_family``, ``p_better_adj``.
     Returns the family's summary for the report.
     """
-    members: list[tuple[dict[str, Any], str]] = []
+    members: list[tuple[Comparison, str]] = []
     seen: set[tuple[int, str]] = set()
     not_judged: list[str] = []
     for c in comparisons:

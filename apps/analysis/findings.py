@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from apps.analysis.metrics import pvalue
+from apps.analysis.report_types import Comparison, Finding, FindingText
 
-FINDINGS: dict[str, dict[str, str]] = {
+FINDINGS: dict[str, FindingText] = {
     "stall_during_prefill": {
         "title": "streams stall while prefill advances",
         "suggests": "a lower token budget; reject it if long-class TTFT or goodput then breaks its contract",
@@ -66,7 +67,7 @@ class Sweep:
     cells: Sequence[Mapping[str, Any]]
     baseline: str
     run_results: Sequence[Mapping[str, Any]]
-    comparisons: Sequence[Mapping[str, Any]]
+    comparisons: Sequence[Comparison]
     stall_ratio: float
     short: str | None
     long: str | None
@@ -317,10 +318,10 @@ def findings(
     baseline: str,
     run_results: Sequence[Mapping[str, Any]],
     aggregates: Sequence[Mapping[str, Any]],
-    comparisons: Sequence[Mapping[str, Any]],
+    comparisons: Sequence[Comparison],
     stall_ratio: float = 2.0,
     invalid_cells: Sequence[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[Finding]:
     """Every finding that fires, each with its title, what it suggests, its evidence and cells."""
     order = {c["cell_id"]: i for i, c in enumerate(cells)}
     short, long = class_roles(classes)
@@ -340,7 +341,7 @@ def findings(
         ),
         order=order,
     )
-    out = []
+    out: list[Finding] = []
     for fid, check in REGISTRY.items():
         evidence = check(sweep)
         if evidence:

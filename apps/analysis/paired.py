@@ -24,6 +24,14 @@ import numpy as np
 from apps.analysis import compare, decide, family, inference
 from apps.analysis.columns import RecordTable
 from apps.analysis.metrics import Derived
+from apps.analysis.report_types import (
+    AcceptanceCheck,
+    Comparison,
+    Decision,
+    FamilySummary,
+    Statistics,
+    ValidityCheck,
+)
 from workers.replay.records import GapHistogram
 
 
@@ -49,12 +57,12 @@ def judge_sweep(
     *,
     cells: Sequence[Mapping[str, Any]],
     classes: Sequence[Mapping[str, Any]],
-    validity: Mapping[str, Any],
-    acceptance: Mapping[str, Any],
+    validity: ValidityCheck,
+    acceptance: AcceptanceCheck,
     agreed: Sequence[tuple[str, str, int]],
     options: compare.CompareOptions,
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+) -> tuple[list[Comparison], Decision, Statistics]:
     """(comparisons, decision, statistics) of the sweep."""
     d, table, groups, done = sweep.d, sweep.table, sweep.groups, sweep.done
     run_by_key, token_hists, cell_ids = sweep.run_by_key, sweep.token_hists, sweep.cell_ids
@@ -62,7 +70,8 @@ def judge_sweep(
     empty = np.zeros(0, dtype=np.int64)
     agreed_pairs = {(m, r) for m, r, _ in agreed}
     primary = family.primary_metrics(classes)
-    b0_failures = acceptance["cells"].get(baseline, {}).get("failures", [])
+    b0_cell = acceptance["cells"].get(baseline)
+    b0_failures = b0_cell.get("failures", []) if b0_cell is not None else []
     # The gain family's candidates: valid and passing acceptance (family.py). A cell that breaks a
     # contract can never be adopted, so its gains are no claim the verdict rests on; and early
     # stopping (early_stop.py) relies on it: a stopped cell changes neither the family nor the draws.
@@ -92,8 +101,8 @@ def judge_sweep(
     )
     draws = inference.family_resamples(options.resamples, family_m, options.family_alpha)
 
-    def compare_all(seed: int) -> tuple[list[dict[str, Any]], dict[tuple[str, str, str], Any]]:
-        comps: list[dict[str, Any]] = []
+    def compare_all(seed: int) -> tuple[list[Comparison], dict[tuple[str, str, str], Any]]:
+        comps: list[Comparison] = []
         own: dict[tuple[str, str, str], Any] = {}
         for mix, rate, name, base_runs, frames in groups_in:
             sizes = [int(f.size) for f in frames]
@@ -137,7 +146,7 @@ def judge_sweep(
                 )
         return comps, own
 
-    def judged(comps: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def judged(comps: list[Comparison]) -> tuple[FamilySummary, Decision]:
         fam = family.apply(
             comps,
             primary=primary,
@@ -177,14 +186,14 @@ def judge_sweep(
             "borderline": (alt_decision["outcome"], alt_decision["chosen_cell"])
             != (decision["outcome"], decision["chosen_cell"]),
         }
-    statistics = {
+    statistics: Statistics = {
         "family": {**fam, "planned_size": family_m},
         "resamples": draws,
         "block": "ceil(sqrt(n)) consecutive requests in arrival order, circular, per run",
         "seed": options.seed,
         "borderline_comparisons": borderline,
         "notes": sorted(
-            {v["note"] for c in comparisons for v in c["metrics"].values() if v.get("note")}
+            {v["note"] for c in comparisons for v in c["metrics"].values() if v["note"]}
             | set(fam["not_judged"])
         ),
         "power": _power(b0_own, primary, agreed_pairs, family_m, options),

@@ -25,6 +25,8 @@ from typing import Any
 
 import regex
 
+from apps.analysis.report_types import AcceptanceCheck, QualityCheck
+
 
 def agreement(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the common prefix of two token sequences."""
@@ -79,7 +81,7 @@ def quality_check(
     classes: Sequence[Mapping[str, Any]],
     baseline: str,
     probes: Sequence[Mapping[str, Any]],
-) -> dict[str, Any]:
+) -> QualityCheck:
     """``probes``: one entry per done sweep run that ran the probe, in plan order:
     ``{"run", "cell", "trace_sha256", "outputs": [{"index", "class", "token_ids", "text",
     "finish_reason", "error"?}]}``. Returns the per-cell, per-class numbers and verdicts.
@@ -169,7 +171,7 @@ def quality_check(
     }
 
 
-def apply_to_acceptance(acceptance: dict[str, Any], quality: Mapping[str, Any], *, baseline: str) -> None:
+def apply_to_acceptance(acceptance: AcceptanceCheck, quality: QualityCheck, *, baseline: str) -> None:
     """Check 2 enforces the quality contract: a failing candidate class is an acceptance failure."""
     for cell, by_class in (quality.get("cells") or {}).items():
         if cell == baseline or cell not in acceptance["cells"]:

@@ -41,6 +41,16 @@ from apps.analysis import cost, findings, lengths, metrics, paired, quality, rej
 from apps.analysis.checks import acceptance_check, recovery_check, scenario_check, validity_check
 from apps.analysis.columns import RecordTable
 from apps.analysis.report_options import ReportOptions, agreed_combos, sweep_combos
+from apps.analysis.report_types import (
+    Aggregate,
+    Checks,
+    DiffPoint,
+    JSONObject,
+    Report,
+    ReportCharts,
+    RunResult,
+    SkippedCell,
+)
 from apps.analysis.server import server_metrics
 from workers.replay.records import GapHistogram
 
@@ -115,11 +125,11 @@ def build_report(
     rollback: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | ReportOptions | None = None,
     scenario_verdicts: Mapping[str, Mapping[str, Any]] | None = None,
-    rehearsals: Mapping[str, Mapping[str, Any]] | None = None,
+    rehearsals: Mapping[str, JSONObject] | None = None,
     rehearse: bool = True,
     stop_reasons: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
     quality_probes: Sequence[Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> Report:
     """Per-run metrics, pooled aggregates, paired comparisons, checks, findings and the decision.
 
     1. Derive every record's outcome and latencies from its planned arrival.
@@ -155,7 +165,7 @@ def build_report(
     empty = np.zeros(0, dtype=np.int64)
 
     # 2. Per run, per class.
-    run_results: list[dict[str, Any]] = []
+    run_results: list[RunResult] = []
     for r in runs:
         key = str(r["key"])
         w = windows[key]
@@ -216,13 +226,13 @@ def build_report(
     combos = sweep_combos(sweep, experiment)
     repeats = sorted({r["repeat"] for r in sweep})
     agreed = agreed_combos(combos, opts)
-    done: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    done: dict[tuple[str, str, str, int], RunResult] = {}
     for r in sweep:
         if r["status"] == "done":
             done.setdefault((r["cell"], r["mixture"], r["rate"], r["repeat"]), r)
 
     # 3. Pooled across repeats.
-    aggregates = []
+    aggregates: list[Aggregate] = []
     for cell in cell_ids:
         for mix, rate in sorted({(c[0], c[1]) for c in combos}):
             reps = [done[(cell, mix, rate, rep)] for rep in repeats if (cell, mix, rate, rep) in done]
@@ -313,7 +323,7 @@ def build_report(
     )
 
     # 6. The other checks, findings.
-    checks = {
+    checks: Checks = {
         "validity": validity,
         "acceptance": acceptance,
         "quality": probe_result,
@@ -337,10 +347,15 @@ def build_report(
         invalid_cells=validity["invalid_cells"],
     )
 
-    report = {
+    report: Report = {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
-        "experiment": {k: experiment.get(k) for k in ("id", "name", "model_revision", "tokenizer_revision")},
+        "experiment": {
+            "id": experiment.get("id"),
+            "name": experiment.get("name"),
+            "model_revision": experiment.get("model_revision"),
+            "tokenizer_revision": experiment.get("tokenizer_revision"),
+        },
         "options": opts.to_json(),
         "baseline": baseline,
         "cells": [
@@ -372,9 +387,9 @@ def build_report(
     return jsonable(report)
 
 
-def skipped_cells(run_results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def skipped_cells(run_results: Sequence[Mapping[str, Any]]) -> list[SkippedCell]:
     """The cells early stopping cut short, in the runs' order: cell, the reason, the skipped runs."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, SkippedCell] = {}
     for r in run_results:
         if r["status"] == "skipped" and not r["scenario"]:
             entry = out.setdefault(
@@ -415,7 +430,7 @@ def charts(
     aggregates: Sequence[Mapping[str, Any]],
     comparisons: Sequence[Mapping[str, Any]],
     run_results: Sequence[Mapping[str, Any]],
-) -> dict[str, Any]:
+) -> ReportCharts:
     """Small aggregates the UI plots directly (it never reads records)."""
     per_group: dict[tuple[str, str, str], dict[str, Any]] = {}
     for a in aggregates:
@@ -436,7 +451,7 @@ def charts(
         for h in HEADLINE:
             g[h].append(head[h] if math.isfinite(head[h]) else None)
             g["censored"][h].append(math.isinf(head[h]))
-    forest = [
+    forest: list[DiffPoint] = [
         {
             "cell": c["cell"],
             "mixture": c["mixture"],

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.analysis import compare, cost, rejections
+from apps.analysis.report_types import ReportOptionsJSON
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class ReportOptions:
             usd_per_gpu_hour=_price(data.get("usd_per_gpu_hour")),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ReportOptionsJSON:
         return {
             "compare": self.compare.to_json(),
             "agreed_rates": list(self.agreed_rates) if self.agreed_rates is not None else None,

@@ -7,21 +7,22 @@ the database and the request (apps/experiments/views.py ``experiment_results``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
 from apps.analysis import cell_charts, run_charts
 from apps.analysis.chart_style import UrlFor, class_colours
+from apps.analysis.report_types import StoredReport
 from apps.analysis.spread import arrival_spread
 
 
-def report_combos(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+def report_combos(report: StoredReport) -> list[tuple[str, str]]:
     """The report's (mixture, rate) points, sorted."""
     return sorted({(a["mixture"], a["rate"]) for a in report.get("aggregates", [])})
 
 
-def cost_rows(report: Mapping[str, Any]) -> dict[str, Any] | None:
+def cost_rows(report: StoredReport) -> dict[str, Any] | None:
     """Every cell's output tokens/s and $ per 1M output tokens (B0 first), from the report."""
     costs = report.get("costs")
     if not costs:
@@ -38,7 +39,7 @@ def cost_rows(report: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def results_figures(
-    report: Mapping[str, Any],
+    report: StoredReport,
     *,
     chosen: tuple[str, str],
     url_for_cell: UrlFor,

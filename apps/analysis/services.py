@@ -15,7 +15,7 @@ this module only turns rows into their plain inputs, efficiently:
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from django.db import connection, transaction
@@ -28,6 +28,7 @@ from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
 from apps.analysis.rehearsal import rehearsal_measures
 from apps.analysis.report import build_report
+from apps.analysis.report_types import RecoveryCheck, Report, StoredReport
 from apps.analysis.server import COUNTERS, GAUGES
 from apps.experiments.models import Experiment
 from apps.experiments.recovery import recovery_options
@@ -279,7 +280,7 @@ def _rollback(experiment: Experiment) -> dict[str, Any]:
     return {"exists": True, "baseline": str(baseline) if baseline else None}
 
 
-def recovery_check_now(*, experiment: Experiment, report: dict[str, Any]) -> dict[str, Any]:
+def recovery_check_now(*, experiment: Experiment, report: StoredReport) -> RecoveryCheck:
     """Check 4 as stored, with the manifest's part from now: the manifest is written at approval,
     after the last analysis (a finished rehearsal analyses again, so the rest is current).
     For display; the stored report stays what the approver saw."""
@@ -288,10 +289,10 @@ def recovery_check_now(*, experiment: Experiment, report: dict[str, Any]) -> dic
     stored["manifest"] = bool(rollback["exists"])
     if rollback["baseline"]:
         stored["baseline"] = rollback["baseline"]
-    return stored
+    return cast(RecoveryCheck, stored)  # as the stored report's check 4 has it
 
 
-def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> dict[str, Any]:
+def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> Report:
     """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     inputs = _experiment_inputs(experiment)

@@ -23,6 +23,7 @@ from apps.experiments.forms import (
 )
 from apps.experiments.services import spec_limits
 from apps.experiments.spec import CONTRACT_KEYS, FieldError, SpecError, parse_spec, validate_spec
+from apps.experiments.spec_types import NormalizedSpec, RawSpec
 
 
 def _blank(data: dict[str, Any]) -> bool:
@@ -51,7 +52,7 @@ class SpecBuild:
     """
 
     def __init__(
-        self, spec: dict[str, Any], candidate_origin: list[tuple[str, int | None]], class_rows: list[int]
+        self, spec: RawSpec, candidate_origin: list[tuple[str, int | None]], class_rows: list[int]
     ) -> None:
         self.spec = spec
         self.candidate_origin = candidate_origin
@@ -124,7 +125,7 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
     arrival: dict[str, Any] = {"process": d.get("arrival_process") or "poisson"}
     if d.get("arrival_cv") is not None:
         arrival["cv"] = d["arrival_cv"]
-    spec: dict[str, Any] = {
+    spec: RawSpec = {
         "name": d.get("name") or "",
         "description": d.get("description") or "",
         "owner": owner,
@@ -262,7 +263,7 @@ def attach_spec_errors(
                 formset.forms[row].add_error(field, message)
 
 
-def spec_from_upload(form: ExperimentForm) -> dict[str, Any]:
+def spec_from_upload(form: ExperimentForm) -> NormalizedSpec:
     """Parse the uploaded YAML spec (or the one a preview kept); raise SpecError naming lines and
     fields. The text is kept in the form's ``spec_text`` for the next step."""
     upload = form.cleaned_data.get("spec_file")
@@ -280,5 +281,5 @@ def spec_from_upload(form: ExperimentForm) -> dict[str, Any]:
     return parse_spec(text, limits=spec_limits())
 
 
-def validate_built(build: SpecBuild) -> dict[str, Any]:
+def validate_built(build: SpecBuild) -> NormalizedSpec:
     return validate_spec(build.spec, limits=spec_limits())

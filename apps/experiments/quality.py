@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import regex
+
+from apps.experiments.spec_types import ClassQuality, QualityProbe, QualitySpec, QualityValidators
 
 DEFAULTS: dict[str, Any] = {"prompts_per_class": 8, "max_tokens": 32, "trace_sha256": None}
 MAX_PROMPTS_PER_CLASS = 256
@@ -36,20 +38,20 @@ def _number(
     return value
 
 
-def check_quality(raw: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def check_quality(raw: Any) -> tuple[QualitySpec, list[tuple[str, str]]]:
     """The normalised top-level ``quality`` section (``{"probe": {...}}``, every key filled in) and
     its problems as (field path, message)."""
     problems: list[tuple[str, str]] = []
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        return {"probe": dict(DEFAULTS)}, [("quality", "must be a mapping")]
+        return _quality(DEFAULTS), [("quality", "must be a mapping")]
     unknown = sorted(set(raw) - {"probe"})
     if unknown:
         problems.append(("quality", f"unknown key(s): {', '.join(map(str, unknown))}"))
     probe = raw.get("probe") or {}
     if not isinstance(probe, Mapping):
-        return {"probe": dict(DEFAULTS)}, [*problems, ("quality.probe", "must be a mapping")]
+        return _quality(DEFAULTS), [*problems, ("quality.probe", "must be a mapping")]
     unknown = sorted(set(probe) - set(DEFAULTS))
     if unknown:
         problems.append(("quality.probe", f"unknown key(s): {', '.join(map(str, unknown))}"))
@@ -71,7 +73,12 @@ def check_quality(raw: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
             )
         else:
             out["trace_sha256"] = sha
-    return {"probe": out}, problems
+    return _quality(out), problems
+
+
+def _quality(probe: Mapping[str, Any]) -> QualitySpec:
+    """The section around a probe's options (every key of DEFAULTS filled in)."""
+    return {"probe": cast(QualityProbe, dict(probe))}
 
 
 def _refused_keyword(schema: Any) -> str | None:
@@ -97,7 +104,7 @@ def _refused_keyword(schema: Any) -> str | None:
     return None
 
 
-def check_class_quality(raw: Any, path: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def check_class_quality(raw: Any, path: str) -> tuple[ClassQuality, list[tuple[str, str]]]:
     """A class's ``quality``: ``min_exact_match`` (0..1), ``min_agreement_tokens`` (>= 0) and
     ``validators`` (``regex``, ``json_schema``, ``finish_reason``)."""
     problems: list[tuple[str, str]] = []
@@ -106,7 +113,7 @@ def check_class_quality(raw: Any, path: str) -> tuple[dict[str, Any], list[tuple
     unknown = sorted(set(raw) - {"min_exact_match", "min_agreement_tokens", "validators"})
     if unknown:
         problems.append((path, f"unknown key(s): {', '.join(map(str, unknown))}"))
-    out: dict[str, Any] = {}
+    out: ClassQuality = {}
     if "min_exact_match" in raw:
         out["min_exact_match"] = _number(raw, "min_exact_match", path, problems, low=0, high=1, integer=False)
     if "min_agreement_tokens" in raw:
@@ -122,7 +129,7 @@ def check_class_quality(raw: Any, path: str) -> tuple[dict[str, Any], list[tuple
             unknown = sorted(set(validators) - {"regex", "json_schema", "finish_reason"})
             if unknown:
                 problems.append((vpath, f"unknown key(s): {', '.join(map(str, unknown))}"))
-            checked: dict[str, Any] = {}
+            checked: QualityValidators = {}
             if "regex" in validators:
                 pattern = validators["regex"]
                 try:

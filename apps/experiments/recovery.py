@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
+
+from apps.experiments.spec_types import RecoverySpec, StoredSpec
 
 STANDBY_MODES = ("warm", "cold")
 DEFAULTS: dict[str, Any] = {
@@ -94,13 +96,13 @@ def check_command(value: Any, path: str = "recovery.switch_command") -> tuple[li
 
 def check_recovery(
     raw: Any, *, warmup_s: float | None, observation_s: float | None
-) -> tuple[dict[str, Any], Problems]:
+) -> tuple[RecoverySpec, Problems]:
     """Normalise ``recovery`` (absent: the defaults) against the trace's windows."""
     problems: Problems = []
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        return dict(DEFAULTS), [("recovery", "must be a mapping")]
+        return cast(RecoverySpec, dict(DEFAULTS)), [("recovery", "must be a mapping")]
     data = {str(k): v for k, v in raw.items()}
     for key in sorted(set(data) - set(DEFAULTS)):
         problems.append((f"recovery.{key}", "unknown field"))
@@ -187,13 +189,17 @@ def check_recovery(
                 problems.append(("recovery.ports.b0", "must differ from the candidate's port"))
             elif len(good) == 2:
                 out["ports"] = good
-    return out, problems
+    return cast(RecoverySpec, out), problems  # every key of DEFAULTS, each checked
 
 
-def recovery_options(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The recovery options of a stored (validated) spec, with the switch time filled in."""
+def recovery_options(spec: StoredSpec) -> RecoverySpec:
+    """The recovery options of a stored (validated) spec, with the switch time filled in.
+
+    ``spec`` is a NormalizedSpec as stored, perhaps before it had a ``recovery`` section: the
+    defaults fill in what it lacks.
+    """
     options = {**DEFAULTS, **(spec.get("recovery") or {})}
     w = spec.get("workload") or {}
     if options["switch_at_s"] is None and w:
         options["switch_at_s"] = default_switch_at_s(w["warmup_s"], w["observation_s"])
-    return options
+    return cast(RecoverySpec, options)

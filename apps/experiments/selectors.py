@@ -23,6 +23,7 @@ from apps.analysis.models import Decision
 from apps.experiments.models import Experiment
 from apps.experiments.plan import expand_plan
 from apps.experiments.spec import RUN_OVERHEAD_S
+from apps.experiments.spec_types import NormalizedSpec
 from apps.runs.gauges import GAUGE_NAMES
 from apps.runs.models import MetricSample, RequestRecord, Run
 
@@ -122,7 +123,7 @@ class PlanEstimate:
         ) / 3600.0
 
 
-def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
+def plan_estimate(spec: NormalizedSpec) -> PlanEstimate:
     """Runs and GPU time of a validated spec: runs x (warm-up + observation + drain + start/stop)."""
     w = spec["workload"]
     cells = [spec["baseline"]["id"]] + [c["id"] for c in spec["candidates"]]
@@ -136,7 +137,8 @@ def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
         group_by_cell=reuse,
     )
     per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"])
-    compare_opts = CompareOptions.from_mapping((spec.get("analysis") or {}).get("compare"))
+    analysis, calibration, recovery = spec.get("analysis"), spec.get("calibration"), spec.get("recovery")
+    compare_opts = CompareOptions.from_mapping(analysis.get("compare") if analysis else None)
     power = planned_power(
         classes=spec["classes"],
         mixtures=w["mixtures"],
@@ -146,7 +148,7 @@ def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
         candidates=len(spec["candidates"]),
         alpha=compare_opts.family_alpha,
         primary=primary_metrics(spec["classes"]),
-        agreed_rates=(spec.get("analysis") or {}).get("agreed_rates"),
+        agreed_rates=analysis.get("agreed_rates") if analysis else None,
     )
     return PlanEstimate(
         runs=len(plan),
@@ -157,10 +159,8 @@ def plan_estimate(spec: dict[str, Any]) -> PlanEstimate:
         seconds_per_run=per_run,
         starts=len(cells) * int(w["repeats"]) if reuse else len(plan),
         power=tuple(power),
-        provisional_rates=bool((spec.get("calibration") or {}).get("enabled")),
-        rehearsal_s=per_run + 2 * RUN_OVERHEAD_S
-        if (spec.get("recovery") or {}).get("rehearse", True)
-        else None,
+        provisional_rates=bool(calibration and calibration.get("enabled")),
+        rehearsal_s=per_run + 2 * RUN_OVERHEAD_S if not recovery or recovery.get("rehearse", True) else None,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +13,7 @@ from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, RequestClass, ServerConfig, Workload
 from apps.experiments.plan import expand_plan
 from apps.experiments.spec import FieldError, SpecError, SpecLimits, validate_spec
+from apps.experiments.spec_types import NormalizedSpec, RawSpec
 from apps.runs.models import Run
 
 
@@ -22,7 +24,7 @@ def spec_limits() -> SpecLimits:
     )
 
 
-def _resolve_owner(spec: dict[str, Any], owner: Any) -> Any:
+def _resolve_owner(spec: Mapping[str, Any], owner: Any) -> Any:
     if owner is not None:
         return owner
     User = get_user_model()
@@ -35,7 +37,7 @@ def _resolve_owner(spec: dict[str, Any], owner: Any) -> Any:
         raise SpecError([FieldError("owner", f"no user named {username!r}")]) from None
 
 
-def _check_imported_trace(spec: dict[str, Any]) -> None:
+def _check_imported_trace(spec: NormalizedSpec) -> None:
     """An imported trace must be stored, and its classes must be the spec's classes."""
     from apps.workloads.models import Trace
 
@@ -63,7 +65,7 @@ def _check_imported_trace(spec: dict[str, Any]) -> None:
 
 
 @transaction.atomic
-def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
+def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experiment:
     """Create an experiment, its cells, classes, workload and run plan from a spec.
 
     The spec is validated again here, so no caller can save a half-valid one;
@@ -71,16 +73,19 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
     """
     errors: list[FieldError] = []
     raw = spec
+    checked: NormalizedSpec | None = None
     try:
-        spec = validate_spec(spec, limits=spec_limits())
+        checked = validate_spec(raw, limits=spec_limits())
     except SpecError as exc:
         errors += exc.errors
+    unchecked: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
     try:  # an unknown owner is reported with the spec's other errors, not after them
-        owner = _resolve_owner(spec if not errors else (raw if isinstance(raw, dict) else {}), owner)
+        owner = _resolve_owner(checked if checked is not None else unchecked, owner)
     except SpecError as exc:
         errors += exc.errors
-    if errors:
+    if errors or checked is None:
         raise SpecError(errors)
+    spec = checked
     _check_imported_trace(spec)
     spec["owner"] = owner.get_username()
     controls = spec["controls"]
@@ -176,7 +181,7 @@ def experiment_create(*, spec: dict[str, Any], owner: Any = None) -> Experiment:
 @transaction.atomic
 def experiment_create_with_trace(
     *,
-    spec: dict[str, Any],
+    spec: Mapping[str, Any],
     owner: Any,
     trace_data: bytes,
     trace_format: str,
@@ -296,8 +301,9 @@ def _uniform_companions(experiment: Experiment, *, cells: list[ServerConfig], fi
     ]
 
 
-def experiment_to_spec(*, experiment: Experiment) -> dict[str, Any]:
-    """The experiment as a spec document, built from its rows (what will really run)."""
+def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
+    """The experiment as a spec document, built from its rows (what will really run); it validates
+    back to the experiment's NormalizedSpec."""
     cells = list(experiment.cells.all())
     baseline = next(c for c in cells if c.role == ServerConfig.Role.BASELINE)
     w = experiment.workload

@@ -14,7 +14,7 @@ candidates), spec_workload.py (classes and workload) and spec_sections.py (the o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -65,6 +65,7 @@ from apps.experiments.spec_sections import (
     _check_recovery,
     _check_scenarios,
 )
+from apps.experiments.spec_types import NormalizedSpec
 from apps.experiments.spec_workload import _check_classes, _check_workload
 
 # The spec's API: what other code imports from here (the constants live in spec_rules.py).
@@ -170,17 +171,19 @@ def load_yaml(text: str, *, where: str = "document") -> Any:
         raise SpecError([FieldError(where, f"cannot be read: {str(exc)[:200]}")]) from None
 
 
-def parse_spec(text: str, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+def parse_spec(text: str, *, limits: SpecLimits = DEFAULT_LIMITS) -> NormalizedSpec:
     """Parse and validate a YAML spec; return the normalised spec or raise SpecError."""
     return validate_spec(load_yaml(text), limits=limits)
 
 
-def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> NormalizedSpec:
     """Validate a spec already loaded into Python; return it normalised.
 
     Every number has an upper bound, and the plan's size (runs and engine-hours)
     is computed from the counts and checked against ``limits`` before anything
-    is expanded.
+    is expanded. The spec is filled in section by section (each checker writes its own), so
+    it is a plain dict until no error is left; only then does it have NormalizedSpec's shape
+    (tests/test_typed_contracts.py holds the two together).
     """
     c = _Checker()
     top = c.mapping(raw, "spec")
@@ -241,7 +244,11 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
     if "scenarios" in top:
         spec["scenarios"] = _check_scenarios(c, top.get("scenarios"), set(seen))
     if "analysis" in top:
-        spec["analysis"] = _check_analysis(c, top.get("analysis"), set(rates))
+        analysis = _check_analysis(c, top.get("analysis"), set(rates))
+        # Wrong options are reported; {} holds their place until the errors are raised.
+        spec["analysis"] = {}
+        if analysis is not None:
+            spec["analysis"] = analysis
     if "quality" in top or any("quality" in cls for cls in spec.get("classes") or []):
         _check_quality(c, top, spec, max_model_len)
     if "recovery" in top:
@@ -250,11 +257,11 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> dict[str,
         )
     _check_counts(c, spec)
     if not c.errors:
-        _check_plan_size(c, spec, limits)
+        _check_plan_size(c, cast(NormalizedSpec, spec), limits)
 
     if c.errors:
         raise SpecError(c.errors)
-    return spec
+    return cast(NormalizedSpec, spec)
 
 
 def _check_counts(c: _Checker, spec: Mapping[str, Any]) -> None:
@@ -270,7 +277,7 @@ def _check_counts(c: _Checker, spec: Mapping[str, Any]) -> None:
             c.fail(path, f"{count} is too many; at most {limit}")
 
 
-def plan_size(spec: Mapping[str, Any], limits: SpecLimits = DEFAULT_LIMITS) -> tuple[int, float]:
+def plan_size(spec: NormalizedSpec, limits: SpecLimits = DEFAULT_LIMITS) -> tuple[int, float]:
     """(runs, engine-hours) a validated spec plans, from its counts alone (nothing is expanded).
 
     Sweep runs = cells x mixtures x rates x repeats; the uniform companions add
@@ -287,14 +294,15 @@ def plan_size(spec: Mapping[str, Any], limits: SpecLimits = DEFAULT_LIMITS) -> t
     runs += cells * len(spec.get("scenarios") or {})
     per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"])
     hours = runs * (per_run + limits.run_overhead_s) / 3600.0
-    if (spec.get("recovery") or {}).get("rehearse", True):
+    recovery = spec.get("recovery")
+    if recovery is None or recovery.get("rehearse", True):
         # The rollback rehearsal of the proposed cell: one run, two servers started.
         runs += 1
         hours += (per_run + 2 * limits.run_overhead_s) / 3600.0
     return runs, hours
 
 
-def _check_plan_size(c: _Checker, spec: Mapping[str, Any], limits: SpecLimits) -> None:
+def _check_plan_size(c: _Checker, spec: NormalizedSpec, limits: SpecLimits) -> None:
     runs, hours = plan_size(spec, limits)
     if runs > limits.max_runs:
         c.fail(

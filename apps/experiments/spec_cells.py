@@ -8,7 +8,7 @@ spec; apps/experiments/spec.validate_spec calls them in the spec's order.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from apps.experiments.generation import GENERATION_FLAGS, GENERATION_KEYS
 from apps.experiments.spec_checker import _Checker
@@ -21,6 +21,7 @@ from apps.experiments.spec_rules import (
     MAX_TOKENS,
     SCHEDULING_POLICIES,
 )
+from apps.experiments.spec_types import CandidateEngine, CandidateSpec, CellArgs, Controls, GenerationSettings
 
 
 def _check_controls(c: _Checker, top: Mapping[str, Any], spec: dict[str, Any]) -> int | None:
@@ -31,7 +32,7 @@ def _check_controls(c: _Checker, top: Mapping[str, Any], spec: dict[str, Any]) -
         controls, "max_model_len", "controls", positive=True, integer=True, maximum=MAX_TOKENS
     )
     generation = c.mapping(controls.get("generation"), "controls.generation", required=False)
-    spec["controls"] = {
+    checked: Controls = {
         "dtype": c.text(controls, "dtype", "controls", required=False, max_length=32) or "auto",
         "tensor_parallel_size": c.number(
             controls,
@@ -63,7 +64,8 @@ def _check_controls(c: _Checker, top: Mapping[str, Any], spec: dict[str, Any]) -
         ),
         "generation": _check_generation(c, generation),
     }
-    if spec["controls"]["speculative_decoding"]:
+    spec["controls"] = checked
+    if checked["speculative_decoding"]:
         c.fail(
             "controls.speculative_decoding",
             "speculative decoding is not supported by the engine launcher yet",
@@ -77,7 +79,7 @@ def _check_candidates(
     """The candidate cells, each {id, args} (and an optional engine override): fills
     ``spec["candidates"]``; returns every cell id (the baseline's too) with its path, each once."""
     candidates_raw = top.get("candidates")
-    candidates: list[dict[str, Any]] = []
+    candidates: list[CandidateSpec] = []
     if not isinstance(candidates_raw, list) or not candidates_raw:
         c.fail("candidates", "must be a non-empty list of {id, args}")
     else:
@@ -85,7 +87,7 @@ def _check_candidates(
             path = f"candidates[{i}]"
             cand = c.mapping(item, path)
             c.unknown(cand, {"id", "args", "engine"}, path)
-            cell: dict[str, Any] = {
+            cell: CandidateSpec = {
                 "id": c.text(cand, "id", path, max_length=32),
                 "args": _check_args(c, cand.get("args"), f"{path}.args", max_model_len),
             }
@@ -101,7 +103,7 @@ def _check_candidates(
                 if not override and not any(engine.get(k) for k in ("image", "model_revision")):
                     c.fail(f"{path}.engine", "give image and/or model_revision, or leave engine out")
                 if override:
-                    cell["engine"] = override
+                    cell["engine"] = cast(CandidateEngine, override)  # image and/or model_revision
             candidates.append(cell)
     spec["candidates"] = candidates
     seen: dict[str, str] = {}
@@ -117,7 +119,7 @@ def _check_candidates(
     return seen
 
 
-def _check_args(c: _Checker, raw: Any, path: str, max_model_len: int | None) -> dict[str, Any]:
+def _check_args(c: _Checker, raw: Any, path: str, max_model_len: int | None) -> CellArgs:
     args = c.mapping(raw, path)
     out: dict[str, Any] = {}
     for key, value in args.items():
@@ -153,14 +155,14 @@ def _check_args(c: _Checker, raw: Any, path: str, max_model_len: int | None) -> 
             f"{budget} is below controls.max_model_len ({max_model_len}) with chunked prefill off; "
             "vLLM refuses that (raise it or set enable_chunked_prefill: true)",
         )
-    return out
+    return cast(CellArgs, out)  # only CELL_ARGS keys, each of its type
 
 
-def _check_generation(c: _Checker, data: Mapping[str, Any]) -> dict[str, Any]:
+def _check_generation(c: _Checker, data: Mapping[str, Any]) -> GenerationSettings:
     """Known sampling keys only, each a bounded number (or a flag): checked like every other section."""
     path = "controls.generation"
     c.unknown(data, set(GENERATION_KEYS) | set(GENERATION_FLAGS), path)
-    out: dict[str, Any] = {}
+    out: GenerationSettings = {}
     for key, (kind, low, high) in GENERATION_KEYS.items():
         if key in data:
             out[key] = c.number(data, key, path, integer=kind is int, minimum=low, maximum=high)

@@ -9,19 +9,21 @@ checker imports it when the section is present and reports its problems as field
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
+from apps.analysis.report_types import ReportOptionsJSON
 from apps.experiments.spec_checker import _Checker
 from apps.experiments.spec_rules import CALIBRATION_DEFAULTS, MAX_RATE_RPS, MAX_WINDOW_S, RATES_PER
+from apps.experiments.spec_types import Calibration, RecoverySpec, ScenarioSpec
 
 
-def _check_calibration(c: _Checker, raw: Any) -> dict[str, Any]:
+def _check_calibration(c: _Checker, raw: Any) -> Calibration:
     """The capacity probe's settings (docs/SCENARIOS.md), defaults filled in."""
     path = "calibration"
     data = c.mapping(raw, path)
     c.unknown(data, set(CALIBRATION_DEFAULTS), path)
     d = CALIBRATION_DEFAULTS
-    out: dict[str, Any] = {
+    out: dict[str, Any] = {  # filled in the documented order; Calibration once complete
         "enabled": c.boolean(data, "enabled", path, default=True),
         "start_rps": c.number(
             data,
@@ -98,15 +100,15 @@ def _check_calibration(c: _Checker, raw: Any) -> dict[str, Any]:
     if rates_per not in RATES_PER:
         c.fail(f"{path}.rates_per", f"must be one of {', '.join(RATES_PER)}, got {rates_per!r}")
     out["rates_per"] = rates_per
-    return out
+    return cast(Calibration, out)
 
 
-def _check_scenarios(c: _Checker, raw: Any, cell_ids: set[str]) -> dict[str, Any]:
+def _check_scenarios(c: _Checker, raw: Any, cell_ids: set[str]) -> dict[str, ScenarioSpec]:
     """Failure scenarios: name -> {cells, params}; parameters checked by the generator's own rules."""
     from apps.workloads.scenarios import DEFAULTS, scenario_params
 
     data = c.mapping(raw, "scenarios")
-    out: dict[str, Any] = {}
+    out: dict[str, ScenarioSpec] = {}
     for name, options_raw in data.items():
         path = f"scenarios.{name}"
         if name not in DEFAULTS:
@@ -138,26 +140,27 @@ def _check_scenarios(c: _Checker, raw: Any, cell_ids: set[str]) -> dict[str, Any
     return out
 
 
-def _check_analysis(c: _Checker, raw: Any, rate_names: set[str]) -> dict[str, Any]:
-    """Analysis options (docs/ANALYSIS.md), checked by the analysis's own parser."""
+def _check_analysis(c: _Checker, raw: Any, rate_names: set[str]) -> ReportOptionsJSON | None:
+    """Analysis options (docs/ANALYSIS.md), checked by the analysis's own parser; None when
+    they are wrong (the problem is reported)."""
     from apps.analysis.report import ReportOptions
 
     data = c.mapping(raw, "analysis")
     agreed = data.get("agreed_rates")
     if agreed is not None and not isinstance(agreed, list):
         c.fail("analysis.agreed_rates", f"must be a list of rate names, got {agreed!r:.60}")
-        return {}
+        return None
     for i, name in enumerate(agreed or []):
         if not isinstance(name, str):
             c.fail(f"analysis.agreed_rates[{i}]", f"must be a rate name, got {name!r:.60}")
-            return {}
+            return None
         if name not in rate_names:
             c.fail(f"analysis.agreed_rates[{i}]", f"names unknown rate {name!r}")
     try:
         return ReportOptions.from_mapping(data).to_json()
     except (TypeError, ValueError) as exc:
         c.fail("analysis", str(exc))
-        return {}
+        return None
 
 
 def _check_quality(
@@ -188,7 +191,7 @@ def _check_quality(
 
 def _check_recovery(
     c: _Checker, raw: Any, workload: Mapping[str, Any], mixtures: set[str], rates: set[str]
-) -> dict[str, Any]:
+) -> RecoverySpec:
     """The rollback rehearsal (apps/experiments/recovery.py), checked against the trace's windows."""
     from apps.experiments.recovery import check_recovery
 
@@ -198,6 +201,7 @@ def _check_recovery(
     for path, message in problems:
         c.fail(path, message)
     for key, known in (("mixture", mixtures), ("rate", rates)):
-        if options[key] is not None and known and options[key] not in known:
-            c.fail(f"recovery.{key}", f"names unknown {key} {options[key]!r}")
+        name = options.get(key)
+        if name is not None and known and name not in known:
+            c.fail(f"recovery.{key}", f"names unknown {key} {name!r}")
     return options

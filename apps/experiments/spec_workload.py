@@ -30,6 +30,7 @@ from apps.experiments.spec_rules import (
     WEIGHT_TOLERANCE,
     WORKLOAD_KEYS,
 )
+from apps.experiments.spec_types import Calibration, Contract, RequestClass
 
 
 def _check_classes(
@@ -37,7 +38,7 @@ def _check_classes(
 ) -> None:
     """The request classes, each with its contract: fills ``spec["classes"]``."""
     classes_raw = top.get("classes")
-    classes: list[dict[str, Any]] = []
+    classes: list[RequestClass] = []
     if not isinstance(classes_raw, list) or not classes_raw:
         c.fail("classes", "must be a non-empty list of request classes")
     else:
@@ -65,7 +66,7 @@ def _check_classes(
             names.add(name)
             contract_raw = c.mapping(cls.get("contract"), f"{path}.contract")
             c.unknown(contract_raw, set(CONTRACT_KEYS), f"{path}.contract")
-            contract = {
+            contract: Contract = {
                 "ttft_p99_ms": c.number(
                     contract_raw, "ttft_p99_ms", f"{path}.contract", positive=True, maximum=MAX_LATENCY_MS
                 ),
@@ -79,7 +80,7 @@ def _check_classes(
                     contract_raw, "error_rate", f"{path}.contract", minimum=0.0, maximum=1.0
                 ),
             }
-            entry = {
+            entry: RequestClass = {
                 "name": name,
                 "input_tokens": c.number(
                     cls, "input_tokens", path, positive=True, integer=True, maximum=MAX_TOKENS
@@ -141,7 +142,7 @@ def _check_workload(
     top: Mapping[str, Any],
     spec: dict[str, Any],
     class_names: set[str],
-    calibration: dict[str, Any] | None,
+    calibration: Calibration | None,
     probing: bool,
 ) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """The workload section: fills ``spec["workload"]``; returns its mixtures and rates."""

@@ -61,7 +61,7 @@ def _store(upload: UploadedFile) -> Path:
 
 def trace_upload_queue(
     *,
-    spec: dict[str, Any],
+    spec: Mapping[str, Any],
     owner: Any,
     upload: UploadedFile,
     trace_format: str,

@@ -26,6 +26,7 @@ from apps.experiments.forms import CellFormSet, ClassFormSet, ExperimentForm
 from apps.experiments.models import Experiment, TraceUpload
 from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
+from apps.experiments.spec_types import NormalizedSpec
 from apps.experiments.uploads import trace_upload_queue
 from apps.runs.calibration import GoodputRequestError, goodput_capacity_request
 from apps.runs.engine_time import engine_time_summary
@@ -99,7 +100,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     form = ExperimentForm(request.POST, request.FILES)
     cells = CellFormSet(request.POST, prefix="cells")
     classes = ClassFormSet(request.POST, prefix="classes")
-    spec: dict[str, Any] | None = None
+    spec: NormalizedSpec | None = None
     form_ok = form.is_valid()
     # A file over the upload cap was dropped while it arrived (config/uploadhandlers.py).
     for field, limit in (getattr(request, "uploads_too_large", None) or {}).items():

@@ -35,6 +35,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from apps.analysis.report_types import StoredReport
+
 EXIT = {"pass": 0, "regression": 1, "inconclusive": 2}
 # Contract keys of the acceptance check (apps/analysis/decide.acceptance_check) -> the case they belong to.
 CONTRACT_CASE = {
@@ -70,7 +72,7 @@ def _contract_failures(acceptance: Mapping[str, Any], cell: str) -> dict[tuple[s
 
 
 def gate_verdict(
-    report: Mapping[str, Any] | None,
+    report: StoredReport | None,
     *,
     candidate: str | None = None,
     status: str = "analysed",

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -30,13 +28,14 @@ from apps.analysis.report import ReportOptions, agreed_combos, sweep_combos
 from apps.analysis.services import runs_over_limit
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment
+from apps.experiments.spec_types import StoredSpec
 from apps.runs.models import Run
 from apps.workloads.services import TraceNotFound, trace_content
 
 log = logging.getLogger(__name__)
 
 
-def early_stop_enabled(spec: Mapping[str, Any] | None) -> bool:
+def early_stop_enabled(spec: StoredSpec | None) -> bool:
     """The spec's ``engine.early_stop`` (default on)."""
     return bool(((spec or {}).get("engine") or {}).get("early_stop", True))
 

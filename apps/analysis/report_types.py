@@ -1,0 +1,374 @@
+"""The analysis report's shape: what ``report.build_report`` returns and ``Decision.report``
+stores, with its verdict records (the decision, the paired comparisons, the checks, the
+findings). Types only: no Django, nothing runs here.
+
+TypedDicts, not dataclasses: the report is JSON in a JSONField, rendered by templates and
+read back by the gate and the approval manifest, so its stored form stays the plain dict it
+always was. Keys the code writes on every report are required; keys written later (the gain
+family's marks, the seed check) or only in some outcomes are ``NotRequired``. Where a part
+really is free-form JSON (a class's pooled metrics, a problem's detail), it is ``JSONObject``:
+named, not typed. tests/test_typed_contracts.py checks a real report against these
+declarations, so they cannot drift from what build_report produces.
+
+No ``from __future__ import annotations`` here: on Python 3.11 a TypedDict's
+``__required_keys__`` ignores ``NotRequired`` written as a string annotation. Keys named
+``class`` (a keyword) use the functional form.
+"""
+
+from collections.abc import Mapping
+from typing import Any, NotRequired, TypedDict
+
+# A value that really is arbitrary JSON: named, not typed.
+JSONValue = Any
+JSONObject = dict[str, JSONValue]
+# One class's metrics of a run or pooled over repeats (apps/analysis/metrics.class_metrics).
+ClassMetrics = JSONObject
+# Decision.report as stored: the Report of its day. One stored before a key existed lacks it, so
+# the pages, the gate and the manifest read a stored report with ``.get(...)`` and a default.
+StoredReport = Mapping[str, JSONValue]
+
+
+class CompareOptionsJSON(TypedDict):
+    """compare.CompareOptions.to_json()."""
+
+    resamples: int
+    seed: int
+    confidence: float
+    min_effect_rel: float
+    min_effect_abs: dict[str, float]
+    family_alpha: float
+    noninferiority_margin_rel: float
+    contract_alpha: float
+    itl_min_repeats: int
+    seed_check: bool
+
+
+class ReportOptionsJSON(TypedDict):
+    """report_options.ReportOptions.to_json(): the report's options, and a spec's ``analysis``."""
+
+    compare: CompareOptionsJSON
+    agreed_rates: list[str] | None
+    stall_ratio: float
+    max_preemption_share: float
+    usd_per_gpu_hour: float | None
+
+
+class MetricVerdict(TypedDict):
+    """One metric of a paired comparison (compare.judge), then the gain family's marks."""
+
+    b0: float | None
+    candidate: float | None
+    b0_censored: bool
+    candidate_censored: bool
+    b0_above: float | None
+    candidate_above: float | None
+    diff: float | None
+    ci: list[float | None]
+    ci_unbounded: list[bool]
+    b0_repeats: list[float | None]
+    candidate_repeats: list[float | None]
+    repeat_diffs: list[float | None]
+    repeat_std: float | None
+    repeat_range: list[float | None] | None
+    threshold: float | None
+    improvement: float | None
+    harm: float | None
+    p_better: float
+    p_worse: float
+    p_worse_repeats: float | None
+    draws: int
+    noninferior: bool | None
+    noninferiority_margin: float | None
+    judged: bool
+    note: str | None
+    worse: bool
+    material: bool
+    direction: str  # "better" | "same" | "worse"
+    # Set by family.apply on the gain family's members.
+    in_family: NotRequired[bool]
+    p_better_adj: NotRequired[float]
+    # Set by the seed check (paired.judge_sweep) when it ran.
+    borderline: NotRequired[bool]
+
+
+# One candidate against B0 at a (mixture, rate, class); ``primary`` and ``repairs`` are set by
+# family.apply, which every report runs.
+Comparison = TypedDict(
+    "Comparison",
+    {
+        "cell": str,
+        "mixture": str,
+        "rate": str,
+        "class": str,
+        "requests": list[int],
+        "level": str | None,
+        "metrics": dict[str, MetricVerdict],
+        "primary": NotRequired[str | None],
+        "repairs": NotRequired[list[str]],
+    },
+)
+
+
+class FamilySummary(TypedDict):
+    """family.apply's summary of the gain family."""
+
+    alpha: float
+    size: int
+    gains: int
+    method: str
+    not_judged: list[str]
+
+
+class StatisticsFamily(FamilySummary):
+    planned_size: int
+
+
+class Statistics(TypedDict):
+    family: StatisticsFamily
+    resamples: int
+    block: str
+    seed: int
+    borderline_comparisons: int
+    notes: list[str]
+    power: list[JSONObject]  # per agreed (mixture, rate, class); a note instead where not judged
+
+
+class ConsideredCandidate(TypedDict):
+    """A candidate as the decision weighed it (decide.decide)."""
+
+    cell: str
+    eligible: bool
+    reasons: list[str]
+    min_goodput_gain: float | None
+    worst_p99_ratio: float | None
+    material_better: list[list[str]]
+    material_worse: list[list[str]]
+    not_shown_noninferior: list[list[str]]
+    not_repaired: list[list[str]]
+    rejected_by: list[JSONObject]
+
+
+class DecisionEvidence(TypedDict, total=False):
+    """What the decision rests on: B0's problems when it is inconclusive for lack of B0, else
+    the candidates weighed (and the passing cells when B0 breaks a contract)."""
+
+    problems: list[JSONObject]
+    b0_meets_contracts: bool
+    candidates: list[ConsideredCandidate]
+    b0_failures: list[JSONObject]
+    passing: list[str]
+    passing_invalid: list[str]
+
+
+class SeedCheck(TypedDict):
+    seed: int
+    outcome: str
+    chosen_cell: str
+    borderline: bool
+
+
+class Decision(TypedDict):
+    """retain / retune / isolate / inconclusive, the cell chosen and why (decide.decide)."""
+
+    outcome: str
+    chosen_cell: str
+    rule: str
+    evidence: DecisionEvidence
+    seed_check: NotRequired[SeedCheck]  # when the comparison ran under a second seed
+
+
+class ValidityCheck(TypedDict):
+    status: str
+    invalid_cells: list[str]
+    baseline_valid: bool
+    problems: list[JSONObject]  # each names its cell and problem, with the detail it has
+    warnings: list[str]
+    reference: JSONObject
+    max_dispatch_lag_ms: float | None
+    worst_dispatch_lag_p99_ms: float | None
+
+
+class CellAcceptance(TypedDict):
+    passed: bool
+    failures: list[JSONObject]
+    checked: int
+
+
+class AcceptanceCheck(TypedDict):
+    status: str
+    rule: str
+    cells: dict[str, CellAcceptance]
+    agreed: list[list[JSONValue]]  # [mixture, rate, repeat]
+
+
+class QualityCheck(TypedDict):
+    status: str
+    failing_cells: list[str]
+    reference_run: JSONValue
+    cells: dict[str, dict[str, JSONObject]]  # cell -> class -> its numbers and verdict
+
+
+class ScenarioCheck(TypedDict):
+    status: str
+    runs: list[JSONObject]
+
+
+class RecoveryCheck(TypedDict):
+    manifest: bool
+    baseline: str | None
+    status: str
+    reason: str
+    cell: NotRequired[str]
+    run: NotRequired[JSONValue]
+    measures: NotRequired[JSONObject]
+
+
+class Checks(TypedDict):
+    validity: ValidityCheck
+    acceptance: AcceptanceCheck
+    quality: QualityCheck
+    failure_scenarios: ScenarioCheck
+    recovery: RecoveryCheck
+
+
+class FindingText(TypedDict):
+    """What a finding is called and what it suggests (findings.FINDINGS)."""
+
+    title: str
+    suggests: str
+
+
+class Finding(TypedDict):
+    """An advisory row of the decision table that fired (findings.findings)."""
+
+    id: str
+    title: str
+    suggests: str
+    evidence: list[JSONObject]
+    cells: list[str]
+
+
+class RunWindow(TypedDict):
+    warmup_s: float
+    observation_s: float
+    drain_deadline_s: float
+
+
+class RunResult(TypedDict):
+    """One run's results in the report: its identity, windows and per-class metrics."""
+
+    key: str
+    run_id: str
+    cell: str
+    mixture: str
+    rate: str
+    rate_rps: float | None
+    repeat: int
+    scenario: str
+    status: str
+    reason: str
+    trace_sha256: str
+    corpus_sha256: str
+    hardware_id: str
+    model_revision: str
+    tokenizer_revision: str
+    image_digest: str
+    vllm_version: str
+    effective_args: JSONValue
+    generation: JSONValue
+    dispatch_lag_p99_ms: float | None
+    window: RunWindow
+    lateness_ms: JSONObject
+    tokens_per_s: float | None
+    classes: dict[str, ClassMetrics]
+    server: JSONObject
+
+
+# One (cell, mixture, rate, class) pooled over its done repeats.
+Aggregate = TypedDict(
+    "Aggregate",
+    {
+        "cell": str,
+        "mixture": str,
+        "rate": str,
+        "class": str,
+        "repeats": list[int],
+        "pooled": ClassMetrics,
+        "variation": dict[str, JSONObject],
+    },
+)
+
+
+class SkippedCell(TypedDict):
+    cell: str
+    reason: str
+    runs: list[str]
+
+
+class ReportExperiment(TypedDict):
+    id: JSONValue
+    name: JSONValue
+    model_revision: JSONValue
+    tokenizer_revision: JSONValue
+
+
+class ReportCell(TypedDict):
+    cell_id: str
+    role: str | None
+    args: JSONObject
+
+
+class RecordsSummary(TypedDict):
+    total: int
+    cohort: int
+    unknown_classes: list[str]
+
+
+DiffPoint = TypedDict(
+    "DiffPoint",
+    {
+        "cell": str,
+        "mixture": str,
+        "rate": str,
+        "class": str,
+        "metric": str,
+        "diff": float | None,
+        "ci": list[float | None],
+        "direction": str,
+    },
+)
+
+
+class ReportCharts(TypedDict):
+    class_metrics: list[JSONObject]
+    diffs: list[DiffPoint]
+    preemptions_per_run: list[JSONObject]
+
+
+class Report(TypedDict):
+    """The whole experiment report (report.build_report), JSON-serialisable throughout."""
+
+    format: str
+    version: int
+    experiment: ReportExperiment
+    options: ReportOptionsJSON
+    baseline: str
+    cells: list[ReportCell]
+    classes: list[JSONObject]
+    records: RecordsSummary
+    runs: list[RunResult]
+    skipped: list[SkippedCell]
+    aggregates: list[Aggregate]
+    comparisons: list[Comparison]
+    checks: Checks
+    findings: list[Finding]
+    statistics: Statistics
+    decision: Decision
+    output_mode: str
+    stop_reasons: JSONObject
+    costs: JSONObject
+    rehearsals: dict[str, JSONObject]
+    charts: ReportCharts
+    # Added by the service that stores the report (apps/analysis/services.experiment_report_build):
+    # what the servers cost, by part (apps/runs/engine_time.py); None before any run.
+    engine_time: NotRequired[JSONObject | None]

@@ -1,0 +1,139 @@
+"""The typed contracts match what the code really produces: a normalised spec and an analysis
+report, each walked against its TypedDict (apps/experiments/spec_types.py,
+apps/analysis/report_types.py). Every key present must be declared, every required key present,
+and every declared scalar of the type declared; nested TypedDicts, lists and dicts are walked."""
+
+from __future__ import annotations
+
+import copy
+import json
+import types
+from typing import Any, Union, get_args, get_origin, get_type_hints, is_typeddict
+
+import pytest
+
+from apps.analysis.report_types import Report
+from apps.experiments.spec import validate_spec
+from apps.experiments.spec_types import NormalizedSpec
+from tests.analysis.builders import Plan, build, healthy
+from tests.experiments.factories import SMALL_SPEC
+
+
+def _problems(value: Any, tp: Any, path: str = "") -> list[str]:
+    """What in ``value`` the type ``tp`` does not declare, or declares otherwise."""
+    if tp is Any:
+        return []
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [t for t in get_args(tp) if t is not type(None)]
+        if value is None:
+            return [] if len(options) < len(get_args(tp)) else [f"{path}: None is not declared"]
+        found = [_problems(value, t, path) for t in options]
+        return [] if any(not f for f in found) else found[0]
+    if is_typeddict(tp):
+        if not isinstance(value, dict):
+            return [f"{path}: expected a mapping for {tp.__name__}, got {type(value).__name__}"]
+        hints = get_type_hints(tp)
+        out = [f"{path}.{k}: not declared by {tp.__name__}" for k in value if k not in hints]
+        out += [
+            f"{path}.{k}: required by {tp.__name__}, missing" for k in tp.__required_keys__ if k not in value
+        ]
+        for key, item in value.items():
+            if key in hints:
+                out += _problems(item, hints[key], f"{path}.{key}")
+        return out
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{path}: expected a list, got {type(value).__name__}"]
+        (item_tp,) = get_args(tp)
+        return [p for i, item in enumerate(value) for p in _problems(item, item_tp, f"{path}[{i}]")]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{path}: expected a mapping, got {type(value).__name__}"]
+        _, item_tp = get_args(tp)
+        return [p for k, item in value.items() for p in _problems(item, item_tp, f"{path}.{k}")]
+    if tp is float:  # JSON has one number type: an integral float may read back as an int
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(tp, type):
+        ok = isinstance(value, tp)
+    else:
+        return []
+    return [] if ok else [f"{path}: expected {tp.__name__}, got {value!r:.60}"]
+
+
+def full_spec() -> dict[str, Any]:
+    """SMALL_SPEC with every optional section and per-class option the validator knows."""
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["controls"]["generation"] = {"temperature": 0.0, "ignore_eos": True}
+    spec["engine"] = {"image": "vllm/vllm-openai:v0.9", "reuse": False}
+    spec["candidates"].append(
+        {"id": "C2", "args": {"enable_chunked_prefill": True, "scheduling_policy": "priority"},
+         "engine": {"model_revision": "tiny-llama-local-v2"}}
+    )  # fmt: skip
+    spec["classes"][0]["primary_metric"] = "ttft_p99_ms"
+    spec["classes"][0]["quality"] = {
+        "min_exact_match": 0.9,
+        "min_agreement_tokens": 4,
+        "validators": {"regex": ".*", "json_schema": {"type": "string"}, "finish_reason": "length"},
+    }
+    spec["workload"].update(
+        mixture_rates={"80-20": {"low": 1.5}},
+        arrival={"process": "gamma", "cv": 2.0},
+        repeat_traces="fresh",
+        output_mode="natural",
+        uniform_companion=True,
+    )
+    spec["calibration"] = {"enabled": False, "mixtures": ["80-20"]}
+    spec["scenarios"] = {"long_burst": {"cells": ["C1"], "params": {"burst_at_s": 3.0}}}
+    spec["analysis"] = {"agreed_rates": ["low"], "compare": {"resamples": 2000}}
+    spec["quality"] = {"probe": {"prompts_per_class": 4}}
+    spec["recovery"] = {"standby": "cold", "ports": {"candidate": 8100, "b0": 8101}}
+    return spec
+
+
+@pytest.mark.parametrize("raw", [SMALL_SPEC, full_spec()], ids=["small", "every-section"])
+def test_it_declares_every_key_of_a_normalised_spec(raw):
+    spec = validate_spec(copy.deepcopy(raw))
+    assert _problems(spec, NormalizedSpec, "spec") == []
+    # What is stored is what was declared: the JSON round trip changes nothing the types name.
+    assert _problems(json.loads(json.dumps(spec)), NormalizedSpec, "spec") == []
+
+
+def test_it_covers_the_optional_sections_it_declares():
+    spec = validate_spec(full_spec())
+    assert NormalizedSpec.__optional_keys__ <= set(spec)
+
+
+def test_it_finds_a_key_the_types_do_not_declare():
+    spec = validate_spec(copy.deepcopy(SMALL_SPEC))
+    spec["workload"]["surprise"] = 1  # type: ignore[typeddict-unknown-key]
+    del spec["controls"]["seed"]  # type: ignore[misc]
+    assert _problems(spec, NormalizedSpec, "spec") == [
+        "spec.controls.seed: required by Controls, missing",
+        "spec.workload.surprise: not declared by Workload",
+    ]
+
+
+def slow_short_b0(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    """B0's short class slow: a retune, with the gain family's and the seed check's marks."""
+    return {"ttft_ms": 400.0} if (cell == "B0" and cls == "short") else {"ttft_ms": 100.0}
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "kwargs"),
+    [
+        (healthy, {}),
+        (slow_short_b0, {"rollback": {"exists": True, "baseline": "B0"}}),
+        (
+            healthy,
+            {"run_overrides": lambda run: run.update(status="failed") if run["cell"] == "B0" else None},
+        ),
+    ],
+    ids=["retain", "retune", "b0-failed"],
+)
+def test_it_declares_every_key_of_a_report(behaviour, kwargs):
+    report = build(Plan(), behaviour, **kwargs)
+    assert _problems(report, Report, "report") == []
+    assert _problems(json.loads(json.dumps(report)), Report, "report") == []
