@@ -199,13 +199,29 @@ def _fmt(value: Any, unit: str) -> str:
     return f"{value} {unit}".strip()
 
 
+def _side(case: Mapping[str, Any], side: str, unit: str) -> str:
+    """A side's value, or for a tail censored by unanswered requests its bound and how many."""
+    if case.get(side) is not None or f"{side}_unanswered" not in case:
+        return _fmt(case.get(side), unit)
+    above = case.get(f"{side}_above")
+    count = case.get(f"{side}_unanswered") or {}
+    bound = f"above {_fmt(above, unit)}" if above is not None else "unknown"
+    why = (
+        f"{count.get('unfinished', 0)} of {count.get('offered', 0)} requests unfinished at the drain deadline"
+    )
+    if count.get("failed"):
+        why += f", {count['failed']} failed"
+    return f"{bound} (censored: {why})"
+
+
 def case_line(case: Mapping[str, Any]) -> str:
-    """``short ttft_p99_ms: B0 812 ms, candidate 1530 ms, diff +718 ms [95% +402, +1101]`` and why."""
+    """``short ttft_p99_ms: B0 812 ms, candidate 1530 ms, diff +718 ms [95% +402, +1101]`` and why;
+    a censored tail reads ``candidate above 9000 ms (censored: 37 of 220 requests unfinished …)``."""
     unit = case.get("unit") or ""
     ci = case.get("ci") or [None, None]
     parts = [
-        f"{case['class']} {case['metric']}: B0 {_fmt(case.get('b0'), unit)}, "
-        f"candidate {_fmt(case.get('candidate'), unit)}"
+        f"{case['class']} {case['metric']}: B0 {_side(case, 'b0', unit)}, "
+        f"candidate {_side(case, 'candidate', unit)}"
     ]
     if case.get("diff") is not None:
         lo = "−∞" if ci[0] is None else f"{ci[0]:+.4g}"
@@ -307,7 +323,7 @@ def render_markdown(verdict: Mapping[str, Any]) -> str:
                 diff = f"{c['diff']:+.4g} [{lo}, {hi}]"
             note = f" ({c['message']})" if c.get("message") else ""
             out.append(
-                f"| {c['class']} | {c['metric']} | {_fmt(c.get('b0'), unit)} | {_fmt(c.get('candidate'), unit)} "
+                f"| {c['class']} | {c['metric']} | {_side(c, 'b0', unit)} | {_side(c, 'candidate', unit)} "
                 f"| {diff} | {mark.get(c['outcome'], c['outcome'])}{note} |"
             )
         out.append("")

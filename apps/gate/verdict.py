@@ -124,6 +124,7 @@ def gate_verdict(
     family_alpha = float(((report.get("options") or {}).get("compare") or {}).get("family_alpha", 0.05))
     worse = _holm_worse(comps, family_alpha)
 
+    unanswered = _unanswered(report)
     cases: list[dict[str, Any]] = []
     unjudged_classes = []
     for name in names:
@@ -162,6 +163,15 @@ def gate_verdict(
                     case.update(
                         b0=v.get("b0"), candidate=v.get("candidate"), diff=v.get("diff"), ci=v.get("ci")
                     )
+                    # A tail the unanswered requests censor has no value, only a bound: say
+                    # how far it is known and how many requests went unanswered.
+                    for side, cell in (("b0", baseline), ("candidate", candidate)):
+                        if v.get(f"{side}_censored"):
+                            case[f"{side}_above"] = v.get(f"{side}_above")
+                            case[f"{side}_unanswered"] = unanswered[(cell, name)]
+                        else:
+                            case.pop(f"{side}_above", None)
+                            case.pop(f"{side}_unanswered", None)
                 if v.get("judged"):
                     judged_any = True
                 else:
@@ -214,6 +224,26 @@ def gate_verdict(
         "reasons": reasons,
         "cases": cases,
     }
+
+
+def _unanswered(report: StoredReport) -> dict[tuple[str, str], dict[str, int]]:
+    """Per (cell, class), over its done runs: requests offered, unfinished at the drain deadline,
+    and failed otherwise (rejected, errors, timeouts, not sent): those with no latency to rank."""
+    out: dict[tuple[str, str], dict[str, int]] = defaultdict(
+        lambda: {"offered": 0, "unfinished": 0, "failed": 0}
+    )
+    for run in report.get("runs") or []:
+        if run.get("status") != "done":
+            continue
+        for name, metrics in (run.get("classes") or {}).items():
+            counts = (metrics or {}).get("counts") or {}
+            tally = out[(str(run.get("cell")), str(name))]
+            tally["offered"] += int(counts.get("offered", 0))
+            tally["unfinished"] += int(counts.get("unfinished", 0))
+            tally["failed"] += sum(
+                int(counts.get(k, 0)) for k in ("unsent", "rejected", "errors", "timeouts")
+            )
+    return out
 
 
 def _material_harm(v: Mapping[str, Any]) -> bool:

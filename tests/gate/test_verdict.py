@@ -204,8 +204,41 @@ def test_running_cancelled_and_several_candidates() -> None:
 def test_an_unanswered_candidate_is_infinitely_worse() -> None:
     r = with_metric(report(), "long", "e2e_p99_ms", b0=900, cand=900, p_worse=0.0005)
     m = r["comparisons"][1]["metrics"]["e2e_p99_ms"]
-    m.update(harm=None, candidate=None, candidate_censored=True)
+    m.update(harm=None, candidate=None, candidate_censored=True, candidate_above=4200.0)
     assert gate_verdict(r)["verdict"] == "regression"
+
+
+def test_a_censored_tail_says_how_far_it_is_known_and_how_many_requests_went_unanswered() -> None:
+    from clients.tailtune_gate import case_line, render_markdown
+
+    r = with_metric(report(), "long", "e2e_p99_ms", b0=900, cand=900, p_worse=0.0005)
+    r["comparisons"][1]["metrics"]["e2e_p99_ms"].update(
+        harm=None, candidate=None, candidate_censored=True, candidate_above=4200.0
+    )
+
+    def run(cell: str, repeat: int, unfinished: int, errors: int = 0, status: str = "done") -> dict:
+        counts = {"offered": 110, "unfinished": unfinished, "errors": errors, "unsent": 0}
+        return {"cell": cell, "repeat": repeat, "status": status, "classes": {"long": {"counts": counts}}}
+
+    # Two done runs of the candidate count; an invalid one, and B0's, do not.
+    r["runs"] = [
+        run("C1", 1, 30, errors=2),
+        run("C1", 2, 7),
+        run("C1", 3, 99, status="invalid"),
+        run("B0", 1, 0),
+    ]
+    v = gate_verdict(r)
+    case = next(c for c in v["cases"] if c["class"] == "long" and c["metric"] == "e2e_p99_ms")
+    assert case["candidate_above"] == 4200.0
+    assert case["candidate_unanswered"] == {"offered": 220, "unfinished": 37, "failed": 2}
+    assert "b0_unanswered" not in case
+    line = case_line(case)
+    assert "B0 900 ms" in line
+    assert (
+        "candidate above 4200 ms (censored: 37 of 220 requests unfinished at the drain deadline, 2 failed)"
+        in line
+    )
+    assert "| 900 ms | above 4200 ms (censored: 37 of 220 requests" in render_markdown({**v, "url": ""})
 
 
 def test_the_gate_file_shown_in_the_docs_is_accepted() -> None:
