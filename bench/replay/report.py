@@ -49,8 +49,8 @@ def render(data: dict[str, Any]) -> str:
     rates = sorted({r["rate"] for r in rows})
     out = [
         "| rate | client | rep | achieved/planned | lag p50 / p99 ms | TTFT err p50 / p99 ms | ITL err p50 / p99 ms "
-        "| client CPU % of a core | meets | load 1m |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|:-:|---:|",
+        "| self-reported lag p99 ms | client CPU % of a core | meets | load 1m |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|:-:|---:|",
     ]
     for rate in rates:
         for client in clients:
@@ -68,7 +68,7 @@ def render(data: dict[str, Any]) -> str:
                 if r.get("report_error"):
                     note = f"no report: {r['report_error'][:80]}"
                     out.append(
-                        f"| {rate:g} | {client} | {rep} | {note} | | | | | no | {_f(r.get('loadavg_1m'))} |"
+                        f"| {rate:g} | {client} | {rep} | {note} | | | | | | no | {_f(r.get('loadavg_1m'))} |"
                     )
                     continue
                 ratio = _achieved(r)
@@ -77,6 +77,7 @@ def render(data: dict[str, Any]) -> str:
                     f"| {_f(r.get('lag_p50_ms'))} / {_f(r.get('lag_p99_ms'))} "
                     f"| {_f(r.get('ttft_p50_err_ms'))} / {_f(r.get('ttft_p99_err_ms'))} "
                     f"| {_f(r.get('itl_p50_err_ms'), 2)} / {_f(r.get('itl_p99_err_ms'), 2)} "
+                    f"| {_f(r.get('self_lag_p99_ms'))} "
                     f"| {_f(r.get('client_cpu_run_pct'), 0)} | {'yes' if r.get('meets') else 'no'} "
                     f"| {_f(r.get('loadavg_1m'))} |"
                 )
@@ -107,10 +108,17 @@ def render(data: dict[str, Any]) -> str:
 
 
 def load(paths: list[str]) -> dict[str, Any]:
-    """Rows of several compare.py outputs, the n-th file being repeat n."""
+    """Rows of several compare.py outputs, the n-th file being repeat n (a file of burst runs
+    counts its own repeats: its rows are a client of their own, "<client> bursts of N")."""
     rows = []
-    for n, path in enumerate(paths, start=1):
-        for row in json.loads(Path(path).read_text())["rows"]:
+    seen: dict[str, int] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())["rows"]
+        kind = "bursts" if any(r.get("burst_size") for r in data) else "rates"
+        seen[kind] = n = seen.get(kind, 0) + 1
+        for row in data:
+            if row.get("burst_size"):
+                row = {**row, "client": f"{row['client']} bursts of {row['burst_size']}"}
             rows.append({**row, "repeat": n})
     return {"rows": rows}
 
