@@ -13,8 +13,8 @@ import pytest
 from tests.replay.helpers import make_requests
 from tests.replay.mockserver import MockServer
 from workers.replay import rawhttp
-from workers.replay.client import burst_size, quiet_interpreter
 from workers.replay.run import run_replay
+from workers.replay.runtime import burst_size, quiet_interpreter
 
 OPTIONS: dict[str, Any] = {
     "model": "mock",

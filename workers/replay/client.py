@@ -53,12 +53,9 @@ import asyncio
 import collections
 import contextlib
 import functools
-import gc
-import resource
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from workers.replay import rawhttp
@@ -66,6 +63,7 @@ from workers.replay.batches import BatchCallback, Batcher, ProgressCallback
 from workers.replay.records import RequestRecord
 from workers.replay.request import ENDPOINTS, OUTPUT_MODES, new_record, request_body
 from workers.replay.result import ReplayResult, summarise
+from workers.replay.runtime import burst_size, quiet_interpreter, raise_fd_limit
 from workers.replay.stream import (
     ERROR_TEXT_LIMIT,
     Tally,
@@ -87,10 +85,8 @@ perf_ns = time.perf_counter_ns
 _ORIGIN_LEAD_NS = 50_000_000
 # How often the loop looks at the caller's threading.Event (and checks it still runs on time).
 _STOP_POLL_S = 0.02
-# Spare connections: enough for the most requests due within this span, at most _MAX_SPARE.
-_BURST_WINDOW_NS = 250_000_000
+# Spare connections: at most this many (the trace's largest burst, runtime.burst_size).
 _MAX_SPARE = 512
-_SWITCH_INTERVAL_S = 0.0005
 
 
 def drive(
@@ -196,7 +192,7 @@ class _Replay:
         return new_record(run_id=self.run_id, warmup_ns=self.warmup_ns, position=position, request=request)
 
     async def run(self) -> None:
-        _raise_fd_limit()
+        raise_fd_limit()
         semaphore = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         self._idle = asyncio.Event()
         self._pool = rawhttp.Pool(
@@ -468,49 +464,3 @@ class _Replay:
             if acquired and semaphore is not None:
                 semaphore.release()
             self.finished.append(record)
-
-
-def burst_size(planned_ns: Sequence[int], window_ns: int | None = None) -> int:
-    """The most requests planned within any ``window_ns`` (default ``_BURST_WINDOW_NS``) of a trace."""
-    window = _BURST_WINDOW_NS if window_ns is None else window_ns
-    ordered = sorted(planned_ns)
-    most = start = 0
-    for end, at in enumerate(ordered):
-        while at - ordered[start] >= window:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
-
-
-@contextlib.contextmanager
-def quiet_interpreter() -> Iterator[None]:
-    """Keep the interpreter's own pauses out of the send loop while a replay runs.
-
-    - The cyclic garbage collector is off: a collection walks every live record and stalls
-      the loop for milliseconds; the replay's objects are freed by reference counting, and
-      one collection runs at the end.
-    - The GIL switch interval is 0.5 ms instead of 5: a helper thread (the batcher writing
-      records) hands the interpreter back to the loop sooner.
-    """
-    enabled = gc.isenabled()
-    interval = sys.getswitchinterval()
-    gc.disable()
-    sys.setswitchinterval(_SWITCH_INTERVAL_S)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(interval)
-        if enabled:
-            gc.enable()
-            gc.collect()
-
-
-def _raise_fd_limit() -> None:
-    # Each open stream holds a socket; an open-loop run at hundreds of req/s
-    # can hold thousands when the server is slow.
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(
-                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard)
-            )

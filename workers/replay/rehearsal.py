@@ -36,8 +36,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from workers.replay import rawhttp
-from workers.replay.client import _raise_fd_limit, _Replay, perf_ns
+from workers.replay.client import _Replay, perf_ns
 from workers.replay.records import RequestRecord
+from workers.replay.runtime import raise_fd_limit
 
 CUT_ERROR = "cut at the drain deadline after the switch"
 # How often a held request's B0 is asked for /health (cold standby).
@@ -90,7 +91,7 @@ class RehearsalReplay(_Replay):
     # -- the run -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        _raise_fd_limit()
+        raise_fd_limit()
         self._idle = asyncio.Event()
         self._b0_waiters = asyncio.Event()
         if not self.wait_for_b0:

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from workers.replay.batches import BatchCallback, ProgressCallback
-from workers.replay.client import _Replay, burst_size, drive
+from workers.replay.client import _Replay, drive
 from workers.replay.rehearsal import RehearsalReplay
 from workers.replay.request import ENDPOINTS, check_requests
 from workers.replay.result import ReplayResult
+from workers.replay.runtime import burst_size
 from workers.replay.shard import run_in_processes
 
 # One send loop kept p99 dispatch lag and TTFT error within 5 ms up to about this rate on the
