@@ -1,22 +1,30 @@
-"""The typed contracts match what the code really produces: a normalised spec and an analysis
-report, each walked against its TypedDict (apps/experiments/spec_types.py,
-apps/analysis/report_types.py). Every key present must be declared, every required key present,
-and every declared scalar of the type declared; nested TypedDicts, lists and dicts are walked."""
+"""The typed contracts match what the code really produces: a normalised spec, an analysis
+report, the gate's verdict and a rollback manifest, each walked against its TypedDict
+(apps/experiments/spec_types.py, apps/analysis/report_types.py, apps/gate/verdict_types.py,
+apps/approvals/manifest_types.py). Every key present must be declared, every required key
+present, every declared scalar of the type declared and every literal one of those declared;
+nested TypedDicts, lists and dicts are walked."""
 
 from __future__ import annotations
 
 import copy
 import json
 import types
-from typing import Any, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 import pytest
 
 from apps.analysis.report_types import Report
+from apps.approvals import manifest as mf
+from apps.approvals.manifest_types import ManifestContent, ManifestDocument
 from apps.experiments.spec import validate_spec
 from apps.experiments.spec_types import NormalizedSpec
+from apps.gate.verdict import gate_verdict
+from apps.gate.verdict_types import GateResource, GateVerdict
 from tests.analysis.builders import Plan, build, healthy
 from tests.experiments.factories import SMALL_SPEC
+from tests.gate.test_verdict import report as gate_report
+from tests.gate.test_verdict import with_failures, with_metric
 
 
 def _problems(value: Any, tp: Any, path: str = "") -> list[str]:
@@ -24,6 +32,8 @@ def _problems(value: Any, tp: Any, path: str = "") -> list[str]:
     if tp is Any:
         return []
     origin = get_origin(tp)
+    if origin is Literal:
+        return [] if value in get_args(tp) else [f"{path}: {value!r:.60} is not one of {get_args(tp)}"]
     if origin in (Union, types.UnionType):
         options = [t for t in get_args(tp) if t is not type(None)]
         if value is None:
@@ -137,3 +147,101 @@ def test_it_declares_every_key_of_a_report(behaviour, kwargs):
     report = build(Plan(), behaviour, **kwargs)
     assert _problems(report, Report, "report") == []
     assert _problems(json.loads(json.dumps(report)), Report, "report") == []
+
+
+def censored_report() -> dict[str, Any]:
+    """A gate report whose candidate left long requests unanswered: every optional case key."""
+    r = with_metric(gate_report(), "long", "e2e_p99_ms", b0=900, cand=900, p_worse=0.0005)
+    r["comparisons"][1]["metrics"]["e2e_p99_ms"].update(
+        harm=None, candidate=None, candidate_censored=True, candidate_above=4200.0, b0_censored=True
+    )
+    counts = {"offered": 110, "unfinished": 7, "errors": 1}
+    r["runs"] = [
+        {"cell": cell, "status": "done", "classes": {"long": {"counts": counts}}} for cell in ("B0", "C1")
+    ]
+    return with_failures(
+        r, "C1", [{"mixture": "window", "rate": "window", "class": "short", "broken": ["quality"]}]
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "kwargs"),
+    [
+        (lambda: build(Plan(), healthy), {"candidate": "C1"}),
+        (lambda: build(Plan(), slow_short_b0), {"candidate": "C1"}),
+        (censored_report, {}),
+        (lambda: None, {"status": "running"}),
+        (lambda: None, {"status": "cancelled", "status_reason": "stopped by hand"}),
+    ],
+    ids=["pass-from-a-report", "retune-report", "censored-regression", "running", "no-analysis"],
+)
+def test_it_declares_every_key_of_a_gate_verdict(make, kwargs):
+    verdict = gate_verdict(make(), **kwargs)
+    assert _problems(verdict, GateVerdict, "verdict") == []
+    assert _problems(json.loads(json.dumps(verdict)), GateVerdict, "verdict") == []
+
+
+def test_the_censored_gate_report_reaches_the_optional_case_keys():
+    cases = gate_verdict(censored_report())["cases"]
+    assert {k for c in cases for k in c} >= {
+        "b0_above",
+        "b0_unanswered",
+        "candidate_above",
+        "candidate_unanswered",
+    }
+    assert any("b0" not in c for c in cases)  # error_rate and quality: no comparison measured them
+
+
+@pytest.mark.django_db
+def test_it_declares_every_key_of_the_gate_resource(analysed_experiment):
+    from apps.gate.services import gate_resource
+
+    resource = gate_resource(experiment=analysed_experiment, candidate="C1")
+    assert _problems(json.loads(json.dumps(resource)), GateResource, "resource") == []
+
+
+def _propose_c1(experiment) -> None:
+    """The decision proposes C1, with a failed check 3 and a rehearsal that measured check 4."""
+    from apps.analysis.models import Decision
+
+    decision = Decision.objects.get(experiment=experiment)
+    decision.outcome, decision.chosen_cell = "retune", "C1"
+    scenarios = {"status": "fail", "runs": [{"scenario": "burst", "cell": "C1", "run": "r-1", "held": False}]}
+    decision.checks = {
+        **decision.checks,
+        "recovery": {"status": "pass", "reason": "ok"},
+        "failure_scenarios": scenarios,
+    }
+    measures = {
+        "standby": "cold", "switch_at_s": 40.0, "cut_at_s": 60.0, "time_to_recover_s": 31.5,
+        "max_recovery_s": 60.0, "surge": {"peak_waiting": 12.0}, "cut": 3, "accounting": {"unaccounted": 0},
+    }  # fmt: skip
+    decision.report = {**decision.report, "rehearsals": {"C1": {"run": "run-uuid", "measures": measures}}}
+    decision.save()
+    experiment.refresh_from_db()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("chosen", ["B0", "C1"])
+def test_it_declares_every_key_of_a_manifest(analysed_experiment, approver, chosen):
+    from apps.approvals.services import experiment_approve
+
+    if chosen == "C1":
+        _propose_c1(analysed_experiment)
+    manifest = experiment_approve(
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell=chosen,
+        reason="ok",
+        deployment_revision="rel-1",
+        route_target="pool",
+        recovery_override="measured apart",
+        scenarios_override="burst is not our traffic",
+    )
+    content = json.loads(json.dumps(manifest.content))
+    assert _problems(content, ManifestContent, "manifest") == []
+    assert _problems(mf.document(content, manifest.sha256), ManifestDocument, "manifest") == []
+    if chosen == "C1":  # the overlay, the rehearsal's measures and both override reasons are there
+        assert content["overlay"]["cell_id"] == "C1"
+        assert content["evidence"]["recovery"]["exercised"]["drain_deadline_s"] == 20.0
+        assert content["evidence"]["failure_scenarios"]["override_reason"] == "burst is not our traffic"

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apps.analysis.chart_style import FAIL_COLOUR, PASS_COLOUR, UrlFor, base_layout, class_colours
+from apps.analysis.report_types import Aggregate, Comparison, RunResult
 from apps.analysis.spread import arrival_spread
 
 QUANTILE_SYMBOLS = {"p50": "circle", "p95": "diamond", "p99": "square"}
@@ -58,7 +59,7 @@ def _baseline_band(cells: Sequence[str], baseline: str) -> list[dict[str, Any]]:
 
 def latency_by_cell(
     *,
-    aggregates: Sequence[Mapping[str, Any]],
+    aggregates: Sequence[Aggregate],
     cells: Sequence[str],
     baseline: str,
     classes: Sequence[Mapping[str, Any]],
@@ -196,8 +197,8 @@ def combo_label(mixture: str, rate: str) -> str:
 
 def goodput_heatmaps(
     *,
-    aggregates: Sequence[Mapping[str, Any]],
-    runs: Sequence[Mapping[str, Any]],
+    aggregates: Sequence[Aggregate],
+    runs: Sequence[RunResult],
     cells: Sequence[str],
     combos: Sequence[tuple[str, str]],
     url_for_cell: UrlFor,
@@ -291,7 +292,7 @@ def goodput_heatmaps(
 
 def paired_diffs(
     *,
-    comparisons: Sequence[Mapping[str, Any]],
+    comparisons: Sequence[Comparison],
     cells: Sequence[str],
     classes: Sequence[str],
     mixture: str,
@@ -342,9 +343,9 @@ def paired_diffs(
                 if r["class"] != name or r["cell"] not in cand_cells:
                     continue
                 v = r["metrics"].get(metric)
-                if not v or v.get("diff") is None:
+                d = v.get("diff") if v else None
+                if v is None or d is None:
                     continue
-                d = v["diff"]
                 ci = v.get("ci") or [None, None]
                 xs.append(d)
                 ys.append(cand_cells.index(r["cell"]) + offsets[name])
@@ -403,7 +404,7 @@ def _fmt(x: float | None) -> str:
 
 def uniform_vs_bursty(
     *,
-    runs: Sequence[Mapping[str, Any]],
+    runs: Sequence[RunResult],
     classes: Sequence[str],
     cells: Sequence[str],
     url_for_cell: UrlFor,

@@ -16,6 +16,13 @@ from apps.analysis.chart_style import UrlFor, class_colours
 from apps.analysis.report_types import StoredReport
 from apps.analysis.spread import arrival_spread
 
+# The server gauges drawn over time at the chosen point: the queue, then the KV cache.
+# (gauge, what the title calls it, y axis title, unit, scale of the stored value)
+GAUGE_FIGURES = (
+    ("waiting", "Waiting requests", "waiting", "requests", 1.0),
+    ("kv_usage", "KV cache usage", "KV cache usage", "%", 100.0),
+)
+
 
 def report_combos(report: StoredReport) -> list[tuple[str, str]]:
     """The report's (mixture, rate) points, sorted."""
@@ -97,26 +104,19 @@ def results_figures(
         for r in report.get("runs", [])
         if r["mixture"] == mixture and r["rate"] == rate and not r.get("scenario")
     ]
-    queue = run_charts.gauges_over_time(
-        runs=combo_runs,
-        cells=cells,
-        baseline=baseline,
-        gauge="waiting",
-        title=f"Waiting requests over time, {mixture} @ {rate}",
-        y_title="waiting",
-        unit="requests",
-        url_for_run=url_for_run,
-    )
-    kv = run_charts.gauges_over_time(
-        runs=combo_runs,
-        cells=cells,
-        baseline=baseline,
-        gauge="kv_usage",
-        title=f"KV cache usage over time, {mixture} @ {rate}",
-        y_title="KV cache usage",
-        unit="%",
-        url_for_run=url_for_run,
-        scale=100.0,
+    queue, kv = (
+        run_charts.gauges_over_time(
+            runs=combo_runs,
+            cells=cells,
+            baseline=baseline,
+            gauge=gauge,
+            title=f"{what} over time, {mixture} @ {rate}",
+            y_title=y_title,
+            unit=unit,
+            url_for_run=url_for_run,
+            scale=scale,
+        )
+        for gauge, what, y_title, unit, scale in GAUGE_FIGURES
     )
     preempt = run_charts.preemptions_by_cell(
         runs=report.get("runs", []), cells=cells, baseline=baseline, url_for_run=url_for_run

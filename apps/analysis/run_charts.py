@@ -9,11 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from apps.analysis.chart_style import base_layout, cell_colours, class_colours
+from apps.analysis.report_types import RunResult
 
 
 def gauges_over_time(
     *,
-    runs: Sequence[Mapping[str, Any]],
+    runs: Sequence[RunResult],
     cells: Sequence[str],
     baseline: str,
     gauge: str,
@@ -59,7 +60,7 @@ def gauges_over_time(
 
 def preemptions_by_cell(
     *,
-    runs: Sequence[Mapping[str, Any]],
+    runs: Sequence[RunResult],
     cells: Sequence[str],
     baseline: str,
     url_for_run: Callable[[str], str],

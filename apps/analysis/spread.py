@@ -8,7 +8,25 @@ with the load. Pure; read by the results page's table and chart (apps/analysis/c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
+
+from apps.analysis.report_types import RunResult
+
+# One (cell, mixture, rate, class, process) of ``arrival_spread``; "class" is a keyword.
+SpreadRow = TypedDict(
+    "SpreadRow",
+    {
+        "cell": str,
+        "mixture": str,
+        "rate": str,
+        "class": str,
+        "process": str,  # "bursty" | "uniform"
+        "runs": int,
+        "p50_ms": float | None,
+        "p99_ms": float | None,
+        "spread_ms": float | None,
+    },
+)
 
 
 def _ms(p: Mapping[str, Any] | None) -> float | None:
@@ -19,8 +37,8 @@ def _ms(p: Mapping[str, Any] | None) -> float | None:
 
 
 def arrival_spread(
-    *, runs: Sequence[Mapping[str, Any]], classes: Sequence[str], cells: Sequence[str]
-) -> list[dict[str, Any]]:
+    *, runs: Sequence[RunResult], classes: Sequence[str], cells: Sequence[str]
+) -> list[SpreadRow]:
     """One row per (cell, mixture, rate, class, process) where both processes ran.
 
     ``bursty``: the done sweep runs (the spec's arrival process); ``uniform``: the done uniform
@@ -32,7 +50,7 @@ def arrival_spread(
         {(r["cell"], r["mixture"], r["rate"]) for r in runs if "uniform" in (r.get("scenario") or "")},
         key=lambda k: (cells.index(k[0]) if k[0] in cells else 1 << 30, k[1], k[2]),
     )
-    rows = []
+    rows: list[SpreadRow] = []
     for cell, mix, rate in keys:
         for process in ("bursty", "uniform"):
             chosen = [

@@ -35,6 +35,7 @@ from apps.experiments.spec import SpecError
 from apps.gate.build import MIN_REPEATS, GateInput
 from apps.gate.services import GATE_FORMATS, gate_check, gate_resource
 from apps.gate.uploads import gate_upload_queue
+from apps.gate.verdict_types import GateResource
 from apps.runs.hosts import hosts_alive
 
 CLIENT = Path(settings.BASE_DIR) / "clients" / "tailtune_gate.py"
@@ -252,7 +253,7 @@ class GateVerdict(ApiView):
     authentication_classes = [TokenInBodyAuthentication]
     parser_classes = [JSONParser]
 
-    def _resource(self, request: Request, pk: int) -> dict[str, Any]:
+    def _resource(self, request: Request, pk: int) -> GateResource:
         experiment = self.experiment(pk)  # the viewer role first, then 404
         try:
             return gate_resource(

@@ -24,12 +24,28 @@ from typing import Any
 
 import yaml
 
+from apps.approvals.manifest_types import (
+    ApprovalRecord,
+    ApprovedCandidate,
+    ArgChange,
+    BaselineRecord,
+    EffectiveArgs,
+    Evidence,
+    HealthProbe,
+    ManifestContent,
+    ManifestDocument,
+    ManifestFiles,
+    Overlay,
+    StoredManifest,
+)
+from apps.experiments.spec_types import CandidateEngine
+
 MANIFEST_FORMAT = "tailtune-rollback-manifest"
 MANIFEST_VERSION = 1
 CONFIRMED = "confirmed by the engine"
 REQUESTED = "requested (not confirmed by the engine)"
 # vLLM's OpenAI server answers 200 on /health once the engine is ready.
-HEALTH_PROBE: dict[str, Any] = {"path": "/health", "expect_status": 200, "interval_s": 10, "timeout_s": 5}
+HEALTH_PROBE: HealthProbe = {"path": "/health", "expect_status": 200, "interval_s": 10, "timeout_s": 5}
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -63,7 +79,7 @@ def split_test_run_local(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
 
 def effective_args(
     requested: Mapping[str, Any], confirmed: Sequence[Mapping[str, Any] | None]
-) -> dict[str, Any]:
+) -> EffectiveArgs:
     """The args a cell really ran with, and where that knowledge comes from.
 
     The engine's own report of its args wins (the most common one across the
@@ -88,9 +104,11 @@ def effective_args(
     }
 
 
-def overlay_changes(baseline_args: Mapping[str, Any], candidate_args: Mapping[str, Any]) -> dict[str, Any]:
+def overlay_changes(
+    baseline_args: Mapping[str, Any], candidate_args: Mapping[str, Any]
+) -> dict[str, ArgChange]:
     """Per arg the candidate sets differently: {arg: {"baseline": b, "candidate": c}}."""
-    out = {}
+    out: dict[str, ArgChange] = {}
     for key in sorted(set(baseline_args) | set(candidate_args)):
         b, c = baseline_args.get(key), candidate_args.get(key)
         if key in candidate_args and b != c:
@@ -100,71 +118,72 @@ def overlay_changes(baseline_args: Mapping[str, Any], candidate_args: Mapping[st
 
 def build_manifest(
     *,
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any] | None,
-    evidence: Mapping[str, Any],
-    approval: Mapping[str, Any],
-) -> dict[str, Any]:
+    baseline: BaselineRecord,
+    candidate: ApprovedCandidate | None,
+    evidence: Evidence,
+    approval: ApprovalRecord,
+) -> ManifestContent:
     """The manifest content (without its digest). ``candidate`` None: B0 itself was approved.
 
     Inputs are deep-copied: the content shares no object with its caller's data.
     """
-    base = copy.deepcopy(dict(baseline))
+    base = copy.deepcopy(baseline)
     candidate = copy.deepcopy(candidate)
-    overlay = None
+    overlay: Overlay | None = None
     if candidate is not None:
         base_args = (base.get("effective_args") or {}).get("args") or {}
         cand_args = (candidate.get("effective_args") or {}).get("args") or {}
         overlay = {
             "cell_id": candidate["cell_id"],
             "applies_to": base.get("cell_id"),
-            "effective_args": dict(candidate.get("effective_args") or {}),
+            "effective_args": EffectiveArgs(**candidate["effective_args"]),
             "changes": overlay_changes(base_args, cand_args),
         }
         if candidate.get("engine"):
             # Another engine build or model revision: part of what the overlay changes.
-            overlay["engine"] = dict(candidate["engine"])
+            overlay["engine"] = CandidateEngine(**candidate["engine"])
     return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "baseline": base,
         "overlay": overlay,
         "rollback": "apply the baseline record as is; the overlay is never merged into it",
-        "evidence": copy.deepcopy(dict(evidence)),
-        "approval": copy.deepcopy(dict(approval)),
+        "evidence": copy.deepcopy(evidence),
+        "approval": copy.deepcopy(approval),
     }
 
 
-def document(content: Mapping[str, Any], sha256: str) -> dict[str, Any]:
+def document(content: ManifestContent, sha256: str) -> ManifestDocument:
     """The downloadable manifest: its content plus its own digest."""
     return {**content, "sha256": sha256}
 
 
-def verify(doc: Mapping[str, Any]) -> bool:
+def verify(doc: StoredManifest) -> bool:
     body = {k: v for k, v in doc.items() if k != "sha256"}
     return doc.get("sha256") == content_sha256(body)
 
 
-def to_json(doc: Mapping[str, Any]) -> str:
+def to_json(doc: StoredManifest) -> str:
     return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
-def to_yaml(doc: Mapping[str, Any]) -> str:
+def to_yaml(doc: StoredManifest) -> str:
     return yaml.safe_dump(dict(doc), sort_keys=True, default_flow_style=False, allow_unicode=True)
 
 
-def render(doc: Mapping[str, Any], fmt: str) -> bytes:
+def render(doc: StoredManifest, fmt: str) -> bytes:
     """The file's bytes in one of the two forms, UTF-8."""
     return (to_yaml(doc) if fmt == "yaml" else to_json(doc)).encode("utf-8")
 
 
-def files(content: Mapping[str, Any], sha256: str) -> dict[str, Any]:
+def files(content: ManifestContent, sha256: str) -> ManifestFiles:
     """The model fields of both files: their bytes and each one's sha256 (what `sha256sum` prints)."""
     # Plain JSON values first (choices and other str subclasses become str), as the column stores them.
     doc = json.loads(to_json(document(content, sha256)))
-    out: dict[str, Any] = {}
-    for fmt in ("json", "yaml"):
-        body = render(doc, fmt)
-        out[f"{fmt}_bytes"] = body
-        out[f"{fmt}_sha256"] = hashlib.sha256(body).hexdigest()
-    return out
+    json_bytes, yaml_bytes = render(doc, "json"), render(doc, "yaml")
+    return {
+        "json_bytes": json_bytes,
+        "json_sha256": hashlib.sha256(json_bytes).hexdigest(),
+        "yaml_bytes": yaml_bytes,
+        "yaml_sha256": hashlib.sha256(yaml_bytes).hexdigest(),
+    }

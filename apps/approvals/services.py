@@ -13,6 +13,15 @@ from apps.accounts.roles import APPROVER, has_role
 from apps.analysis.models import Decision
 from apps.approvals import manifest as mf
 from apps.approvals.audit import audit_record
+from apps.approvals.manifest_types import (
+    ApprovedCandidate,
+    BaselineRecord,
+    CellRecord,
+    Evidence,
+    RecoveryEvidence,
+    RollbackReserve,
+    ScenarioEvidence,
+)
 from apps.approvals.models import Approval, Revocation, RollbackManifest
 from apps.experiments.models import Experiment, ServerConfig
 from apps.experiments.recovery import recovery_options
@@ -52,7 +61,7 @@ def _locked(experiment: Experiment) -> Experiment:
     return Experiment.objects.select_for_update().get(pk=experiment.pk)
 
 
-def _cell_record(experiment: Experiment, cell: ServerConfig) -> dict[str, Any]:
+def _cell_record(experiment: Experiment, cell: ServerConfig) -> CellRecord:
     runs = list(
         cell.runs.filter(status=Run.Status.DONE, scenario="")
         .order_by("plan_position")
@@ -71,7 +80,7 @@ def _cell_record(experiment: Experiment, cell: ServerConfig) -> dict[str, Any]:
 
 def _baseline_record(
     experiment: Experiment, b0: ServerConfig, *, deployment_revision: str, route_target: str
-) -> dict[str, Any]:
+) -> BaselineRecord:
     cell = _cell_record(experiment, b0)
     w = experiment.workload
     return {
@@ -126,7 +135,7 @@ def _baseline_record(
     }
 
 
-def _rollback_reserve(experiment: Experiment) -> dict[str, Any]:
+def _rollback_reserve(experiment: Experiment) -> RollbackReserve:
     """The capacity that must stay reserved so that B0 can take the traffic back.
 
     One B0 server for every candidate server, on the same hardware with the same controls: kept
@@ -166,7 +175,13 @@ def _offered_load(experiment: Experiment) -> dict[str, Any]:
     return load
 
 
-def _evidence(experiment: Experiment, decision: Decision) -> dict[str, Any]:
+def _evidence(
+    experiment: Experiment,
+    decision: Decision,
+    *,
+    failure_scenarios: ScenarioEvidence,
+    recovery: RecoveryEvidence,
+) -> Evidence:
     runs = experiment.runs.exclude(trace_sha256="")
     return {
         "experiment": {"id": experiment.pk, "name": experiment.name},
@@ -180,6 +195,8 @@ def _evidence(experiment: Experiment, decision: Decision) -> dict[str, Any]:
             "analysed_at": decision.updated_at.isoformat(),
             "report_sha256": mf.content_sha256(decision.report or {}),
         },
+        "failure_scenarios": failure_scenarios,
+        "recovery": recovery,
     }
 
 
@@ -189,11 +206,11 @@ UNPROVEN_RECOVERY = frozenset({"fail", "not rehearsed", "pending"})
 
 def _recovery_evidence(
     decision: Decision, check4: Mapping[str, Any], *, chosen_cell: str, baseline: str, override: str
-) -> dict[str, Any]:
+) -> RecoveryEvidence:
     """Check 4 as the manifest states it: the rehearsal's run and what it measured, or why none."""
     if chosen_cell == baseline:
         return {"check": "not needed", "reason": "B0 stays: there is no change to roll back"}
-    out: dict[str, Any] = {"check": check4.get("status"), "reason": check4.get("reason")}
+    out: RecoveryEvidence = {"check": check4.get("status"), "reason": check4.get("reason")}
     rehearsal = ((decision.report or {}).get("rehearsals") or {}).get(chosen_cell) or {}
     measures = rehearsal.get("measures") or {}
     if rehearsal:
@@ -226,7 +243,7 @@ def _recovery_evidence(
 
 def scenario_evidence(
     decision: Decision, *, chosen_cell: str, baseline: str, override: str = ""
-) -> dict[str, Any]:
+) -> ScenarioEvidence:
     """Check 3 for the cell being approved: did its failure scenarios run, and did each hold?
 
     ``check`` is ``pass`` (every scenario run of the cell held), ``fail`` (one did not) or
@@ -246,7 +263,7 @@ def scenario_evidence(
     ]
     failed = sorted({r["scenario"] for r in runs if not r.get("held")})
     if not runs:
-        out: dict[str, Any] = {"check": "not run", "reason": f"no failure scenario ran for {chosen_cell}"}
+        out: ScenarioEvidence = {"check": "not run", "reason": f"no failure scenario ran for {chosen_cell}"}
     elif failed:
         out = {"check": "fail", "reason": f"{chosen_cell} did not hold under {', '.join(failed)}"}
     else:
@@ -321,16 +338,19 @@ def experiment_approve(
     baseline = _baseline_record(
         experiment, b0, deployment_revision=deployment_revision.strip(), route_target=route_target.strip()
     )
-    candidate = None
+    candidate: ApprovedCandidate | None = None
     if chosen_cell != b0.cell_id:
         cand = _cell_record(experiment, cells[chosen_cell])
         candidate = {"cell_id": chosen_cell, "effective_args": cand["effective_args"]}
         if cells[chosen_cell].engine:
             candidate["engine"] = cells[chosen_cell].engine
-    evidence = _evidence(experiment, decision)
-    evidence["failure_scenarios"] = check3
-    evidence["recovery"] = _recovery_evidence(
-        decision, check4, chosen_cell=chosen_cell, baseline=b0.cell_id, override=override
+    evidence = _evidence(
+        experiment,
+        decision,
+        failure_scenarios=check3,
+        recovery=_recovery_evidence(
+            decision, check4, chosen_cell=chosen_cell, baseline=b0.cell_id, override=override
+        ),
     )
     content = mf.build_manifest(
         baseline=baseline,

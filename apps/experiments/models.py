@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
+from apps.experiments.spec_types import CandidateEngine
+
 
 class Experiment(models.Model):
     class Status(models.TextChoices):
@@ -118,9 +120,14 @@ class ServerConfig(models.Model):
         return self.cell_id
 
     @property
-    def engine(self) -> dict[str, str]:
+    def engine(self) -> CandidateEngine:
         """The spec's ``engine`` override of this cell: only what differs from the experiment's."""
-        return {k: v for k, v in (("image", self.engine_image), ("model_revision", self.model_revision)) if v}
+        out: CandidateEngine = {}
+        if self.engine_image:
+            out["image"] = self.engine_image
+        if self.model_revision:
+            out["model_revision"] = self.model_revision
+        return out
 
     def revision(self, experiment: Experiment) -> str:
         return self.model_revision or experiment.model_revision

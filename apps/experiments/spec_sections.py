@@ -9,12 +9,32 @@ checker imports it when the section is present and reports its problems as field
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from apps.analysis.report_types import ReportOptionsJSON
 from apps.experiments.spec_checker import _Checker
 from apps.experiments.spec_rules import CALIBRATION_DEFAULTS, MAX_RATE_RPS, MAX_WINDOW_S, RATES_PER
 from apps.experiments.spec_types import Calibration, RecoverySpec, ScenarioSpec
+
+
+class _Bounds(TypedDict, total=False):
+    positive: bool
+    minimum: float
+    maximum: float
+    integer: bool
+
+
+# The probe's optional numbers, in the documented order, each with its bounds (defaults:
+# CALIBRATION_DEFAULTS).
+CALIBRATION_NUMBERS: dict[str, _Bounds] = {
+    "start_rps": {"positive": True, "maximum": MAX_RATE_RPS},
+    "tolerance": {"positive": True, "maximum": 0.99},
+    "max_steps": {"integer": True, "minimum": 1, "maximum": 50},
+    "warmup_s": {"minimum": 0.0, "maximum": MAX_WINDOW_S},
+    "observation_s": {"positive": True, "maximum": MAX_WINDOW_S},
+    "drain_deadline_s": {"positive": True, "maximum": MAX_WINDOW_S},
+    "min_accepted_share": {"minimum": 0.0, "maximum": 1.0},
+}
 
 
 def _check_calibration(c: _Checker, raw: Any) -> Calibration:
@@ -23,61 +43,10 @@ def _check_calibration(c: _Checker, raw: Any) -> Calibration:
     data = c.mapping(raw, path)
     c.unknown(data, set(CALIBRATION_DEFAULTS), path)
     d = CALIBRATION_DEFAULTS
-    out: dict[str, Any] = {  # filled in the documented order; Calibration once complete
-        "enabled": c.boolean(data, "enabled", path, default=True),
-        "start_rps": c.number(
-            data,
-            "start_rps",
-            path,
-            required=False,
-            positive=True,
-            maximum=MAX_RATE_RPS,
-            default=d["start_rps"],
-        ),
-        "tolerance": c.number(
-            data, "tolerance", path, required=False, positive=True, maximum=0.99, default=d["tolerance"]
-        ),
-        "max_steps": c.number(
-            data,
-            "max_steps",
-            path,
-            required=False,
-            integer=True,
-            minimum=1,
-            maximum=50,
-            default=d["max_steps"],
-        ),
-        "warmup_s": c.number(
-            data, "warmup_s", path, required=False, minimum=0.0, maximum=MAX_WINDOW_S, default=d["warmup_s"]
-        ),
-        "observation_s": c.number(
-            data,
-            "observation_s",
-            path,
-            required=False,
-            positive=True,
-            maximum=MAX_WINDOW_S,
-            default=d["observation_s"],
-        ),
-        "drain_deadline_s": c.number(
-            data,
-            "drain_deadline_s",
-            path,
-            required=False,
-            positive=True,
-            maximum=MAX_WINDOW_S,
-            default=d["drain_deadline_s"],
-        ),
-        "min_accepted_share": c.number(
-            data,
-            "min_accepted_share",
-            path,
-            required=False,
-            minimum=0.0,
-            maximum=1.0,
-            default=d["min_accepted_share"],
-        ),
-    }
+    out: dict[str, Any] = {"enabled": c.boolean(data, "enabled", path, default=True)}
+    # Filled in the documented order; Calibration once complete.
+    for key, bounds in CALIBRATION_NUMBERS.items():
+        out[key] = c.number(data, key, path, required=False, default=d[key], **bounds)
     fractions: dict[str, float] = dict(d["fractions"])
     if data.get("fractions") is not None:
         raw_f = c.mapping(data.get("fractions"), f"{path}.fractions")

@@ -28,6 +28,7 @@ from typing import Any
 
 from apps.approvals import manifest as mf
 from apps.experiments.spec import CELL_ARGS, MAX_LATENCY_MS, FieldError, SpecError, load_yaml
+from apps.experiments.spec_types import RawSpec
 
 BASELINE_ID = "B0"
 CANDIDATE_ID = "C1"
@@ -314,8 +315,11 @@ def _shares(counts: Mapping[str, int]) -> dict[str, float]:
     return {k: shares[k] for k in sorted(shares)}
 
 
-def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when: str) -> dict[str, Any]:
-    """The experiment spec the gate runs: B0 and the candidate, paired, on the frozen window."""
+def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when: str) -> RawSpec:
+    """The experiment spec the gate runs: B0 and the candidate, paired, on the frozen window.
+
+    A draft for ``validate_spec`` (experiment_create checks it): B0's model, controls and
+    engine are the gate file's or the manifest's as given, so nothing here is normalised yet."""
     if window.requests == 0 or window.observation_s <= 0:
         raise SpecError([FieldError("trace", "the window holds no request to measure")])
     by_name = {str(c.get("name")): c for c in base.classes if isinstance(c, Mapping)}
@@ -350,7 +354,7 @@ def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when
     candidate = {**base.args, **request.candidate_args}
     changes = {k: v for k, v in request.candidate_args.items() if base.args.get(k) != v}
     changed = {**changes, **request.candidate_engine}
-    spec: dict[str, Any] = {
+    spec: RawSpec = {
         "name": request.name or base.name or f"gate {when}",
         "description": base.description
         or f"gate: candidate {json.dumps(changed, sort_keys=True) if changed else '(unchanged)'} vs B0 "

@@ -31,6 +31,7 @@ from apps.gate.build import (
     user_path,
 )
 from apps.gate.verdict import gate_verdict
+from apps.gate.verdict_types import GateResource
 from clients.tailtune_gate import FORMATS as GATE_FORMATS  # one list for the client and the server
 
 
@@ -38,7 +39,7 @@ class GateUnavailable(Exception):
     """The gate cannot run here now (no live host): an infrastructure error, exit 3."""
 
 
-def _store_window(request: GateInput, base: Any, data: bytes) -> Any:
+def _store_window(request: GateInput, base: Baseline, data: bytes) -> Any:
     from apps.workloads.importers import check_size, parse_class_thresholds
     from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
 
@@ -159,7 +160,7 @@ def experiment_url(experiment: Experiment, *, base_url: str | None = None) -> st
 
 def gate_resource(
     *, experiment: Experiment, candidate: str | None = None, base_url: str | None = None
-) -> dict[str, Any]:
+) -> GateResource:
     """The verdict resource: what ``GET /api/v1/gates/<id>`` answers and the gate command writes.
 
     Raises ValueError when the experiment has several candidates and none is named.

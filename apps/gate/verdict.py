@@ -36,8 +36,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apps.analysis.report_types import StoredReport
+from apps.gate.verdict_types import CaseValues, GateCase, GateVerdict, Outcome, Unanswered, Verdict
 
-EXIT = {"pass": 0, "regression": 1, "inconclusive": 2}
+EXIT: dict[Verdict, int] = {"pass": 0, "regression": 1, "inconclusive": 2}
 # Contract keys of the acceptance check (apps/analysis/decide.acceptance_check) -> the case they belong to.
 CONTRACT_CASE = {
     "ttft": "ttft_p99_ms",
@@ -77,7 +78,7 @@ def gate_verdict(
     candidate: str | None = None,
     status: str = "analysed",
     status_reason: str = "",
-) -> dict[str, Any]:
+) -> GateVerdict:
     """``verdict``, ``exit_code``, ``reasons`` and ``cases`` for one candidate against B0."""
     if report is None:
         if status == "running":
@@ -125,7 +126,7 @@ def gate_verdict(
     worse = _holm_worse(comps, family_alpha)
 
     unanswered = _unanswered(report)
-    cases: list[dict[str, Any]] = []
+    cases: list[GateCase] = []
     unjudged_classes = []
     for name in names:
         entries = by_class.get(name, [])
@@ -144,14 +145,9 @@ def gate_verdict(
         if entries and not judged_latency:
             unjudged_classes.append(name)
         for metric in metrics:
-            case: dict[str, Any] = {
-                "class": name,
-                "metric": metric,
-                "unit": _unit(metric),
-                "confidence": confidence,
-            }
+            shown: CaseValues | None = None
             messages = []
-            outcome = "pass"
+            outcome: Outcome = "pass"
             judged_any = False
             for c in entries:
                 v = (c.get("metrics") or {}).get(metric)
@@ -159,19 +155,8 @@ def gate_verdict(
                     continue
                 point = f"{c['mixture']}/{c['rate']}"
                 is_worse = (c["mixture"], c["rate"], name, metric) in worse
-                if "b0" not in case or is_worse:  # the first point, or the one that failed
-                    case.update(
-                        b0=v.get("b0"), candidate=v.get("candidate"), diff=v.get("diff"), ci=v.get("ci")
-                    )
-                    # A tail the unanswered requests censor has no value, only a bound: say
-                    # how far it is known and how many requests went unanswered.
-                    for side, cell in (("b0", baseline), ("candidate", candidate)):
-                        if v.get(f"{side}_censored"):
-                            case[f"{side}_above"] = v.get(f"{side}_above")
-                            case[f"{side}_unanswered"] = unanswered[(cell, name)]
-                        else:
-                            case.pop(f"{side}_above", None)
-                            case.pop(f"{side}_unanswered", None)
+                if shown is None or is_worse:  # the first point, or the one that failed
+                    shown = _case_values(v, unanswered[(baseline, name)], unanswered[(candidate, name)])
                 if v.get("judged"):
                     judged_any = True
                 else:
@@ -198,13 +183,22 @@ def gate_verdict(
                 outcome = "skipped" if metric != "error_rate" else "pass"
                 if metric == "error_rate":
                     messages.append("the contract is judged, not the difference")
-            case["outcome"] = outcome
-            case["message"] = "; ".join(dict.fromkeys(messages)) or None
-            cases.append(case)
+            cases.append(
+                {
+                    "class": name,
+                    "metric": metric,
+                    "unit": _unit(metric),
+                    "confidence": confidence,
+                    **(shown or {}),
+                    "outcome": outcome,
+                    "message": "; ".join(dict.fromkeys(messages)) or None,
+                }
+            )
     if not comps and not reasons:
         reasons.append(f"no comparison of {candidate} with {baseline}")
     # Invalid data answers nothing; on valid data a regression found stands even if another
     # class could not be judged, and only then does an unjudged class make it inconclusive.
+    verdict: Verdict
     if reasons:
         verdict = "inconclusive"
     elif any(c["outcome"] == "fail" for c in cases):
@@ -226,12 +220,28 @@ def gate_verdict(
     }
 
 
-def _unanswered(report: StoredReport) -> dict[tuple[str, str], dict[str, int]]:
+def _case_values(v: Mapping[str, Any], b0_unanswered: Unanswered, cand_unanswered: Unanswered) -> CaseValues:
+    """A point's numbers for its case. A tail the unanswered requests censor has no value, only
+    a bound: say how far it is known and how many requests went unanswered."""
+    out: CaseValues = {
+        "b0": v.get("b0"),
+        "candidate": v.get("candidate"),
+        "diff": v.get("diff"),
+        "ci": v.get("ci"),
+    }
+    if v.get("b0_censored"):
+        out["b0_above"] = v.get("b0_above")
+        out["b0_unanswered"] = b0_unanswered
+    if v.get("candidate_censored"):
+        out["candidate_above"] = v.get("candidate_above")
+        out["candidate_unanswered"] = cand_unanswered
+    return out
+
+
+def _unanswered(report: StoredReport) -> dict[tuple[str, str], Unanswered]:
     """Per (cell, class), over its done runs: requests offered, unfinished at the drain deadline,
     and failed otherwise (rejected, errors, timeouts, not sent): those with no latency to rank."""
-    out: dict[tuple[str, str], dict[str, int]] = defaultdict(
-        lambda: {"offered": 0, "unfinished": 0, "failed": 0}
-    )
+    out: dict[tuple[str, str], Unanswered] = defaultdict(lambda: {"offered": 0, "unfinished": 0, "failed": 0})
     for run in report.get("runs") or []:
         if run.get("status") != "done":
             continue

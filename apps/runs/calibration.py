@@ -57,7 +57,7 @@ from apps.runs.scenarios import CALIBRATION, UNIFORM, probe_run_create
 from apps.runs.selectors import calibration_settings, goodput_settings
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer
-from apps.workloads.services import tokenizer_dir, trace_store
+from apps.workloads.services import tokenizer_dir, trace_classes, trace_store
 from workers.replay.records import SCALAR_RECORD_FIELDS, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -111,19 +111,6 @@ def _contracts(experiment: Experiment) -> dict[str, Contract]:
     }
 
 
-def _classes(experiment: Experiment) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": c.name,
-            "input_tokens": c.input_tokens,
-            "output_tokens": c.output_tokens,
-            "priority": c.priority,
-            "shared_prefix_tokens": c.shared_prefix_tokens,
-        }
-        for c in experiment.classes.all()
-    ]
-
-
 def probe_step(
     *,
     experiment: Experiment,
@@ -139,7 +126,7 @@ def probe_step(
     workload = experiment.workload
     rate_name = f"probe{step}"
     trace = generate_trace(
-        classes=_classes(experiment),
+        classes=trace_classes(experiment),
         mixture_name=mixture,
         mixture=workload.mixtures[mixture],
         rate_name=rate_name,

@@ -11,7 +11,7 @@ import gzip
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.db import transaction
@@ -215,6 +215,30 @@ def model_revisions(model_path: str) -> dict[str, str]:
     return {"model_revision": commit, "tokenizer_revision": commit} if commit else {}
 
 
+class TraceClass(TypedDict):
+    """A request class as the trace generator takes it (apps/workloads/generate.py)."""
+
+    name: str
+    input_tokens: int
+    output_tokens: int
+    priority: int
+    shared_prefix_tokens: int
+
+
+def trace_classes(experiment: Any) -> list[TraceClass]:
+    """The experiment's request classes, in their order, as the trace generator takes them."""
+    return [
+        {
+            "name": c.name,
+            "input_tokens": c.input_tokens,
+            "output_tokens": c.output_tokens,
+            "priority": c.priority,
+            "shared_prefix_tokens": c.shared_prefix_tokens,
+        }
+        for c in experiment.classes.all()
+    ]
+
+
 def workload_traces_freeze(
     *, experiment: Any, uniform: bool = False, repeats: Sequence[int] | None = None
 ) -> dict[tuple[str, str, int], Trace]:
@@ -242,16 +266,7 @@ def workload_traces_freeze(
             )
         _content(row)
         return dict.fromkeys(keys, row)
-    classes = [
-        {
-            "name": c.name,
-            "input_tokens": c.input_tokens,
-            "output_tokens": c.output_tokens,
-            "priority": c.priority,
-            "shared_prefix_tokens": c.shared_prefix_tokens,
-        }
-        for c in experiment.classes.all()
-    ]
+    classes = trace_classes(experiment)
     tok_dir = tokenizer_dir(experiment.model_path)
     tok = PromptTokenizer(tok_dir)
     # Each trace is reduced to its compressed bytes as soon as it is built:

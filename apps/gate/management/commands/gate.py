@@ -20,6 +20,7 @@ from apps.experiments.models import Experiment
 from apps.experiments.spec import SpecError
 from apps.gate.build import GateInput
 from apps.gate.services import GateUnavailable, gate_create, gate_resource
+from apps.gate.verdict_types import GateResource
 from clients import tailtune_gate as client
 
 
@@ -81,7 +82,7 @@ class Command(BaseCommand):
             raise client.GateError(str(exc)) from None
         say(f"gate {experiment.pk} started: {gate_resource(experiment=experiment)['url']}")
 
-        def fetch() -> dict[str, Any]:
+        def fetch() -> GateResource:
             fresh = Experiment.objects.select_related("workload").get(pk=experiment.pk)
             return gate_resource(experiment=fresh)
 
