@@ -47,6 +47,9 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
         "drain_deadline_s": 10,
         "max_dispatch_lag_ms": 30000,
     }
+    # Early stopping off: C1 (one sequence at a time) may break a contract in its first run, and its
+    # second run must still be claimed, to find the server busy.
+    spec["engine"] = {"reuse": True, "early_stop": False}
     experiment = experiment_create(spec=spec, owner=UserFactory(roles=["experimenter"]))
     assert experiment.spec["engine"]["reuse"] is True
     host = pipeline.this_host()
