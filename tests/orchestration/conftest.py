@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -105,8 +106,12 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, interval_s: floa
 
 
 @pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
+def workers(tmp_path: Path, settings: Any) -> Iterator[Workers]:
     w = Workers(tmp_path)
+    # What this process sends to the default queue (a trace upload's import, say) must reach the
+    # test's own worker, which consumes its own default queue, not "default": else it waits
+    # for the reconciler to send it again, minutes later.
+    settings.CELERY_TASK_DEFAULT_QUEUE = w.env["TAILTUNE_DEFAULT_QUEUE"]
     yield w
     w.stop_all()
 
