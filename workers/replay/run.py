@@ -23,9 +23,10 @@ from workers.replay.result import ReplayResult
 from workers.replay.runtime import burst_size
 from workers.replay.shard import run_in_processes
 
-# One send loop kept p99 dispatch lag and TTFT error within 5 ms up to about this rate on the
-# bench (bench/results/replay.md); a trace whose busiest second is above it gets more processes.
-PER_PROCESS_RPS = 400
+# One send loop kept p99 dispatch lag and TTFT error within 5 ms up to this rate in every repeat
+# of the bench (bench/results/replay.md; at 800 in two of three); a trace whose busiest second is
+# above it gets more processes.
+PER_PROCESS_RPS = 600
 
 
 def processes_for(requests: Sequence[dict[str, Any]], cpus: int | None = None) -> int:
