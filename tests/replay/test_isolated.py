@@ -111,3 +111,37 @@ def test_records_of_a_process_that_died_are_marked_not_sent(
     assert all("exited (4)" in (r.error or "") for r in lost)
     assert [r.index for r in result.records if r.ok] == [0, 2, 4]
     assert any("process 1 ended without reporting (exit code 4)" in n for n in result.notes)
+
+
+def test_a_child_that_never_gets_ready_fails_the_run_instead_of_hanging_it(
+    mock_server: MockServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A child that reads its job and then hangs (it never says it is ready, nor reads its stdin
+    # again): past the ready timeout the parent asks it to stop, kills it after the grace, and
+    # the run fails saying why, every request accounted for as not sent.
+    import subprocess
+
+    from workers.replay import shard
+
+    real_popen = subprocess.Popen
+
+    def hangs(args: list[str], **kwargs: Any) -> Any:
+        return real_popen(
+            [args[0], "-c", "import sys, time; sys.stdin.readline(); time.sleep(600)"], **kwargs
+        )
+
+    monkeypatch.setattr("workers.replay.shard.subprocess.Popen", hangs)
+    monkeypatch.setattr(shard, "_READY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(shard, "_STOP_GRACE_S", 0.5)
+    batches: list[int] = []
+    started = time.monotonic()
+    with pytest.raises(ReplayProcessError, match="not ready within 0.5 s"):
+        run_replay(
+            make_requests(4, output_tokens=2),
+            base_url=mock_server.base_url,
+            observation_s=0.1,
+            on_batch=lambda batch: batches.extend(r.index for r in batch if not r.sent),
+            **OPTIONS,
+        )
+    assert time.monotonic() - started < 30
+    assert sorted(batches) == [0, 1, 2, 3]

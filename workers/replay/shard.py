@@ -63,6 +63,8 @@ _ORIGIN_LEAD_NS = 100_000_000
 _READY_TIMEOUT_S = 120.0
 # How often a child sends its finished records up.
 _FLUSH_S = 0.2
+# How long a child asked to stop may take to close its streams and report before it is killed.
+_STOP_GRACE_S = 30.0
 
 
 class ReplayProcessError(RuntimeError):
@@ -176,6 +178,7 @@ def run_in_processes(
     started = perf_ns()
     children: list[_Child] = []
     readers: list[threading.Thread] = []
+    started_together = False
     batcher.start()
     try:
         children = [_Child(k, indexed[k::processes], env) for k in range(processes)]
@@ -183,8 +186,8 @@ def run_in_processes(
             readers.append(threading.Thread(target=child.read, args=(state,), daemon=True))
             readers[-1].start()
             child.write({"requests": child.share, "options": options})
-        _start_together(children, stop, origin_ns)
-        _wait(children, stop)
+        started_together = _start_together(children, stop, origin_ns)
+        _wait(children, stop, stop_now=not started_together)
         for reader in readers:
             reader.join()
     finally:
@@ -197,6 +200,9 @@ def run_in_processes(
         batcher.finish()
     if batcher.error is not None:
         raise batcher.error
+    if not started_together and not stop.is_set():
+        why = "; ".join(f"process {c.k}: {c.error}" for c in children if c.error) or "not ready"
+        raise ReplayProcessError(f"the load generator's processes never started sending: {why}")
     if processes == 1 and children and children[0].closing is None:
         child = children[0]
         raise ReplayProcessError(
@@ -219,26 +225,41 @@ def run_in_processes(
     return result
 
 
-def _start_together(children: list[_Child], stop: threading.Event, origin_ns: int | None) -> None:
-    """Step 3: once every child is ready (or gone), give them all one origin."""
+def _start_together(children: list[_Child], stop: threading.Event, origin_ns: int | None) -> bool:
+    """Step 3: once every child is ready (or gone), give them all one origin; False when the
+    caller stopped first, or a child was not ready in time (each such child says so)."""
     deadline = time.monotonic() + _READY_TIMEOUT_S
     for child in children:
         while not child.ready.wait(0.02):
-            if stop.is_set() or time.monotonic() > deadline:
-                return  # the caller stops, or a child hangs: closing stdin ends them all
+            if stop.is_set():
+                return False
+            if time.monotonic() > deadline:
+                for late in children:
+                    if not late.ready.is_set():
+                        late.error = late.error or f"not ready within {_READY_TIMEOUT_S:g} s"
+                return False
     origin = origin_ns if origin_ns is not None else perf_ns() + _ORIGIN_LEAD_NS
     for child in children:
         child.write({"origin_ns": origin})
+    return True
 
 
-def _wait(children: list[_Child], stop: threading.Event) -> None:
-    """Until every child ends; the caller's stop closes their stdin (step 5)."""
-    signalled = False
+def _wait(children: list[_Child], stop: threading.Event, *, stop_now: bool = False) -> None:
+    """Until every child ends. The caller's stop (or ``stop_now``) closes their stdin (step 5);
+    a child still running ``_STOP_GRACE_S`` later is killed, its unreported requests marked lost."""
+    stopped_at: float | None = None
     while any(child.proc.poll() is None for child in children):
-        if stop.is_set() and not signalled:
+        if stopped_at is None and (stop_now or stop.is_set()):
             for child in children:
                 child.close_stdin()
-            signalled = True
+            stopped_at = time.monotonic()
+        if stopped_at is not None and time.monotonic() - stopped_at > _STOP_GRACE_S:
+            for child in children:
+                if child.proc.poll() is None:
+                    child.error = (
+                        child.error or f"still running {_STOP_GRACE_S:g} s after it was asked to stop"
+                    )
+                    child.proc.kill()
         time.sleep(0.02)
 
 
