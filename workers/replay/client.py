@@ -141,7 +141,6 @@ class _Replay:
         self.output_mode = output_mode
         self.requests = requests
         self.base_url = base_url
-        self.url = base_url.rstrip("/") + ENDPOINTS[endpoint]
         self.path = ENDPOINTS[endpoint]
         self._pool: rawhttp.Pool
         self.model = model
@@ -168,7 +167,7 @@ class _Replay:
         # process of a replay spread over processes learns its origin this way.
         self.origin_source = origin_source
         # Idle connections kept open ahead of need: the most requests due within any
-        # _BURST_WINDOW_NS of the trace, so that a burst never waits on connects.
+        # runtime.BURST_WINDOW_NS of the trace, so that a burst never waits on connects.
         self.spare_connections = min(_MAX_SPARE, burst_size([r.planned_ns for r in self.records]))
         self.stopped = False
         self.notes: list[str] = []
@@ -195,15 +194,20 @@ class _Replay:
         raise_fd_limit()
         semaphore = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
         self._idle = asyncio.Event()
-        self._pool = rawhttp.Pool(
-            self.base_url, connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s
-        )
+        self._pool = self._new_pool(self.base_url)
+        pools = [self._pool, *self._more_pools()]
         try:
             await self._prepare(self._pool)
             await self._drive(semaphore)
         finally:
-            self._pool.close()
+            for pool in pools:
+                pool.close()
         self._mark_unsent()
+
+    def _new_pool(self, base_url: str) -> rawhttp.Pool:
+        return rawhttp.Pool(
+            base_url, connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s
+        )
 
     async def _prepare(self, pool: rawhttp.Pool) -> None:
         """Before the origin: open the spare connections, then learn the origin if a parent sets it."""
@@ -330,6 +334,10 @@ class _Replay:
             record.end_ns = now - self.origin_ns
 
     # -- hooks a recovery rehearsal (workers/replay/rehearsal.py) overrides -------------------
+
+    def _more_pools(self) -> list[rawhttp.Pool]:
+        """Other servers this replay sends to (made inside the loop, closed with the run's)."""
+        return []
 
     def _pool_for(self, record: RequestRecord) -> rawhttp.Pool:
         """The connection pool this request is sent on (one server, so one pool)."""

@@ -416,16 +416,7 @@ class Pool:
         A load generator calls this before its first request is due, so that a burst
         goes out on open connections instead of waiting on connects.
         """
-        need = count - len(self._idle)
-        if need > 0:
-            opened = await asyncio.gather(
-                *(self._open(timeout_s) for _ in range(need)), return_exceptions=True
-            )
-            now = perf_ns()
-            for conn in opened:
-                if isinstance(conn, _Connection):
-                    conn.idle_since_ns = now
-                    self._idle.insert(0, conn)
+        await self._open_idle(count - len(self._idle), timeout_s)
         return len(self._idle)
 
     def keep_warm(self, spare: int) -> None:
@@ -452,23 +443,21 @@ class Pool:
                     continue
                 fresh.append(conn)
             self._idle[:] = fresh
-            need = spare - len(fresh)
-            if need <= 0:
-                backoff_s = _KEEP_POLL_S
-                continue
-            opened = await asyncio.gather(
-                *(self._open(self.connect_timeout_s) for _ in range(need)), return_exceptions=True
-            )
-            now = perf_ns()
-            failed = False
-            for new in opened:
-                if isinstance(new, _Connection):
-                    new.idle_since_ns = now
-                    # At the bottom: connections a stream just released are reused first.
-                    self._idle.insert(0, new)
-                else:
-                    failed = True
-            backoff_s = min(2.0, backoff_s * 2) if failed else _KEEP_POLL_S
+            opened_all = await self._open_idle(spare - len(fresh), self.connect_timeout_s)
+            backoff_s = _KEEP_POLL_S if opened_all else min(2.0, backoff_s * 2)
+
+    async def _open_idle(self, count: int, timeout_s: float) -> bool:
+        """Open ``count`` connections at once and park them idle; False when any connect failed."""
+        if count <= 0:
+            return True
+        opened = await asyncio.gather(*(self._open(timeout_s) for _ in range(count)), return_exceptions=True)
+        now = perf_ns()
+        for conn in opened:
+            if isinstance(conn, _Connection):
+                conn.idle_since_ns = now
+                # At the bottom: connections a stream just released are reused first.
+                self._idle.insert(0, conn)
+        return all(isinstance(conn, _Connection) for conn in opened)
 
     def _release(self, response: Response) -> None:
         if response not in self._active:

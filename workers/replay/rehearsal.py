@@ -38,7 +38,6 @@ from urllib.parse import urlsplit
 from workers.replay import rawhttp
 from workers.replay.client import _Replay, perf_ns
 from workers.replay.records import RequestRecord
-from workers.replay.runtime import raise_fd_limit
 
 CUT_ERROR = "cut at the drain deadline after the switch"
 # How often a held request's B0 is asked for /health (cold standby).
@@ -91,26 +90,16 @@ class RehearsalReplay(_Replay):
     # -- the run -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        raise_fd_limit()
-        self._idle = asyncio.Event()
         self._b0_waiters = asyncio.Event()
         if not self.wait_for_b0:
             self._b0_waiters.set()
-        self._pool = rawhttp.Pool(
-            self.base_url, connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s
-        )
-        if self.b0_url is not None:
-            self._b0_pool = rawhttp.Pool(
-                self.b0_url, connect_timeout_s=self.connect_timeout_s, read_timeout_s=self.read_timeout_s
-            )
-        try:
-            await self._prepare(self._pool)
-            await self._drive(None)
-        finally:
-            self._pool.close()
-            if self._b0_pool is not None:
-                self._b0_pool.close()
-        self._mark_unsent()
+        await super().run()
+
+    def _more_pools(self) -> list[rawhttp.Pool]:
+        if self.b0_url is None:
+            return []
+        self._b0_pool = self._new_pool(self.b0_url)
+        return [self._b0_pool]
 
     async def _drive(self, semaphore: asyncio.Semaphore | None) -> None:
         if not self._fixed_origin:
