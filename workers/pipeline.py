@@ -266,8 +266,9 @@ def _execute_claimed(
         host_release(host=host, run=run)
         if not run.scenario:
             try:
-                from apps.runs.early_stop import experiment_skip_doomed
+                from apps.runs.early_stop import experiment_skip_after_invalid, experiment_skip_doomed
 
+                experiment_skip_after_invalid(experiment_id=run.experiment_id, run_pk=run.pk)
                 experiment_skip_doomed(experiment_id=run.experiment_id, cell_id=run.cell.cell_id)
             except Exception:  # early stopping saves time; a failure here must not lose the run
                 log.exception("early stopping check of experiment %s failed", run.experiment_id)

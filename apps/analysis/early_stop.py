@@ -230,3 +230,19 @@ def doomed(
                 }
                 break
     return out
+
+
+def unusable(*, status: str, reason: str, lag_p99_ms: float | None, max_lag_ms: float | None) -> str | None:
+    """Why a sweep run that has ended can never be a point's done run in the analysis, or None.
+
+    Such a run makes its cell invalid (checks.validity_check): it ended ``invalid`` or
+    ``failed`` (a run is retried only when its worker or host was lost, and then not through
+    this path), or it is done with its load generator's dispatch lag p99 over the tolerance.
+    A gate's answer is then inconclusive whatever its other runs show (apps/gate/verdict.py),
+    so the gate stops there (``engine.stop_on_invalid``).
+    """
+    if status in ("invalid", "failed"):
+        return f"{status}: {reason}" if reason else status
+    if status == "done" and lag_p99_ms is not None and max_lag_ms is not None and lag_p99_ms > max_lag_ms:
+        return f"dispatch lag over tolerance (p99 {lag_p99_ms:g} ms > {max_lag_ms:g} ms)"
+    return None

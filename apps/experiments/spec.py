@@ -207,7 +207,7 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
     max_model_len = _check_controls(c, top, spec)
 
     engine = c.mapping(top.get("engine"), "engine", required=False)
-    c.unknown(engine, {"image", "reuse", "early_stop"}, "engine")
+    c.unknown(engine, {"image", "reuse", "early_stop", "stop_on_invalid"}, "engine")
     spec["engine"] = {
         "image": c.text(engine, "image", "engine", required=False, max_length=300),
         # One server per cell and round, idle-checked between traces (workers/pull.py); false:
@@ -216,6 +216,9 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
         # Skip a cell's remaining sweep runs once it can no longer be accepted
         # (apps/analysis/early_stop.py); false: run every planned run.
         "early_stop": c.boolean(engine, "early_stop", "engine", default=True),
+        # Skip every queued sweep run once one has ended unusable (invalid, failed, dispatch lag
+        # over the tolerance): a gate's answer is then inconclusive (apps/runs/early_stop.py).
+        "stop_on_invalid": c.boolean(engine, "stop_on_invalid", "engine", default=False),
     }
 
     baseline = c.mapping(top.get("baseline"), "baseline")

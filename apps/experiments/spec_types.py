@@ -58,6 +58,7 @@ class EngineSpec(TypedDict):
     image: str
     reuse: bool
     early_stop: bool
+    stop_on_invalid: NotRequired[bool]  # absent from specs stored before it existed
 
 
 class CellArgs(TypedDict, total=False):

@@ -362,9 +362,12 @@ def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when
         f"{request.trace_format}{f', busiest {request.busiest_s:g} s' if request.busiest_s else ''})",
         "model": base.model,
         "controls": base.controls,
-        # Never stopped early: the gate names each regressed class with its paired interval,
-        # which needs every repeat of the candidate, not only the proof it cannot be accepted.
-        "engine": {**base.engine, "early_stop": False} if isinstance(base.engine, Mapping) else base.engine,
+        # Never stopped early for a lost candidate: the gate names each regressed class with its
+        # paired interval, which needs every repeat, not only the proof it cannot be accepted.
+        # Stopped at the first unusable run instead: the answer is then inconclusive anyway.
+        "engine": {**base.engine, "early_stop": False, "stop_on_invalid": True}
+        if isinstance(base.engine, Mapping)
+        else base.engine,
         "baseline": {"id": BASELINE_ID, "captured_from": base.captured_from, "args": base.args},
         "candidates": [
             {

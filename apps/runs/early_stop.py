@@ -23,7 +23,7 @@ from functools import lru_cache
 from django.db import transaction
 from django.utils import timezone
 
-from apps.analysis.early_stop import doomed
+from apps.analysis.early_stop import doomed, unusable
 from apps.analysis.report import ReportOptions, agreed_combos, sweep_combos
 from apps.analysis.services import runs_over_limit
 from apps.approvals.audit import audit_record
@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 def early_stop_enabled(spec: StoredSpec | None) -> bool:
     """The spec's ``engine.early_stop`` (default on)."""
     return bool(((spec or {}).get("engine") or {}).get("early_stop", True))
+
+
+def stop_on_invalid_enabled(spec: StoredSpec | None) -> bool:
+    """The spec's ``engine.stop_on_invalid`` (default off; a gate's experiment sets it)."""
+    return bool(((spec or {}).get("engine") or {}).get("stop_on_invalid", False))
 
 
 @lru_cache(maxsize=128)
@@ -212,3 +217,61 @@ def experiment_skip_doomed(*, experiment_id: int, cell_id: str | None = None) ->
         log.info("early stop: %s skipped %d runs of %s: %s", experiment_id, n, cell, why["reason"])
         skipped[cell] = why["reason"]
     return skipped
+
+
+def experiment_skip_after_invalid(*, experiment_id: int, run_pk: int) -> str | None:
+    """With ``engine.stop_on_invalid``: once a sweep run has ended unusable, skip every queued
+    sweep run of the experiment. Returns the reason, when runs were skipped now.
+
+    1. Nothing unless the experiment is running with ``engine.stop_on_invalid`` on.
+    2. The run that just ended, if it is a sweep run: early_stop.unusable says whether the
+       analysis can ever use it (invalid, failed, or its dispatch lag over the workload's
+       tolerance). A gate's verdict is then inconclusive whatever else runs.
+    3. Every queued sweep run becomes ``skipped`` with ``the answer is inconclusive (run <run
+       id> <why>)``, in one conditional update (a run a host claimed meanwhile runs), audited as
+       ``runs.skipped``. Runs outside the sweep are left to run.
+    """
+    experiment = Experiment.objects.select_related("workload").filter(pk=experiment_id).first()
+    if experiment is None or experiment.status != Experiment.Status.RUNNING:
+        return None
+    if not stop_on_invalid_enabled(experiment.spec):
+        return None
+    run = Run.objects.filter(pk=run_pk, experiment_id=experiment_id, scenario="").first()
+    if run is None:
+        return None
+    workload = getattr(experiment, "workload", None)
+    why = unusable(
+        status=run.status,
+        reason=run.reason,
+        lag_p99_ms=run.dispatch_lag_p99_ms,
+        max_lag_ms=workload.max_dispatch_lag_ms if workload else None,
+    )
+    if why is None:
+        return None
+    reason = f"the answer is inconclusive (run {run.run_id} {why})"
+    now = timezone.now()
+    with transaction.atomic():
+        queued = Run.objects.filter(experiment_id=experiment_id, scenario="", status=Run.Status.QUEUED)
+        pending = list(queued.values_list("pk", flat=True))
+        n = Run.objects.filter(pk__in=pending, status=Run.Status.QUEUED).update(
+            status=Run.Status.SKIPPED, reason=reason, finished_at=now, updated_at=now
+        )
+        if not n:
+            return None
+        audit_record(
+            action="runs.skipped",
+            experiment=experiment,
+            target=str(run.run_id),
+            detail={
+                "reason": reason,
+                "run": str(run.run_id),
+                "runs": [
+                    str(k)
+                    for k in Run.objects.filter(pk__in=pending, status=Run.Status.SKIPPED)
+                    .order_by("plan_position", "id")
+                    .values_list("run_id", flat=True)
+                ],
+            },
+        )
+    log.info("stop on invalid: %s skipped %d runs: %s", experiment_id, n, reason)
+    return reason

@@ -101,6 +101,7 @@ def test_a_gate_starts_b0_and_the_overlaid_candidate_paired_on_the_window(model_
     # A gate never stops its candidate early: the verdict names each regressed class with its
     # paired interval, which needs every repeat (early stopping would leave it inconclusive).
     assert experiment.spec["engine"]["early_stop"] is False and experiment.spec["engine"]["reuse"] is True
+    assert experiment.spec["engine"]["stop_on_invalid"] is True
 
     # The resource a rollout controller polls: GET 200 always, POST (Flagger) 412 until it passes.
     assert api.get(f"/api/v1/gates/{gate['gate']}").json()["verdict"] == "running"

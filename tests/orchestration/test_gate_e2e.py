@@ -12,7 +12,8 @@ that a p95 needs to be judged at all.
 - a candidate with ``max_num_seqs: 1`` under the same window, every request of it kept,
   serializes the requests and builds a queue: exit 1,
   the class named, a failing JUnit case (``manage.py gate`` on the server);
-- a dispatch-lag tolerance no load generator can meet makes every run invalid: exit 2.
+- a dispatch-lag tolerance no load generator can meet makes the first run unusable: the gate
+  skips the rest of its runs (the answer can only be inconclusive) and exits 2.
 """
 
 from __future__ import annotations
@@ -193,13 +194,23 @@ def test_a_starved_candidate_fails_the_gate_and_names_the_class(
 def test_runs_made_invalid_on_purpose_are_inconclusive(workers: Workers, tmp_path: Path, roles: None) -> None:
     workers.start()
     UserFactory(username="release", roles=["experimenter"])
-    # A dispatch-lag tolerance of a microsecond: no load generator meets it, so every run is invalid.
+    # A dispatch-lag tolerance of a microsecond: no load generator meets it, so no run is usable.
     spec = gate_file(tmp_path, max_dispatch_lag_ms=0.001)
-    # Two repeats (the least the gate takes) of the busiest 10 s of the window: every run invalid all the same.
+    # Two repeats (the least the gate takes) of the busiest 10 s of the window.
     code = local_gate(
         tmp_path, "release", "--spec", str(spec), "--busiest", "10", "--candidate-args", "max_num_seqs=4"
     )
     assert code == 2, workers.logs()
+    # The first run settled it: the other three were skipped, not run (engine.stop_on_invalid).
+    runs = list(Experiment.objects.get().runs.filter(scenario="").order_by("plan_position"))
+    assert [r.status for r in runs] == ["invalid", "skipped", "skipped", "skipped"], [
+        (r.status, r.reason) for r in runs
+    ]
+    assert "dispatch lag" in runs[0].reason, runs[0].reason
+    assert all(
+        r.reason == f"the answer is inconclusive (run {runs[0].run_id} invalid: {runs[0].reason})"
+        for r in runs[1:]
+    ), [r.reason for r in runs]
     root = ET.parse(tmp_path / "gate.xml").getroot()
     errors = [c for c in root.iter("testcase") if c.find("error") is not None]
     assert len(errors) == 1 and "dispatch lag" in errors[0].find("error").get("message")  # type: ignore[union-attr]

@@ -1,5 +1,6 @@
 """Early stopping in the database (apps/runs/early_stop.py): a candidate that can no longer be
-accepted loses its queued sweep runs, and nothing else is touched."""
+accepted loses its queued sweep runs, and nothing else is touched; with ``engine.stop_on_invalid``
+(a gate's experiment) the first unusable sweep run skips every queued sweep run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from apps.analysis.services import experiment_analyse, experiment_report_build
 from apps.approvals.models import AuditEvent
 from apps.experiments.models import Experiment
-from apps.runs.early_stop import experiment_skip_doomed
+from apps.gate.verdict import gate_verdict
+from apps.runs.early_stop import experiment_skip_after_invalid, experiment_skip_doomed
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
 from apps.workloads.services import trace_store
@@ -182,3 +184,67 @@ def test_the_results_page_shows_the_skipped_runs_and_why(client, viewer):  # typ
     experiment_analyse(experiment_id=experiment.pk)
     after = client.get(f"/experiments/{experiment.pk}/results/").content.decode()
     assert 'id="skipped-cells"' in after and reason in after and "2 skipped" in after
+
+
+def test_with_stop_on_invalid_an_invalid_run_skips_every_queued_sweep_run_and_the_gate_is_inconclusive():
+    experiment = running_experiment(engine={"early_stop": False, "stop_on_invalid": True})
+    finish(sweep(experiment, "C1", 1))
+    bad = sweep(experiment, "B0", 1)
+    bad.mark_invalid(reason="server not idle at the run's start after 30 s: 1 running, 0 waiting, KV 3.0%")
+    claimed = sweep(experiment, "C1", 2)
+    Run.objects.filter(pk=claimed.pk).update(status=Run.Status.STARTING)
+    burst = scenario_copy(sweep(experiment, "C1", 3), "long-burst")
+
+    reason = experiment_skip_after_invalid(experiment_id=experiment.pk, run_pk=bad.pk)
+    assert reason == (
+        f"the answer is inconclusive (run {bad.run_id} invalid: server not idle at the run's start "
+        "after 30 s: 1 running, 0 waiting, KV 3.0%)"
+    )
+    skipped = list(experiment.runs.filter(status=Run.Status.SKIPPED).order_by("plan_position"))
+    queued_sweep = {(r.cell.cell_id, r.repeat) for r in skipped}
+    assert queued_sweep == {("B0", 2), ("B0", 3), ("C1", 3)}
+    assert all(r.reason == reason and r.finished_at is not None for r in skipped)
+    # A claimed run runs on; runs outside the sweep are left to run.
+    assert Run.objects.get(pk=claimed.pk).status == Run.Status.STARTING
+    assert Run.objects.get(pk=burst.pk).status == Run.Status.QUEUED
+    event = AuditEvent.objects.get(action="runs.skipped", experiment=experiment)
+    assert event.detail["run"] == str(bad.run_id) and event.detail["runs"] == [str(r.run_id) for r in skipped]
+    # Nothing is left to skip: a second call changes nothing and audits nothing.
+    assert experiment_skip_after_invalid(experiment_id=experiment.pk, run_pk=bad.pk) is None
+    assert AuditEvent.objects.filter(action="runs.skipped").count() == 1
+
+    # What the gate would have said after every run is what it says now: inconclusive, naming why.
+    report = experiment_report_build(experiment_id=experiment.pk)
+    verdict = gate_verdict(report, candidate="C1")
+    assert verdict["verdict"] == "inconclusive" and verdict["exit_code"] == 2
+    assert any("skipped: " + reason in r for r in verdict["reasons"]), verdict["reasons"]
+    assert any(r.startswith("B0 ") and "invalid" in r for r in verdict["reasons"]), verdict["reasons"]
+
+
+def test_with_stop_on_invalid_a_done_run_over_the_lag_tolerance_skips_the_rest():
+    experiment = running_experiment(engine={"early_stop": False, "stop_on_invalid": True})
+    late = sweep(experiment, "C1", 1)
+    finish(late)
+    tolerance = experiment.workload.max_dispatch_lag_ms
+    Run.objects.filter(pk=late.pk).update(dispatch_lag_p99_ms=tolerance + 1)
+    reason = experiment_skip_after_invalid(experiment_id=experiment.pk, run_pk=late.pk)
+    assert reason == (
+        f"the answer is inconclusive (run {late.run_id} dispatch lag over tolerance "
+        f"(p99 {tolerance + 1:g} ms > {tolerance:g} ms))"
+    )
+    assert not experiment.runs.filter(scenario="", status=Run.Status.QUEUED).exists()
+
+
+def test_a_usable_run_or_the_switch_off_skips_nothing():
+    on = running_experiment(engine={"stop_on_invalid": True})
+    fine = sweep(on, "C1", 1)
+    finish(fine)
+    assert experiment_skip_after_invalid(experiment_id=on.pk, run_pk=fine.pk) is None
+
+    off = running_experiment()
+    assert off.spec["engine"]["stop_on_invalid"] is False
+    bad = sweep(off, "B0", 1)
+    bad.mark_failed(reason="vLLM exited with status 1 during startup")
+    assert experiment_skip_after_invalid(experiment_id=off.pk, run_pk=bad.pk) is None
+    for experiment in (on, off):
+        assert not experiment.runs.filter(status=Run.Status.SKIPPED).exists()
