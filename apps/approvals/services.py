@@ -276,6 +276,31 @@ def scenario_evidence(
     return out
 
 
+# An approval's verdict -> the experiment's status after it.
+VERDICT_STATUS = {
+    Approval.Verdict.APPROVED: Experiment.Status.APPROVED,
+    Approval.Verdict.REJECTED: Experiment.Status.REJECTED,
+}
+
+
+def _record_verdict(
+    experiment: Experiment, approver: Any, *, verdict: str, chosen_cell: str, reason: str, status_reason: str
+) -> Approval:
+    """The Approval row of a verdict and the experiment's new status (inside the caller's
+    transaction, on the locked experiment)."""
+    approval = Approval.objects.create(
+        experiment=experiment,
+        approver=approver,
+        verdict=verdict,
+        chosen_cell=chosen_cell,
+        reason=reason.strip(),
+    )
+    experiment.status = VERDICT_STATUS[Approval.Verdict(verdict)]
+    experiment.status_reason = status_reason
+    experiment.save(update_fields=["status", "status_reason", "updated_at"])
+    return approval
+
+
 @transaction.atomic
 def experiment_approve(
     *,
@@ -364,20 +389,18 @@ def experiment_approve(
             "at": now.isoformat(),
         },
     )
-    approval = Approval.objects.create(
-        experiment=experiment,
-        approver=approver,
+    approval = _record_verdict(
+        experiment,
+        approver,
         verdict=Approval.Verdict.APPROVED,
         chosen_cell=chosen_cell,
-        reason=reason.strip(),
+        reason=reason,
+        status_reason=f"approved {chosen_cell} by {approver.get_username()}",
     )
     sha = mf.content_sha256(content)
     manifest = RollbackManifest.objects.create(
         experiment=experiment, approval=approval, content=content, sha256=sha, **mf.files(content, sha)
     )
-    experiment.status = Experiment.Status.APPROVED
-    experiment.status_reason = f"approved {chosen_cell} by {approver.get_username()}"
-    experiment.save(update_fields=["status", "status_reason", "updated_at"])
     audit_record(
         action="experiment.approved",
         actor=approver,
@@ -406,16 +429,14 @@ def experiment_reject(*, experiment: Experiment, approver: Any, reason: str) -> 
     if not reason.strip():
         raise ApprovalError("give a reason for the rejection")
     b0 = experiment.cells.get(role=ServerConfig.Role.BASELINE)
-    approval = Approval.objects.create(
-        experiment=experiment,
-        approver=approver,
+    approval = _record_verdict(
+        experiment,
+        approver,
         verdict=Approval.Verdict.REJECTED,
         chosen_cell=b0.cell_id,
-        reason=reason.strip(),
+        reason=reason,
+        status_reason=f"rejected by {approver.get_username()}",
     )
-    experiment.status = Experiment.Status.REJECTED
-    experiment.status_reason = f"rejected by {approver.get_username()}"
-    experiment.save(update_fields=["status", "status_reason", "updated_at"])
     audit_record(
         action="experiment.rejected",
         actor=approver,

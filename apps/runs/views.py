@@ -9,6 +9,7 @@ from django.shortcuts import get_object_or_404, render
 
 from apps.analysis import charts
 from apps.experiments import selectors
+from apps.experiments.models import RequestClass
 from apps.experiments.views import require_reader
 from apps.runs.models import Run
 from apps.runs.selectors import run_record
@@ -23,6 +24,29 @@ def _report_entry(run: Run) -> dict[str, Any] | None:
     return next((r for r in (decision.report or {}).get("runs", []) if str(r.get("key")) == key), None)
 
 
+# The run page's per-request histograms: metric, title, the class contract drawn on it.
+LATENCY_CHARTS = (
+    ("ttft", "Time to first token, per request", "ttft_p99_ms"),
+    ("e2e", "End-to-end latency, per request", "e2e_p99_ms"),
+)
+
+
+def _latency_chart(
+    run: Run, classes: list[RequestClass], metric: str, title: str, limit: str
+) -> dict[str, Any] | None:
+    """One metric's histogram over the run's requests, with each class's contract; None when
+    no request has that metric."""
+    histogram = selectors.latency_histogram(run=run, metric=metric)
+    if not histogram["series"]:
+        return None
+    return charts.request_histogram(
+        histogram=histogram,
+        classes=[c.name for c in classes],
+        title=title,
+        contracts={c.name: getattr(c, limit) for c in classes},
+    )
+
+
 def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
     require_reader(request)
     run = get_object_or_404(
@@ -31,8 +55,6 @@ def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
     experiment = run.experiment
     classes = list(experiment.classes.all())
     names = [c.name for c in classes]
-    ttft = selectors.latency_histogram(run=run, metric="ttft")
-    e2e = selectors.latency_histogram(run=run, metric="e2e")
     gauges = selectors.gauge_series(run=run)
     entry = _report_entry(run)
     context = {
@@ -41,22 +63,10 @@ def run_detail(request: HttpRequest, run_id: Any) -> HttpResponse:
         "classes": classes,
         "class_colours": charts.class_colours(names),
         "outcomes": selectors.record_outcomes(run=run),
-        "ttft_chart": charts.request_histogram(
-            histogram=ttft,
-            classes=names,
-            title="Time to first token, per request",
-            contracts={c.name: c.ttft_p99_ms for c in classes},
-        )
-        if ttft["series"]
-        else None,
-        "e2e_chart": charts.request_histogram(
-            histogram=e2e,
-            classes=names,
-            title="End-to-end latency, per request",
-            contracts={c.name: c.e2e_p99_ms for c in classes},
-        )
-        if e2e["series"]
-        else None,
+        **{
+            f"{metric}_chart": _latency_chart(run, classes, metric, title, limit)
+            for metric, title, limit in LATENCY_CHARTS
+        },
         "gauge_chart": charts.run_gauges(series=gauges) if gauges else None,
         "report_entry": entry,
         "report_classes": sorted(
