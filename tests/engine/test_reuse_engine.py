@@ -3,9 +3,9 @@
 One round of B0 and C1 at two rates, prefix caching on: each cell's server starts once and
 replays both of its traces back to back. Between the two, the idle check waits for the
 server to be idle, resets its prefix cache and is recorded with the run. C1's server is
-left busy on purpose as its second trace is due (long requests kept in flight until the
-check returns), so that run finds it busy and is invalid, saying so, while B0's second run
-is done.
+left busy on purpose as its second trace is due (long requests queued behind one another,
+seen on /metrics before the check starts), so that run finds it busy and is invalid, saying
+so, while B0's second run is done.
 """
 
 from __future__ import annotations
@@ -64,30 +64,33 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
     busy: list[threading.Thread] = []
     seen: dict[str, Any] = {}
     checks: list[dict[str, Any]] = []
-    done_checking = threading.Event()
+    answers: list[str] = []
     real = pipeline._idle_check
 
     def idle_check(base_url: str, *, kv_idle: float | None, **kwargs: Any) -> dict[str, Any]:
         c1 = Run.objects.filter(experiment=experiment, cell__cell_id="C1", status__in=Run.ACTIVE).exists()
         if not (c1 and kv_idle is not None and not busy):
             return real(base_url, kv_idle=kv_idle, **kwargs)
-        # C1's server left busy on purpose as its second trace is about to start. The work never
-        # runs out while the check goes on: three senders keep long requests (about 12 s each
-        # here, one decoding at a time) in flight until it returns, however slowly this starved
-        # process and the server's /metrics answer. The check starts once the scheduler shows one
-        # running (its gauges only see admitted requests).
+        # C1's server left busy on purpose as its second trace is about to start: four long
+        # requests (8000 tokens each, tens of seconds) sent at once to a server that decodes one
+        # at a time. The check starts once the scheduler shows one running and another waiting
+        # behind it (its gauges only see admitted requests), so the work cannot run out during
+        # the check's 2 s however slowly this starved process gets to poll. What each request
+        # got back is kept: a request the server refused would show there.
         model = httpx.get(base_url + "/v1/models", timeout=60).json()
         body = {"model": model["data"][0]["id"], "prompt": [7] * 32, "max_tokens": 8000, "min_tokens": 8000,
                 "ignore_eos": True}  # fmt: skip
 
         def send() -> None:
-            while not done_checking.is_set():
-                try:
-                    httpx.post(base_url + "/v1/completions", json=body, timeout=300)
-                except httpx.HTTPError:
-                    return  # the server was stopped
+            try:
+                response = httpx.post(base_url + "/v1/completions", json=body, timeout=600)
+                answers.append(
+                    f"{response.status_code} {response.text[:300] if response.status_code != 200 else ''}"
+                )
+            except httpx.HTTPError as exc:
+                answers.append(f"{type(exc).__name__}: {exc}")  # the server was stopped
 
-        for _ in range(3):
+        for _ in range(4):
             thread = threading.Thread(target=send, daemon=True)
             thread.start()
             busy.append(thread)
@@ -95,13 +98,10 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
                 seen.update(gauges_now(client, base_url))
-                if (seen["running"] or 0) >= 1:
+                if (seen["running"] or 0) >= 1 and (seen["waiting"] or 0) >= 1:
                     break
                 time.sleep(0.05)
-        try:
-            checks.append(real(base_url, kv_idle=kv_idle, **kwargs))
-        finally:
-            done_checking.set()
+        checks.append(real(base_url, kv_idle=kv_idle, **kwargs))
         return checks[-1]
 
     monkeypatch.setattr(pipeline, "_idle_check", idle_check)
@@ -133,7 +133,10 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
             assert check["prefix_cache_reset"] is True
             assert RequestRecord.objects.filter(run=second).count() == second.requests_planned
         else:
-            assert (seen.get("running") or 0) >= 1, f"the test could not make C1's server busy: {seen}"
+            made_busy = (seen.get("running") or 0) >= 1 and (seen.get("waiting") or 0) >= 1
+            assert made_busy, (
+                f"the test could not make C1's server busy: {json.dumps(seen)}, answers {answers}"
+            )
             assert second.status == "invalid", (check, second.summary["engine_time"])
             assert second.reason.startswith("server not idle at the run's start"), second.reason
             # The check's last reading says why it gave up: requests in the engine, KV held above
