@@ -126,6 +126,7 @@ def gate_verdict(
     worse = _holm_worse(comps, family_alpha)
 
     unanswered = _unanswered(report)
+    error_rates = _error_rates(report)
     cases: list[GateCase] = []
     unjudged_classes = []
     for name in names:
@@ -179,6 +180,14 @@ def gate_verdict(
                 )
             elif broken:
                 messages.append("breaks its contract, as B0 does (not a regression)")
+            if shown is None and metric == "error_rate":
+                # A contract with no paired difference: show each side's pooled error rate.
+                shown = {
+                    "b0": error_rates.get((baseline, name)),
+                    "candidate": error_rates.get((candidate, name)),
+                    "diff": None,
+                    "ci": None,
+                }
             if outcome == "pass" and not judged_any and not broken:
                 outcome = "skipped" if metric != "error_rate" else "pass"
                 if metric == "error_rate":
@@ -254,6 +263,26 @@ def _unanswered(report: StoredReport) -> dict[tuple[str, str], Unanswered]:
                 int(counts.get(k, 0)) for k in ("unsent", "rejected", "errors", "timeouts")
             )
     return out
+
+
+def _error_rates(report: StoredReport) -> dict[tuple[str, str], float]:
+    """Per (cell, class), the error rate pooled over its done runs, as the acceptance check
+    counts it (apps/analysis/metrics.py): not validated, out of offered, client cancellations
+    left out of both."""
+    failed: dict[tuple[str, str], int] = defaultdict(int)
+    base: dict[tuple[str, str], int] = defaultdict(int)
+    for run in report.get("runs") or []:
+        if run.get("status") != "done":
+            continue
+        for name, metrics in (run.get("classes") or {}).items():
+            counts = (metrics or {}).get("counts") or {}
+            if "validated" not in counts:
+                continue
+            key = (str(run.get("cell")), str(name))
+            offered, cancelled = int(counts.get("offered", 0)), int(counts.get("cancelled", 0))
+            failed[key] += offered - int(counts["validated"]) - cancelled
+            base[key] += offered - cancelled
+    return {key: round(failed[key] / n, 6) for key, n in base.items() if n}
 
 
 def _material_harm(v: Mapping[str, Any]) -> bool:

@@ -266,3 +266,21 @@ def test_a_candidate_that_breaks_its_quality_contract_is_a_regression() -> None:
     assert v["verdict"] == "regression" and v["exit_code"] == 1
     case = next(c for c in v["cases"] if c["metric"] == "quality")
     assert case["class"] == "short" and case["outcome"] == "fail" and "quality contract" in case["message"]
+
+
+def test_an_error_rate_case_shows_each_sides_pooled_rate() -> None:
+    from clients.tailtune_gate import case_line
+
+    r = with_failures(report(), "C1", [failure("short", ["error_rate"])])
+
+    def run(cell: str, offered: int, validated: int, cancelled: int = 0, status: str = "done") -> dict:
+        counts = {"offered": offered, "validated": validated, "cancelled": cancelled}
+        return {"cell": cell, "status": status, "classes": {"short": {"counts": counts}}}
+
+    # Pooled over done runs as acceptance counts it: 14 of 200 for C1 (2 cancelled left out), 0 for B0.
+    r["runs"] = [run("C1", 100, 90), run("C1", 102, 96, cancelled=2), run("C1", 50, 0, status="invalid")]
+    r["runs"] += [run("B0", 100, 100), run("B0", 100, 100)]
+    case = next(c for c in gate_verdict(r)["cases"] if (c["class"], c["metric"]) == ("short", "error_rate"))
+    assert case["outcome"] == "fail"
+    assert (case["b0"], case["candidate"]) == (0.0, 0.07)
+    assert "B0 0, candidate 0.07" in case_line(case), case_line(case)
