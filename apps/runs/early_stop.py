@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from functools import lru_cache
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -90,6 +91,32 @@ def _bounds(
             except (TraceNotFound, ValueError) as exc:
                 log.warning("early stop: no cohort bound from trace %s: %s", name, exc)
     return out
+
+
+def _skip_queued(
+    experiment: Experiment, pending: list[int], *, reason: str, target: str, detail: dict[str, Any]
+) -> int:
+    """Skip the runs of ``pending`` that are still queued, with ``reason``, and audit them as
+    ``runs.skipped`` (``detail`` plus the reason and the runs skipped, in plan order). One
+    conditional update: a run a host claimed meanwhile is left to run. Returns how many."""
+    now = timezone.now()
+    with transaction.atomic():
+        n = Run.objects.filter(pk__in=pending, status=Run.Status.QUEUED).update(
+            status=Run.Status.SKIPPED, reason=reason, finished_at=now, updated_at=now
+        )
+        if n:
+            runs = (
+                Run.objects.filter(pk__in=pending, status=Run.Status.SKIPPED)
+                .order_by("plan_position", "id")
+                .values_list("run_id", flat=True)
+            )
+            audit_record(
+                action="runs.skipped",
+                experiment=experiment,
+                target=target,
+                detail={**detail, "reason": reason, "runs": [str(k) for k in runs]},
+            )
+    return n
 
 
 def experiment_skip_doomed(*, experiment_id: int, cell_id: str | None = None) -> dict[str, str]:
@@ -176,44 +203,32 @@ def experiment_skip_doomed(*, experiment_id: int, cell_id: str | None = None) ->
     skipped: dict[str, str] = {}
     cell_pk = {r.cell.cell_id: r.cell_id for r in runs}
     for cell, why in sorted(found.items()):
-        now = timezone.now()
-        with transaction.atomic():
-            pending = list(
-                Run.objects.filter(
-                    experiment_id=experiment_id, cell_id=cell_pk[cell], scenario="", status=Run.Status.QUEUED
-                )
-                .exclude(cell__role="baseline")
-                .values_list("pk", flat=True)
+        pending = (
+            Run.objects.filter(
+                experiment_id=experiment_id, cell_id=cell_pk[cell], scenario="", status=Run.Status.QUEUED
             )
-            # Conditional on "queued": a run a host claimed meanwhile is left to run.
-            n = Run.objects.filter(pk__in=pending, status=Run.Status.QUEUED).update(
-                status=Run.Status.SKIPPED, reason=why["reason"], finished_at=now, updated_at=now
-            )
-            if not n:
-                continue
-            audit_record(
-                action="runs.skipped",
-                experiment=experiment,
-                target=cell,
-                detail={
-                    "cell": cell,
-                    "reason": why["reason"],
-                    "run": why["run"],
-                    "mixture": why["mixture"],
-                    "rate": why["rate"],
-                    "class": why["class"],
-                    "metric": why["metric"],
-                    "over": why["over"],
-                    "most_to_come": why["most_to_come"],
-                    "p_value": why["p_value"],
-                    "runs": [
-                        str(k)
-                        for k in Run.objects.filter(pk__in=pending, status=Run.Status.SKIPPED)
-                        .order_by("plan_position", "id")
-                        .values_list("run_id", flat=True)
-                    ],
-                },
-            )
+            .exclude(cell__role="baseline")
+            .values_list("pk", flat=True)
+        )
+        n = _skip_queued(
+            experiment,
+            list(pending),
+            reason=why["reason"],
+            target=cell,
+            detail={
+                "cell": cell,
+                "run": why["run"],
+                "mixture": why["mixture"],
+                "rate": why["rate"],
+                "class": why["class"],
+                "metric": why["metric"],
+                "over": why["over"],
+                "most_to_come": why["most_to_come"],
+                "p_value": why["p_value"],
+            },
+        )
+        if not n:
+            continue
         log.info("early stop: %s skipped %d runs of %s: %s", experiment_id, n, cell, why["reason"])
         skipped[cell] = why["reason"]
     return skipped
@@ -249,29 +264,15 @@ def experiment_skip_after_invalid(*, experiment_id: int, run_pk: int) -> str | N
     if why is None:
         return None
     reason = f"the answer is inconclusive (run {run.run_id} {why})"
-    now = timezone.now()
-    with transaction.atomic():
-        queued = Run.objects.filter(experiment_id=experiment_id, scenario="", status=Run.Status.QUEUED)
-        pending = list(queued.values_list("pk", flat=True))
-        n = Run.objects.filter(pk__in=pending, status=Run.Status.QUEUED).update(
-            status=Run.Status.SKIPPED, reason=reason, finished_at=now, updated_at=now
-        )
-        if not n:
-            return None
-        audit_record(
-            action="runs.skipped",
-            experiment=experiment,
-            target=str(run.run_id),
-            detail={
-                "reason": reason,
-                "run": str(run.run_id),
-                "runs": [
-                    str(k)
-                    for k in Run.objects.filter(pk__in=pending, status=Run.Status.SKIPPED)
-                    .order_by("plan_position", "id")
-                    .values_list("run_id", flat=True)
-                ],
-            },
-        )
+    queued = Run.objects.filter(experiment_id=experiment_id, scenario="", status=Run.Status.QUEUED)
+    n = _skip_queued(
+        experiment,
+        list(queued.values_list("pk", flat=True)),
+        reason=reason,
+        target=str(run.run_id),
+        detail={"run": str(run.run_id)},
+    )
+    if not n:
+        return None
     log.info("stop on invalid: %s skipped %d runs: %s", experiment_id, n, reason)
     return reason
