@@ -266,23 +266,21 @@ def _unanswered(report: StoredReport) -> dict[tuple[str, str], Unanswered]:
 
 
 def _error_rates(report: StoredReport) -> dict[tuple[str, str], float]:
-    """Per (cell, class), the error rate pooled over its done runs, as the acceptance check
-    counts it (apps/analysis/metrics.py): not validated, out of offered, client cancellations
-    left out of both."""
+    """Per (cell, class), the error rate pooled over its done runs: the sum of each run's
+    ``over_limit`` error-rate pair [failed, judged] (apps/analysis/metrics.over_limit), the
+    counts the acceptance check pools."""
     failed: dict[tuple[str, str], int] = defaultdict(int)
-    base: dict[tuple[str, str], int] = defaultdict(int)
+    judged: dict[tuple[str, str], int] = defaultdict(int)
     for run in report.get("runs") or []:
         if run.get("status") != "done":
             continue
         for name, metrics in (run.get("classes") or {}).items():
-            counts = (metrics or {}).get("counts") or {}
-            if "validated" not in counts:
-                continue
-            key = (str(run.get("cell")), str(name))
-            offered, cancelled = int(counts.get("offered", 0)), int(counts.get("cancelled", 0))
-            failed[key] += offered - int(counts["validated"]) - cancelled
-            base[key] += offered - cancelled
-    return {key: round(failed[key] / n, 6) for key, n in base.items() if n}
+            pair = ((metrics or {}).get("over_limit") or {}).get("error_rate")
+            if pair:
+                key = (str(run.get("cell")), str(name))
+                failed[key] += int(pair[0])
+                judged[key] += int(pair[1])
+    return {key: round(failed[key] / n, 6) for key, n in judged.items() if n}
 
 
 def _material_harm(v: Mapping[str, Any]) -> bool:

@@ -273,13 +273,13 @@ def test_an_error_rate_case_shows_each_sides_pooled_rate() -> None:
 
     r = with_failures(report(), "C1", [failure("short", ["error_rate"])])
 
-    def run(cell: str, offered: int, validated: int, cancelled: int = 0, status: str = "done") -> dict:
-        counts = {"offered": offered, "validated": validated, "cancelled": cancelled}
-        return {"cell": cell, "status": status, "classes": {"short": {"counts": counts}}}
+    def run(cell: str, failed: int, judged: int, status: str = "done") -> dict:
+        over_limit = {"ttft": [0, judged], "error_rate": [failed, judged]}
+        return {"cell": cell, "status": status, "classes": {"short": {"over_limit": over_limit}}}
 
-    # Pooled over done runs as acceptance counts it: 14 of 200 for C1 (2 cancelled left out), 0 for B0.
-    r["runs"] = [run("C1", 100, 90), run("C1", 102, 96, cancelled=2), run("C1", 50, 0, status="invalid")]
-    r["runs"] += [run("B0", 100, 100), run("B0", 100, 100)]
+    # Pooled over done runs as acceptance pools them: 14 of 200 for C1, 0 for B0.
+    r["runs"] = [run("C1", 10, 100), run("C1", 4, 100), run("C1", 50, 50, status="invalid")]
+    r["runs"] += [run("B0", 0, 100), run("B0", 0, 100)]
     case = next(c for c in gate_verdict(r)["cases"] if (c["class"], c["metric"]) == ("short", "error_rate"))
     assert case["outcome"] == "fail"
     assert (case["b0"], case["candidate"]) == (0.0, 0.07)
