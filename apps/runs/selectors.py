@@ -182,6 +182,7 @@ def run_record(run: Any) -> dict[str, Any]:
         dispatch_lag_p50_ms=run.dispatch_lag_p50_ms,
         dispatch_lag_max_ms=run.dispatch_lag_max_ms,
         loop_stall_max_ms=summary.get("loop_stall_max_ms"),
+        send_priority=summary.get("send_priority"),
         achieved_rate_rps=run.achieved_rate_rps,
         started_at=_iso(run.started_at),
         finished_at=_iso(run.finished_at),

@@ -41,6 +41,19 @@ def test_it_returns_every_record_once_through_batches(mock_server: MockServer) -
     assert result.sent == 20 and result.valid
 
 
+def test_the_result_says_the_send_loops_scheduling_class(
+    mock_server: MockServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = make_requests(4, spacing_s=0.01, output_tokens=2)
+    result = run_replay(requests, base_url=mock_server.base_url, observation_s=0.1, **OPTIONS)
+    # As the child reported it (test_runtime.py checks the report against the kernel).
+    assert result.send_priority == "realtime" or str(result.send_priority).startswith("normal (")
+    assert result.summary()["send_priority"] == result.send_priority
+    monkeypatch.setenv("TAILTUNE_REPLAY_REALTIME", "0")
+    result = run_replay(requests, base_url=mock_server.base_url, observation_s=0.1, **OPTIONS)
+    assert result.send_priority == "normal (TAILTUNE_REPLAY_REALTIME=0)"
+
+
 def test_it_stops_when_asked(mock_server: MockServer) -> None:
     requests = make_requests(200, spacing_s=0.05, output_tokens=5)  # 10 s of traffic
     stop = threading.Event()

@@ -42,6 +42,9 @@ class ReplayResult:
     # The longest time the event loop could not run during the replay (None: not measured,
     # e.g. sharded). A stall holds back sends and stamps every frame read after it late.
     loop_stall_max_ms: float | None = None
+    # The send loop's scheduling class ("realtime", or "normal (why)"); None for a loop in the
+    # caller's own process (runtime.realtime_send_loop).
+    send_priority: str | None = None
     # A recovery rehearsal's own facts (workers/replay/rehearsal.py): the switch, B0 ready, cuts.
     rehearsal: dict[str, Any] | None = None
     # The fields every request body carried besides its own (the sampling settings): what the
@@ -126,4 +129,5 @@ def summarise(replay: Any, *, tolerance_ms: float, duration_s: float) -> ReplayR
         loop_stall_max_ms=(
             round(replay.loop_stall_max_ns / 1e6, 3) if hasattr(replay, "loop_stall_max_ns") else None
         ),
+        send_priority=getattr(replay, "send_priority", None),
     )

@@ -1,4 +1,5 @@
-"""The replay process's own conditions: spare connections for bursts, a quiet interpreter, file limits.
+"""The replay process's own conditions: spare connections for bursts, a quiet interpreter, file
+limits, and the scheduling class of a send-loop process.
 
 Pure helpers of the send loop (:mod:`workers.replay.client`), kept apart so the loop module
 holds only the loop.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import resource
 import sys
 from collections.abc import Iterator, Sequence
@@ -15,6 +17,8 @@ from collections.abc import Iterator, Sequence
 # A burst is the requests due within this span (the spare connections kept open for it).
 BURST_WINDOW_NS = 250_000_000
 _SWITCH_INTERVAL_S = 0.0005
+# Set to 0 on a host where the send loop must stay in the normal scheduling class.
+REALTIME_ENV = "TAILTUNE_REPLAY_REALTIME"
 
 
 def burst_size(planned_ns: Sequence[int], window_ns: int | None = None) -> int:
@@ -61,3 +65,27 @@ def raise_fd_limit() -> None:
             resource.setrlimit(
                 resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard)
             )
+
+
+def realtime_send_loop() -> str:
+    """Put this process in the real-time class (SCHED_FIFO, the lowest priority); what it got.
+
+    Why: on a host whose cores the engine saturates, the kernel has been measured to leave a
+    normal-class thread waiting seconds for a core, nice -15 included, while a SCHED_FIFO one
+    never waited more than a few ms (bench/results/send_priority.md). A send loop that waits
+    sends late, and the run is invalid for it. The loop sleeps between sends and uses a small
+    part of a core, and the kernel keeps 5% of each second for the normal class whatever
+    real-time threads do.
+
+    Call it before the process starts any thread: threads inherit the class of the thread that
+    creates them, so the loop and its batcher (which can hold the interpreter lock) share it.
+    Returns ``"realtime"``, or ``"normal"`` with why (not permitted: the worker lacks
+    CAP_SYS_NICE; or turned off with ``TAILTUNE_REPLAY_REALTIME=0``).
+    """
+    if os.environ.get(REALTIME_ENV, "1") == "0":
+        return f"normal ({REALTIME_ENV}=0)"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(os.sched_get_priority_min(os.SCHED_FIFO)))
+    except (AttributeError, OSError) as exc:
+        return f"normal (real-time scheduling refused: {exc.strerror if isinstance(exc, OSError) else exc})"
+    return "realtime"

@@ -21,13 +21,15 @@ children of that kind.
 1. The parent starts every child and writes its job on its stdin:
    ``{"requests": [...], "options": {...}}`` (``options`` as :class:`_Replay` takes them,
    with ``rehearsal`` for a recovery rehearsal's client).
-2. Each child builds its replay, opens its spare connections and answers
+2. Each child first asks for the real-time scheduling class (:func:`runtime.realtime_send_loop`),
+   then builds its replay, opens its spare connections and answers
    ``{"ready": true}``.
 3. Once every child is ready, the parent writes ``{"origin_ns": N}`` to each (the
    caller's origin, or one a moment ahead): no child start-up is counted as lateness.
 4. A child prints ``{"batch": [...], "sent": n}`` as its records finish, ``{"sent": n}``
    as it sends (for the caller's progress), then
-   ``{"done": {...}}`` (stopped, notes, its longest loop stall, a rehearsal's facts), or
+   ``{"done": {...}}`` (stopped, notes, its longest loop stall, its scheduling class, a
+   rehearsal's facts), or
    ``{"error": "..."}``.
 5. Closing a child's stdin asks it to stop (the caller's ``stop``); a parent that dies
    closes it too. Requests of a child that dies before reporting them are marked not
@@ -54,6 +56,7 @@ from workers.replay.records import RequestRecord
 from workers.replay.rehearsal import RehearsalReplay
 from workers.replay.request import new_record
 from workers.replay.result import ReplayResult, summarise
+from workers.replay.runtime import realtime_send_loop
 
 perf_ns = time.perf_counter_ns
 
@@ -89,6 +92,7 @@ class Sharded:
         self.notes: list[str] = []
         self.stopped = False
         self.loop_stall_max_ns = 0
+        self.send_priority: str | None = None
         self.sent_by_shard: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -214,6 +218,9 @@ def run_in_processes(
         closing = child.closing or {}
         state.notes.extend(closing.get("notes", []))
         state.loop_stall_max_ns = max(state.loop_stall_max_ns, closing.get("loop_stall_max_ns", 0))
+        priority = closing.get("send_priority")
+        if priority and state.send_priority in (None, "realtime"):
+            state.send_priority = priority  # any child left in the normal class says so
         rehearsal = rehearsal or closing.get("rehearsal")
         if child.error:
             state.notes.append(f"load generator process {child.k}: {child.error}")
@@ -284,6 +291,8 @@ def _mark_lost(state: Sharded, children: list[_Child]) -> None:
 
 
 def _child_main() -> int:
+    # First, before any thread starts: every thread of this process inherits the class.
+    priority = realtime_send_loop()
     stdin = sys.stdin
     out: IO[str] = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the protocol's stream
@@ -343,6 +352,7 @@ def _child_main() -> int:
         "notes": replay.notes,
         "sent": replay.sent_count,
         "loop_stall_max_ns": replay.loop_stall_max_ns,
+        "send_priority": priority,
         "rehearsal": replay.facts() if isinstance(replay, RehearsalReplay) else None,
     }
     emit({"done": closing})
