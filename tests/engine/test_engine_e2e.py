@@ -21,6 +21,7 @@ from workers.engine import procs
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.scrape import Scraper, counter_delta, gauge_series
 from workers.engine.server import EngineFailed, EngineServer
+from workers.replay.run import run_replay
 
 pytestmark = ENGINE_MARKS
 
@@ -104,10 +105,12 @@ def test_it_fails_fast_with_vllms_own_error_when_vllm_rejects_the_args(tmp_path)
 
 # Preemption by construction: the 6 MiB KV cache holds 6,144 tokens, and each long request
 # grows to 1,500 + 2,500 = 4,000 tokens, so any two of them decoding at once overflow it. Eight
-# are sent together and each decodes for seconds. How many the server admits at once is up to
-# a shared machine (the API server competes with the engine for two cores): with six requests of
-# 2,000 tokens, runs that saw at most one running at a time and no preemption appeared on a
-# faster host (two of three tries), so the requests are longer and more.
+# are sent together and each decodes for seconds. A second one admitted before the first has
+# decoded about 1,850 tokens guarantees a preemption (the two then outgrow the cache before the
+# first ends), so the sends must not drift apart: they go out from the load generator's process
+# at one planned instant. With six requests of 2,000 tokens, runs that saw at most one running
+# at a time and no preemption appeared on a faster host (two of three tries), so the requests
+# are longer and more.
 LONG_COUNT = 8
 
 
@@ -135,19 +138,36 @@ def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(
             scraper.scrape("before")
             scraper.start_during()
             results = [stream_completion(server.base_url, prompt_of(64, i), 24) for i in range(3)]
-            with ThreadPoolExecutor(max_workers=LONG_COUNT) as pool:
-                futures = [
-                    pool.submit(stream_completion, server.base_url, prompt_of(1500, i * 7), LONG_OUTPUT)
-                    for i in range(LONG_COUNT)
-                ]
+            # All at one planned instant, through the load generator's own process: it runs in
+            # the real-time class where the host allows it, so the sends leave within
+            # milliseconds of each other even while the engine saturates the cores (threads of
+            # this process were measured seconds apart then: bench/results/send_priority.md).
+            burst = [
+                {"t_offset_s": 0.0, "prompt_token_ids": prompt_of(1500, i * 7), "output_tokens": LONG_OUTPUT}
+                for i in range(LONG_COUNT)
+            ]
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                replay = pool.submit(
+                    run_replay,
+                    burst,
+                    base_url=server.base_url,
+                    model="tiny",
+                    run_id="preempt",
+                    warmup_s=0.0,
+                    observation_s=1.0,
+                    drain_deadline_s=240.0,
+                    max_dispatch_lag_ms=1000.0,
+                    extra_body={"temperature": 0.0},
+                    isolated=True,
+                )
                 # Besides the background thread's timed scrapes (which a loaded machine can
                 # delay past a short burst), scrape while the burst is surely in flight.
-                while not all(f.done() for f in futures):
+                while not replay.done():
                     rows = scraper.scrape("during")
                     if any(r["name"] == "vllm:num_requests_running" and r["value"] > 0 for r in rows):
                         break
                     time.sleep(0.1)  # preempted requests go back to waiting: keep looking until one runs
-                long_runs = [f.result() for f in futures]
+                long_runs = replay.result().records
             scraper.stop_during()
             scraper.scrape("after")
         samples = scraper.samples
@@ -156,7 +176,7 @@ def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(
             assert r["usage"]["completion_tokens"] == 24 and r["usage"]["prompt_tokens"] == 64
             assert r["first"] is not None and r["first"] > r["sent"] and r["last"] >= r["first"]
             assert r["chunks"] >= 1
-        assert all(r["usage"]["completion_tokens"] == LONG_OUTPUT for r in long_runs)
+        assert all(r.ok and r.output_tokens == LONG_OUTPUT for r in long_runs), [r.error for r in long_runs]
         assert {s["phase"] for s in samples} == {"before", "during", "after"}
         assert {s["epoch"] for s in samples} == {0}
         assert counter_delta(samples, "vllm:generation_tokens_total") == 3 * 24 + LONG_COUNT * LONG_OUTPUT
@@ -164,13 +184,15 @@ def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(
         assert counter_delta(samples, "vllm:prompt_tokens_total") == 3 * 64 + LONG_COUNT * 1500
         # If none was preempted, say what the engine and the clients saw (a string: pytest prints
         # all of it): how many ran and waited at once, the KV use, and when each long request was
-        # sent, first answered and done, in seconds from the first send.
-        t0 = min(r["sent"] for r in long_runs)
+        # sent, first answered and done, in seconds from the planned instant.
         seen = {
             name: max((v for _, _, _, v in gauge_series(samples, name)), default=None)
             for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
         }
-        spans = [[round((r[k] - t0) / 1e9, 2) for k in ("sent", "first", "last")] for r in long_runs]
+        spans = [
+            [round((t or 0) / 1e9, 2) for t in (r.sent_ns, r.first_token_ns, r.last_token_ns)]
+            for r in long_runs
+        ]
         diagnosis = json.dumps({"max": seen, "spans": spans, "scrapes": len(samples)})
         assert counter_delta(samples, "vllm:num_preemptions_total") > 0, diagnosis
         assert (seen["vllm:num_requests_running"] or 0) > 0, diagnosis

@@ -164,9 +164,11 @@ def test_a_starved_candidate_fails_the_gate_and_names_the_class(
     # queue that grows through the window in every repeat (the contracts B0 keeps break). At half
     # the rate this machine served even one slot with p95s only 1.3-2.7x B0's, which two repeats
     # cannot tell from a run slow as a whole (docs/GATE.md, bench/results/gate_power.md): the
-    # gate then rightly said pass. Against the queued server this 2-core host's client sends up
-    # to 7 s late (measured in CI; B0's runs stay within 5 s): the claim here is the verdict, and
-    # late sends only understate the candidate's harm, so its tolerance is wide.
+    # gate then rightly said pass. The queued server saturates this 2-core host, which then left
+    # a normal-class send loop waiting up to 20 s for a core (sends 31 s late in CI); the loop
+    # runs in the real-time class here and stays within milliseconds
+    # (bench/results/send_priority.md). The wide tolerance keeps the claim, the verdict, on a
+    # host that refuses that class: late sends only understate the candidate's harm.
     spec = gate_file(tmp_path, max_dispatch_lag_ms=30000)
     code = local_gate(tmp_path, "release", "--spec", str(spec), "--candidate-args", "max_num_seqs=1", every=1)
     experiment = Experiment.objects.get()
