@@ -31,6 +31,13 @@ def rounded(x: float | None) -> float | None:
     return float(round(x, 6))
 
 
+def lag_over_tolerance(lag_p99_ms: float | None, max_lag_ms: float | None) -> bool:
+    """Whether a run's load generator fell behind: its dispatch lag p99 over the workload's
+    tolerance (no tolerance, or no lag measured: not over). The one statement of the rule, for
+    the validity check and for a gate that stops at its first unusable run (early_stop.unusable)."""
+    return lag_p99_ms is not None and max_lag_ms is not None and lag_p99_ms > max_lag_ms
+
+
 def validity_check(
     *,
     experiment: Mapping[str, Any],
@@ -178,7 +185,7 @@ def validity_check(
             lag = run.get("lateness_ms", {}).get("p99")
         if lag is not None and (worst_lag is None or lag > worst_lag):
             worst_lag = float(lag)
-        if lag is not None and lag > max_lag:
+        if lag_over_tolerance(lag, max_lag):
             add(cell, "dispatch lag over tolerance", combo, p99_ms=lag, tolerance_ms=max_lag)
 
     invalid = sorted({p["cell"] for p in problems if p["problem"] != "duplicate runs"})

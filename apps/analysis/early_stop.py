@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from apps.analysis import inference, metrics
+from apps.analysis.checks import lag_over_tolerance
 from apps.analysis.columns import RecordTable
 
 # The contract keys in the order acceptance judges them, and a p99 limit's allowed share.
@@ -243,6 +244,6 @@ def unusable(*, status: str, reason: str, lag_p99_ms: float | None, max_lag_ms: 
     """
     if status in ("invalid", "failed"):
         return f"{status}: {reason}" if reason else status
-    if status == "done" and lag_p99_ms is not None and max_lag_ms is not None and lag_p99_ms > max_lag_ms:
+    if status == "done" and lag_over_tolerance(lag_p99_ms, max_lag_ms):
         return f"dispatch lag over tolerance (p99 {lag_p99_ms:g} ms > {max_lag_ms:g} ms)"
     return None
