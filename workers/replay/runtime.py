@@ -74,8 +74,8 @@ def realtime_send_loop() -> str:
     normal-class thread waiting seconds for a core, nice -15 included, while a SCHED_FIFO one
     never waited more than a few ms (bench/results/send_priority.md). A send loop that waits
     sends late, and the run is invalid for it. The loop sleeps between sends and uses a small
-    part of a core, and the kernel keeps 5% of each second for the normal class whatever
-    real-time threads do.
+    part of a core, and by default (``kernel.sched_rt_runtime_us``) the kernel keeps 5% of each
+    second for the normal class whatever real-time threads do.
 
     Call it before the process starts any thread: threads inherit the class of the thread that
     creates them, so the loop and its batcher (which can hold the interpreter lock) share it.
