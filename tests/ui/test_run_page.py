@@ -27,6 +27,16 @@ def test_it_shows_a_runs_distribution_args_hashes_and_log(client, viewer, analys
 
 
 @pytest.mark.django_db
+def test_it_shows_the_send_loops_stall_and_class(client, viewer, analysed_experiment) -> None:  # type: ignore[no-untyped-def]
+    run = analysed_experiment.runs.get(cell__cell_id="C1")
+    run.summary = {**(run.summary or {}), "loop_stall_max_ms": 3.4, "send_priority": "realtime"}
+    run.save(update_fields=["summary"])
+    client.force_login(viewer)
+    html = client.get(f"/runs/{run.run_id}/").content.decode()
+    assert "longest stall 3.4 ms · scheduling class realtime" in html
+
+
+@pytest.mark.django_db
 def test_it_shows_an_empty_state_for_a_queued_run(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
     run = experiment.runs.first()
     client.force_login(viewer)
