@@ -11,7 +11,9 @@ on, an empty prefix cache. Steps of :func:`idle_check`:
 2. When idle and ``reset_prefix_cache`` is set, POST /reset_prefix_cache (a development
    endpoint: the launcher sets ``VLLM_SERVER_DEV_MODE=1`` for such servers) and require
    ``{"success": true}``.
-3. Return what was seen, for the run's record: the run is invalid when ``idle`` is false.
+3. Return what was seen, for the run's record: the run is invalid when ``idle`` is false, and
+   the record says why (the last reading, and how many reads showed work or failed, and how
+   long the server had been idle when the time ran out).
 """
 
 from __future__ import annotations
@@ -53,14 +55,19 @@ def idle_check(
     seen: dict[str, float | None] = {}
     idle = False
     idle_since: float | None = None
-    error = ""
+    error = last_error = ""
+    reads = busy_reads = failed_reads = 0
     try:
         while True:
+            reads += 1
             try:
                 seen = gauges_now(http, base_url)
                 error = ""
             except httpx.HTTPError as exc:
-                error = f"/metrics: {exc}"
+                error = last_error = f"/metrics: {exc}"
+                failed_reads += 1
+            if not error and not _is_idle(seen, kv_idle):
+                busy_reads += 1
             if not error and _is_idle(seen, kv_idle):
                 # Idle on two reads at least STEADY_S apart: one read may be a gauge not yet
                 # updated for requests that just arrived.
@@ -91,9 +98,18 @@ def idle_check(
         "kv_usage": seen.get("kv_usage"),
         "kv_idle": kv_idle,
         "prefix_cache_reset": reset,
+        # How the check went: reads of /metrics, how many showed work in the engine and how many
+        # failed, and how long the server had been idle at the last read (not yet STEADY_S: the
+        # time ran out before idle could be confirmed; None: it was not idle then).
+        "reads": reads,
+        "busy_reads": busy_reads,
+        "failed_reads": failed_reads,
+        "idle_for_s": round(time.monotonic() - idle_since, 3) if idle_since is not None else None,
     }
     if error:
         out["error"] = error
+    if last_error:
+        out["last_error"] = last_error
     return out
 
 
@@ -114,8 +130,18 @@ def not_idle_reason(check: dict[str, Any]) -> str:
     kv = check.get("kv_usage")
     kv_text = "unknown" if kv is None else f"{100 * kv:.1f}%"
     idle_text = "" if check.get("kv_idle") is None else f" (idle {100 * check['kv_idle']:.1f}%)"
-    return (
+    said = (
         f"server not idle at the run's start after {check.get('waited_s', 0):g} s: "
         f"{check.get('running')} running, {check.get('waiting')} waiting, KV {kv_text}{idle_text}"
-        + (f"; {check['error']}" if check.get("error") else "")
     )
+    if check.get("busy_reads"):
+        said += f"; busy on {check['busy_reads']} of {check['reads']} reads"
+    if check.get("error"):
+        said += f"; {check['error']}"
+    elif check.get("failed_reads"):
+        said += (
+            f"; {check['failed_reads']} of {check['reads']} reads failed (last: {check.get('last_error')})"
+        )
+    if check.get("idle_for_s") is not None and check.get("prefix_cache_reset") is not False:
+        said += f"; idle for only {check['idle_for_s']:g} s when the time ran out ({STEADY_S:g} s needed)"
+    return said
