@@ -3,9 +3,9 @@
 One round of B0 and C1 at two rates, prefix caching on: each cell's server starts once and
 replays both of its traces back to back. Between the two, the idle check waits for the
 server to be idle, resets its prefix cache and is recorded with the run. C1's server is
-left busy on purpose as its second trace is due (long requests queued behind one another,
-seen on /metrics before the check starts), so that run finds it busy and is invalid, saying
-so, while B0's second run is done.
+left busy on purpose as its second trace is due (long requests in it, the engine then frozen
+with them through vLLM's development endpoint ``/pause?mode=keep``), so that run finds it busy
+and is invalid, saying so, while B0's second run is done.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.dispatch_support import hold_tasks
 from tests.engine_support import ENGINE_MARKS
 from tests.experiments.factories import UserFactory, small_spec
 from workers import pipeline
-from workers.engine.idle import KV_TOLERANCE, gauges_now
+from workers.engine.idle import KV_TOLERANCE, STEADY_S, gauges_now, not_idle_reason
 from workers.pipeline import host_pull
 
 pytestmark = [*ENGINE_MARKS, pytest.mark.django_db(transaction=True)]
@@ -72,11 +72,14 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
         if not (c1 and kv_idle is not None and not busy):
             return real(base_url, kv_idle=kv_idle, **kwargs)
         # C1's server left busy on purpose as its second trace is about to start: four long
-        # requests (8000 tokens each, tens of seconds) sent at once to a server that decodes one
-        # at a time. The check starts once the scheduler shows one running and another waiting
-        # behind it (its gauges only see admitted requests), so the work cannot run out during
-        # the check's 2 s however slowly this starved process gets to poll. What each request
-        # got back is kept: a request the server refused would show there.
+        # requests (8000 tokens each) sent at once to a server that decodes one at a time. Once
+        # the scheduler shows one running, the engine is frozen with them in it (vLLM's
+        # development endpoint ``POST /pause?mode=keep``: the server runs with
+        # VLLM_SERVER_DEV_MODE=1 for its prefix cache reset), so it stays busy through the check
+        # however long this process is held off the CPU. Timing alone did not do it on this
+        # 2-core host: a normal-class process there has waited over a minute for a core while
+        # the engine was saturated (bench/results/send_priority.md), and a check that read late
+        # found the requests served. What each request got back is kept.
         model = httpx.get(base_url + "/v1/models", timeout=60).json()
         body = {"model": model["data"][0]["id"], "prompt": [7] * 32, "max_tokens": 8000, "min_tokens": 8000,
                 "ignore_eos": True}  # fmt: skip
@@ -97,8 +100,10 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
         with httpx.Client(timeout=120) as client:
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
-                seen.update(gauges_now(client, base_url))
-                if (seen["running"] or 0) >= 1 and (seen["waiting"] or 0) >= 1:
+                if (gauges_now(client, base_url)["running"] or 0) >= 1:
+                    paused = client.post(base_url + "/pause", params={"mode": "keep"})
+                    seen["pause"] = f"{paused.status_code} {paused.text[:200]}"
+                    seen.update(gauges_now(client, base_url))
                     break
                 time.sleep(0.05)
         checks.append(real(base_url, kv_idle=kv_idle, **kwargs))
@@ -133,20 +138,26 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
             assert check["prefix_cache_reset"] is True
             assert RequestRecord.objects.filter(run=second).count() == second.requests_planned
         else:
-            made_busy = (seen.get("running") or 0) >= 1 and (seen.get("waiting") or 0) >= 1
+            made_busy = (seen.get("running") or 0) + (seen.get("waiting") or 0) >= 1
+            made_busy = made_busy and str(seen.get("pause", "")).startswith("200")
             assert made_busy, (
                 f"the test could not make C1's server busy: {json.dumps(seen)}, answers {answers}"
             )
             assert second.status == "invalid", (check, second.summary["engine_time"])
             assert second.reason.startswith("server not idle at the run's start"), second.reason
-            # The check's last reading says why it gave up: requests in the engine, KV held above
-            # the new server's idle level, or a /metrics too busy to answer. (One full local run's
-            # last reading showed 0 running and 0 waiting, the rest cut off: the messages are
-            # strings so that pytest prints all of them.)
+            # The check's record says why it gave up: reads that showed requests in the engine,
+            # KV held above the new server's idle level, reads of a /metrics too busy to answer,
+            # or an idle reading the time ran out on before it could be confirmed. (In CI this
+            # 2-core host once held this process off the CPU for 34 s of a 2 s check, and its one
+            # late reading found the server drained: bench/results/send_priority.md shows how
+            # long a normal-class process can wait there.) The run's reason says the same.
             assert check["idle"] is False, json.dumps(check)
             in_engine = (check["running"] or 0) + (check["waiting"] or 0)
             kv_held = (check["kv_usage"] or 0) > check["kv_idle"] + KV_TOLERANCE
-            assert in_engine >= 1 or kv_held or check.get("error"), json.dumps({"check": check, "seen": seen})
+            unconfirmed = check["idle_for_s"] is not None and check["idle_for_s"] < STEADY_S
+            causes = in_engine + check["busy_reads"] + check["failed_reads"] + kv_held + unconfirmed
+            assert causes >= 1, json.dumps({"check": check, "seen": seen})
+            assert second.reason == not_idle_reason(check), (second.reason, check)
             assert not RequestRecord.objects.filter(run=second).exists()
     # Two servers in all, both stopped: the stop is accounted to the last run on each.
     assert sum(1 for r in runs.values() if "start_s" in r.summary["engine_time"]) == 2
