@@ -66,9 +66,10 @@ def idle_check(
             except httpx.HTTPError as exc:
                 error = last_error = f"/metrics: {exc}"
                 failed_reads += 1
-            if not error and not _is_idle(seen, kv_idle):
+            quiet = not error and _is_idle(seen, kv_idle)
+            if not error and not quiet:
                 busy_reads += 1
-            if not error and _is_idle(seen, kv_idle):
+            if quiet:
                 # Idle on two reads at least STEADY_S apart: one read may be a gauge not yet
                 # updated for requests that just arrived.
                 if idle_since is not None and time.monotonic() - idle_since >= STEADY_S:
@@ -142,6 +143,6 @@ def not_idle_reason(check: dict[str, Any]) -> str:
         said += (
             f"; {check['failed_reads']} of {check['reads']} reads failed (last: {check.get('last_error')})"
         )
-    if check.get("idle_for_s") is not None and check.get("prefix_cache_reset") is not False:
+    if check.get("idle_for_s") is not None:
         said += f"; idle for only {check['idle_for_s']:g} s when the time ran out ({STEADY_S:g} s needed)"
     return said
