@@ -3,20 +3,22 @@
 One round of B0 and C1 at two rates, prefix caching on: each cell's server starts once and
 replays both of its traces back to back. Between the two, the idle check waits for the
 server to be idle, resets its prefix cache and is recorded with the run. C1's server is
-left busy on purpose as its second trace is due (long requests in it, the engine then frozen
-with them through vLLM's development endpoint ``/pause?mode=keep``), so that run finds it busy
-and is invalid, saying so, while B0's second run is done.
+left busy on purpose as its second trace is due (a feeder process keeps long requests in it
+through the check), so that run finds it busy and is invalid, saying so, while B0's second
+run is done.
 """
 
 from __future__ import annotations
 
 import json
-import threading
+import subprocess
+import sys
 import time
 from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings
 
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
@@ -31,6 +33,32 @@ from workers.engine.idle import KV_TOLERANCE, STEADY_S, gauges_now, not_idle_rea
 from workers.pipeline import host_pull
 
 pytestmark = [*ENGINE_MARKS, pytest.mark.django_db(transaction=True)]
+
+FEEDER_STREAMS = 3
+# The feeder: in the real-time class where permitted (workers/replay/runtime.py), FEEDER_STREAMS
+# threads each send one long request after another until the process is stopped, printing each
+# answer's status.
+FEEDER = """
+import sys, threading, httpx
+from workers.replay.runtime import realtime_send_loop
+print("class:", realtime_send_loop(), flush=True)
+url, model, streams = sys.argv[1], sys.argv[2], int(sys.argv[3])
+body = {"model": model, "prompt": [7] * 32, "max_tokens": 8000, "min_tokens": 8000, "ignore_eos": True}
+def stream():
+    with httpx.Client(timeout=600) as client:
+        while True:
+            try:
+                response = client.post(url + "/v1/completions", json=body)
+                print(response.status_code, response.text[:300] if response.status_code != 200 else "", flush=True)
+            except httpx.HTTPError as exc:
+                print(type(exc).__name__, exc, flush=True)
+                return
+threads = [threading.Thread(target=stream) for _ in range(streams)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
 
 
 def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_the_next_run_invalid(
@@ -61,7 +89,7 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
     assert [r.cell.cell_id for r in plan] in (["B0", "B0", "C1", "C1"], ["C1", "C1", "B0", "B0"])
 
     monkeypatch.setattr(pipeline, "IDLE_TIMEOUT_S", 2.0)
-    busy: list[threading.Thread] = []
+    busy: list[subprocess.Popen[str]] = []
     seen: dict[str, Any] = {}
     checks: list[dict[str, Any]] = []
     answers: list[str] = []
@@ -71,42 +99,39 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
         c1 = Run.objects.filter(experiment=experiment, cell__cell_id="C1", status__in=Run.ACTIVE).exists()
         if not (c1 and kv_idle is not None and not busy):
             return real(base_url, kv_idle=kv_idle, **kwargs)
-        # C1's server left busy on purpose as its second trace is about to start: four long
-        # requests (8000 tokens each) sent at once to a server that decodes one at a time. Once
-        # the scheduler shows one running, the engine is frozen with them in it (vLLM's
-        # development endpoint ``POST /pause?mode=keep``: the server runs with
-        # VLLM_SERVER_DEV_MODE=1 for its prefix cache reset), so it stays busy through the check
-        # however long this process is held off the CPU. Timing alone did not do it on this
-        # 2-core host: a normal-class process there has waited over a minute for a core while
-        # the engine was saturated (bench/results/send_priority.md), and a check that read late
-        # found the requests served. What each request got back is kept.
-        model = httpx.get(base_url + "/v1/models", timeout=60).json()
-        body = {"model": model["data"][0]["id"], "prompt": [7] * 32, "max_tokens": 8000, "min_tokens": 8000,
-                "ignore_eos": True}  # fmt: skip
-
-        def send() -> None:
-            try:
-                response = httpx.post(base_url + "/v1/completions", json=body, timeout=600)
-                answers.append(
-                    f"{response.status_code} {response.text[:300] if response.status_code != 200 else ''}"
-                )
-            except httpx.HTTPError as exc:
-                answers.append(f"{type(exc).__name__}: {exc}")  # the server was stopped
-
-        for _ in range(4):
-            thread = threading.Thread(target=send, daemon=True)
-            thread.start()
-            busy.append(thread)
-        with httpx.Client(timeout=120) as client:
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                if (gauges_now(client, base_url)["running"] or 0) >= 1:
-                    paused = client.post(base_url + "/pause", params={"mode": "keep"})
-                    seen["pause"] = f"{paused.status_code} {paused.text[:200]}"
-                    seen.update(gauges_now(client, base_url))
-                    break
-                time.sleep(0.05)
-        checks.append(real(base_url, kv_idle=kv_idle, **kwargs))
+        # C1's server left busy on purpose as its second trace is about to start. A feeder process
+        # keeps FEEDER_STREAMS long requests (8000 tokens each) in a server that decodes one at a
+        # time, each stream sending its next request as the last is answered, so that the server
+        # is busy through the check however long this process is held off the CPU. The feeder's
+        # loop runs in the real-time class where the host permits it, as the replay's does. (On
+        # this 2-core host a normal-class process has waited over a minute for a core while the
+        # engine was saturated, bench/results/send_priority.md. The tiny model serves such a
+        # request in a few seconds: four sent from this process were served before a late read,
+        # and a queue of 160 flooded the API server, which then took minutes to answer /metrics.
+        # Freezing the engine with vLLM's development endpoint /pause?mode=keep cannot work: its
+        # scheduler then counts no unfinished request, and reads after it showed 0 running and
+        # 0 waiting.) What the feeder's requests got back is kept.
+        model = httpx.get(base_url + "/v1/models", timeout=60).json()["data"][0]["id"]
+        feeder = subprocess.Popen(
+            [sys.executable, "-c", FEEDER, base_url, model, str(FEEDER_STREAMS)],
+            cwd=settings.BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        busy.append(feeder)
+        try:
+            with httpx.Client(timeout=120) as client:
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline and feeder.poll() is None:
+                    gauges = gauges_now(client, base_url)
+                    if (gauges["running"] or 0) + (gauges["waiting"] or 0) >= 1:
+                        seen.update(gauges)
+                        break
+                    time.sleep(0.05)
+            checks.append(real(base_url, kv_idle=kv_idle, **kwargs))
+            # Still fed after the check: its reads can only have found the server at work.
+            seen["fed_through_check"] = feeder.poll() is None
+        finally:
+            feeder.terminate()
+            answers.extend(feeder.communicate(timeout=60)[0].splitlines())
         return checks[-1]
 
     monkeypatch.setattr(pipeline, "_idle_check", idle_check)
@@ -139,8 +164,7 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
             assert RequestRecord.objects.filter(run=second).count() == second.requests_planned
         else:
             made_busy = (seen.get("running") or 0) + (seen.get("waiting") or 0) >= 1
-            made_busy = made_busy and str(seen.get("pause", "")).startswith("200")
-            assert made_busy, (
+            assert made_busy and seen["fed_through_check"], (
                 f"the test could not make C1's server busy: {json.dumps(seen)}, answers {answers}"
             )
             assert second.status == "invalid", (check, second.summary["engine_time"])
