@@ -164,7 +164,7 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
             assert RequestRecord.objects.filter(run=second).count() == second.requests_planned
         else:
             made_busy = (seen.get("running") or 0) + (seen.get("waiting") or 0) >= 1
-            assert made_busy and seen["fed_through_check"], (
+            assert made_busy and seen.get("fed_through_check"), (
                 f"the test could not make C1's server busy: {json.dumps(seen)}, answers {answers}"
             )
             assert second.status == "invalid", (check, second.summary["engine_time"])
