@@ -54,6 +54,21 @@ else
     printf '%s' "$VENV_STAMP_TEXT" >"$VENV_STAMP"
 fi
 
+# This build fails to load the torch.compile artifact it saves with vLLM's AOT compile (its
+# server log: "Compiling model again due to a load failure ... 'function' object has no
+# attribute 'finalize_loading'"), so every start compiled the model again. With AOT compile off,
+# vLLM loads the compiled graphs from its older cache instead: about 8 s less per start, and
+# no slower serving (bench/results/start_time.md). Written at every setup, as a default the
+# worker's environment can still override, and only into this CPU build's venv: GPU hosts run
+# their own engine.
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+cat >"$SITE/sitecustomize.py" <<'PYEOF'
+# Written by tailtune's scripts/engine-setup.sh: see the comment there.
+import os
+
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+PYEOF
+
 if [[ -f "$MODEL_STAMP" && "$(cat "$MODEL_STAMP")" == "$MODEL_STAMP_TEXT" ]]; then
     log "model up to date ($MODEL_DIR)"
 else

@@ -123,6 +123,10 @@ def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(
         server.start()
         pids = server.tracked_pids()
         assert len(pids) >= 2  # guard + API server at least
+        # The engine venv turns vLLM's AOT compile off (scripts/engine-setup.sh): this build
+        # fails to load its own AOT artifact and would compile the model again at every start.
+        log = (tmp_path / "cell-a.log").read_text(errors="replace")
+        assert "saved AOT compiled function" not in log and "load failure" not in log, log[-3000:]
         facts = server.confirm()
         confirmed["a"] = facts.effective_args["max_num_batched_tokens"]
         assert facts.effective_args["max_model_len"] == 4096
