@@ -32,13 +32,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.engine.common import ENGINE_DIR, MODEL, write_report  # noqa: E402
 from workers.engine.launcher import cpu_engine_host  # noqa: E402
 from workers.engine.server import EngineServer  # noqa: E402
 from workers.replay.run import run_replay  # noqa: E402
 from workers.replay.runtime import REALTIME_ENV  # noqa: E402
 
-ENGINE_DIR = REPO / ".engine"
-MODEL = ENGINE_DIR / "models" / "tiny-llama"
 TRACE = REPO / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 CONTEXT = 2048
 PROBE = """
@@ -127,22 +126,25 @@ def main() -> None:
                     f"{result.loop_stall_max_ms:.1f} | {worst[0]} | {worst[1]} | {ok}/{len(requests)} |"
                 )
                 print(rows[-1], flush=True)
-    lines = [
-        f"# send loop scheduling class, {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
-        "",
-        "`.venv/bin/python bench/engine/send_priority.py` on this 2-core host: the CPU engine with",
-        "`max_num_seqs: 1` under the gate test's window (every request, ~5.6 req/s); probe columns are",
-        "the longest oversleep of a 20 ms sleep in an independent process during that arm.",
-        "",
-        "| round | send loop class | replay p99 dispatch lag (ms) | replay longest loop stall (ms) "
-        "| normal-class probe (ms) | SCHED_FIFO probe (ms) | requests ok |",
-        "|---|---|---|---|---|---|---|",
-        *rows,
-    ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    write_report(
+        "send loop scheduling class",
+        [
+            "`.venv/bin/python bench/engine/send_priority.py` on this 2-core host: the CPU engine with",
+            "`max_num_seqs: 1` under the gate test's window (every request, ~5.6 req/s); probe columns are",
+            "the longest oversleep of a 20 ms sleep in an independent process during that arm.",
+        ],
+        [
+            "round",
+            "send loop class",
+            "replay p99 dispatch lag (ms)",
+            "replay longest loop stall (ms)",
+            "normal-class probe (ms)",
+            "SCHED_FIFO probe (ms)",
+            "requests ok",
+        ],
+        rows,
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Run after `make engine`, with no other vLLM server on the machine:
 from __future__ import annotations
 
 import argparse
-import datetime
 import re
 import statistics
 import sys
@@ -38,11 +37,10 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.engine.common import ENGINE_DIR, MODEL, write_report  # noqa: E402
 from workers.engine.launcher import HostConfig, cpu_engine_host  # noqa: E402
 from workers.engine.server import EngineServer  # noqa: E402
 
-ENGINE_DIR = REPO / ".engine"
-MODEL = ENGINE_DIR / "models" / "tiny-llama"
 # Explicit in both arms: the engine venv's sitecustomize defaults it to 0 (scripts/engine-setup.sh).
 ARMS = {"default": {"VLLM_USE_AOT_COMPILE": "1"}, "VLLM_USE_AOT_COMPILE=0": {"VLLM_USE_AOT_COMPILE": "0"}}
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
@@ -109,20 +107,16 @@ def main() -> None:
             n += 1
             rows.append(one_start(arm, n))
             print(rows[-1], flush=True)
-    lines = [
-        f"# CPU engine start, {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
-        "",
-        "`.venv/bin/python bench/engine/start_time.py` on this 2-core host: the tiny model at",
-        "`max_num_seqs: 8`, started through the worker's launcher, the two arms alternated.",
-        "",
-        "| start | arm | ready (s) | vLLM init engine (s) | compile | served ms per output token |",
-        "|---|---|---|---|---|---|",
-        *rows,
-    ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    write_report(
+        "CPU engine start",
+        [
+            "`.venv/bin/python bench/engine/start_time.py` on this 2-core host: the tiny model at",
+            "`max_num_seqs: 8`, started through the worker's launcher, the two arms alternated.",
+        ],
+        ["start", "arm", "ready (s)", "vLLM init engine (s)", "compile", "served ms per output token"],
+        rows,
+        args.out,
+    )
 
 
 if __name__ == "__main__":
