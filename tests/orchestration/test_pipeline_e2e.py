@@ -74,7 +74,8 @@ def test_it_runs_a_small_experiment_end_to_end_and_ignores_a_redelivered_task(wo
 
 def test_it_survives_a_worker_killed_mid_run(workers: Workers) -> None:
     first = workers.start()
-    experiment = make_experiment(workload={**make_experiment_workload(), "observation_s": 30})
+    # Long enough that the kill, at its first record, lands mid-run; each later run replays it whole.
+    experiment = make_experiment(workload={**make_experiment_workload(), "observation_s": 15})
     experiment_start(experiment=experiment)
     measuring = _wait_measuring(experiment, workers)
     wait_for(lambda: RequestRecord.objects.filter(run=measuring).exists(), 60)
