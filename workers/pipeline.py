@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
@@ -158,7 +158,16 @@ class _Watcher(threading.Thread):
     def run(self) -> None:
         try:
             while not self._done.wait(WATCH_INTERVAL_S):
-                if _is_cancelled(self.run_pk):
+                try:
+                    cancelled = _is_cancelled(self.run_pk)
+                except DatabaseError:
+                    # A dropped connection (seen in CI: "server closed the connection
+                    # unexpectedly") must not end the watch, or a later cancel goes unseen:
+                    # drop the broken connection and ask again at the next tick.
+                    log.warning("run %s: checking for a cancel failed; retrying", self.run_pk, exc_info=True)
+                    connection.close_if_unusable_or_obsolete()
+                    continue
+                if cancelled:
                     self.cancelled = True
                     self.stop_event.set()
                     if self.origin is None and self.server is not None:
@@ -172,8 +181,12 @@ class _Watcher(threading.Thread):
                     if elapsed >= self.warmup_s + self.observation_s:
                         phase = Run.Status.DRAINING
                     if phase != self._phase:
-                        _set_phase(self.run_pk, phase)
-                        self._phase = phase
+                        try:
+                            _set_phase(self.run_pk, phase)
+                            self._phase = phase
+                        except DatabaseError:  # as above: the next tick sets it
+                            log.warning("run %s: setting phase %s failed", self.run_pk, phase, exc_info=True)
+                            connection.close_if_unusable_or_obsolete()
                     if time.monotonic() - self._live_at >= LIVE_EVERY_S:
                         self._live_at = time.monotonic()
                         try:

@@ -53,3 +53,31 @@ def test_the_watcher_publishes_gauges_and_the_log_tail_while_the_run_goes(tmp_pa
     run.refresh_from_db()
     assert run.live["gauges"]["running"] == 4.0
     assert selectors.latest_gauges(run=run)["running"] is None  # no stored sample in this test
+
+
+@pytest.mark.django_db
+def test_a_dropped_database_connection_does_not_end_the_watch_for_a_cancel(monkeypatch) -> None:
+    """The cancel check failed once with the connection gone (seen in CI); the watcher kept
+    watching and saw the cancel at its next tick."""
+    import threading
+
+    from django.db import OperationalError
+
+    from workers import pipeline
+
+    run = make_experiment().runs.first()
+    answers: list[object] = [OperationalError("server closed the connection unexpectedly"), True]
+
+    def is_cancelled(run_pk: int) -> bool:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return bool(answer)
+
+    monkeypatch.setattr(pipeline, "_is_cancelled", is_cancelled)
+    monkeypatch.setattr(pipeline, "WATCH_INTERVAL_S", 0.01)
+    stop = threading.Event()
+    watcher = _Watcher(run, stop, None)
+    watcher.start()
+    watcher.join(timeout=10)
+    assert not watcher.is_alive() and watcher.cancelled and stop.is_set() and answers == []
