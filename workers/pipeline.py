@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
@@ -159,42 +159,44 @@ class _Watcher(threading.Thread):
         try:
             while not self._done.wait(WATCH_INTERVAL_S):
                 try:
-                    cancelled = _is_cancelled(self.run_pk)
+                    if self._tick():
+                        return
                 except DatabaseError:
                     # A dropped connection (seen in CI: "server closed the connection
                     # unexpectedly") must not end the watch, or a later cancel goes unseen:
-                    # drop the broken connection and ask again at the next tick.
-                    log.warning("run %s: checking for a cancel failed; retrying", self.run_pk, exc_info=True)
-                    connection.close_if_unusable_or_obsolete()
-                    continue
-                if cancelled:
-                    self.cancelled = True
-                    self.stop_event.set()
-                    if self.origin is None and self.server is not None:
-                        self.server.stop()  # still starting: do not wait for it
-                    return
-                if self.origin is not None:
-                    elapsed = time.monotonic() - self.origin
-                    phase = Run.Status.WARMING
-                    if elapsed >= self.warmup_s:
-                        phase = Run.Status.MEASURING
-                    if elapsed >= self.warmup_s + self.observation_s:
-                        phase = Run.Status.DRAINING
-                    if phase != self._phase:
-                        try:
-                            _set_phase(self.run_pk, phase)
-                            self._phase = phase
-                        except DatabaseError:  # as above: the next tick sets it
-                            log.warning("run %s: setting phase %s failed", self.run_pk, phase, exc_info=True)
-                            connection.close_if_unusable_or_obsolete()
-                    if time.monotonic() - self._live_at >= LIVE_EVERY_S:
-                        self._live_at = time.monotonic()
-                        try:
-                            self.publish_live()
-                        except Exception:  # the live view is a courtesy: never stop watching for a cancel
-                            log.exception("run %s: publishing live values failed", self.run_pk)
+                    # drop the broken connection, as the heartbeat does, and look again at the
+                    # next tick (a phase not yet written is written then).
+                    log.warning("run %s: the watch could not read or write the run; retrying",
+                                self.run_pk, exc_info=True)  # fmt: skip
+                    close_old_connections()
         finally:
             close_old_connections()
+
+    def _tick(self) -> bool:
+        """One look at the run: True once it is cancelled (the watch then ends)."""
+        if _is_cancelled(self.run_pk):
+            self.cancelled = True
+            self.stop_event.set()
+            if self.origin is None and self.server is not None:
+                self.server.stop()  # still starting: do not wait for it
+            return True
+        if self.origin is not None:
+            elapsed = time.monotonic() - self.origin
+            phase = Run.Status.WARMING
+            if elapsed >= self.warmup_s:
+                phase = Run.Status.MEASURING
+            if elapsed >= self.warmup_s + self.observation_s:
+                phase = Run.Status.DRAINING
+            if phase != self._phase:
+                _set_phase(self.run_pk, phase)
+                self._phase = phase
+            if time.monotonic() - self._live_at >= LIVE_EVERY_S:
+                self._live_at = time.monotonic()
+                try:
+                    self.publish_live()
+                except Exception:  # the live view is a courtesy: never stop watching for a cancel
+                    log.exception("run %s: publishing live values failed", self.run_pk)
+        return False
 
     def publish_live(self) -> None:
         """The newest gauges the scraper saw and the server log's tail, for the live page."""
