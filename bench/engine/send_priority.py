@@ -3,9 +3,10 @@
 The gate's starved candidate (``max_num_seqs: 1``) under the gate test's traffic window as it
 was when this was measured (40 s of the shipped Azure conversation trace from 208 s, every
 request, ~5.6 req/s, sizes capped to the 2,048-token context as the importer caps them; the test
-now replays the first 20 s) keeps the CPU engine busy through the whole run. This replays that window through the worker's path (a child process,
-``run_replay(isolated=True)``) in alternating order, the child in the normal class
-(``TAILTUNE_REPLAY_REALTIME=0``) and in the real-time class, against one server, and records:
+now replays the first 20 s) keeps the CPU engine busy through the whole run. This replays that
+window through the worker's path (a child process, ``run_replay(isolated=True)``) in
+alternating order, the child in the normal class (``TAILTUNE_REPLAY_REALTIME=0``) and in the
+real-time class, against one server, and records:
 
 - the replay's own p99 dispatch lag and longest loop stall;
 - two independent probes running beside it for the whole bench, each sleeping 20 ms in a loop
@@ -130,8 +131,9 @@ def main() -> None:
         "send loop scheduling class",
         [
             "`.venv/bin/python bench/engine/send_priority.py` on this 2-core host: the CPU engine with",
-            "`max_num_seqs: 1` under the gate test's former 40 s window (every request, ~5.6 req/s); probe columns are",
-            "the longest oversleep of a 20 ms sleep in an independent process during that arm.",
+            "`max_num_seqs: 1` under the gate test's former 40 s window (every request, ~5.6 req/s);",
+            "probe columns are the longest oversleep of a 20 ms sleep in an independent process during",
+            "that arm.",
         ],
         [
             "round",
