@@ -38,6 +38,9 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/python manage.py makemigrations --check --dry-run
 
-# Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser).
+# Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser), in two
+# lanes of one core each where the machine has two cores or more (tests/lanes.py); LANES=0 runs
+# it in one.
+LANES ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 0)
 test: setup engine tools lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(LANES) --dist load --maxschedchunk 2

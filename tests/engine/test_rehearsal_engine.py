@@ -35,7 +35,12 @@ from tests.experiments.factories import UserFactory, small_spec
 from workers.engine.procs import alive_pids
 from workers.pipeline import run_execute
 
-pytestmark = [*ENGINE_MARKS, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    *ENGINE_MARKS,
+    pytest.mark.django_db(transaction=True),
+    # Its claim is the split: the candidate and B0 each on a core of their own.
+    pytest.mark.whole_machine(reason="two servers side by side, one core each"),
+]
 
 
 def _rehearsal(

@@ -41,6 +41,10 @@ from tests.experiments.factories import SMALL_SPEC, UserFactory
 from tests.orchestration.conftest import Workers, requires_engine
 
 pytestmark = [pytest.mark.engine, requires_engine, pytest.mark.django_db(transaction=True)]
+# Its claim rests on B0's tail at this load, measured with the whole machine (tests/lanes.py): on
+# one core, beside another lane, B0's p95s were 8x longer and the unchanged candidate's ttft p95
+# 33% over B0's (against 4% alone; the gate calls 50% material).
+WHOLE_MACHINE = pytest.mark.whole_machine(reason="latency at a load sized for the whole machine")
 
 AZURE = Path(settings.BASE_DIR) / "examples" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 CLIENT = Path(settings.BASE_DIR) / "clients" / "tailtune_gate.py"
@@ -132,6 +136,7 @@ def junit_cases(path: Path) -> list[ET.Element]:
     return list(ET.parse(path).getroot().iter("testcase"))
 
 
+@WHOLE_MACHINE
 def test_an_unchanged_candidate_passes_through_the_remote_client(
     workers: Workers, live_server, tmp_path: Path, roles: None
 ) -> None:  # type: ignore[no-untyped-def]
@@ -159,6 +164,7 @@ def test_an_unchanged_candidate_passes_through_the_remote_client(
     assert "pass" in summary and f"/experiments/{Experiment.objects.get().pk}/" in summary
 
 
+@WHOLE_MACHINE
 def test_a_starved_candidate_fails_the_gate_and_names_the_class(
     workers: Workers, tmp_path: Path, roles: None
 ) -> None:

@@ -58,6 +58,9 @@ READY = (ENGINE_DIR / "venv" / ".tailtune-engine-stamp").is_file() and (MODEL / 
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(not READY, reason="CPU engine not built: run `make engine`"),
+    # Each signal, the probe's capacity and the priority order are timings under a load sized for
+    # the whole machine; no other test may run beside them (tests/lanes.py).
+    pytest.mark.whole_machine(reason="timings under a load sized for the whole machine"),
 ]
 
 MAX_MODEL_LEN = 1024

@@ -1,0 +1,141 @@
+"""Two test lanes on a two-core machine: each lane owns one core, and a test that needs both waits.
+
+`make test` runs pytest-xdist with one worker per lane (``-n 2 --dist load
+--maxschedchunk 2``). The engine tests spend most of their time waiting on a
+server that uses one core, so two of them side by side take about half the
+time; what they claim must still hold, so:
+
+1. **Each lane owns one core.** An xdist worker pins itself to its own core
+   at start (``sched_setaffinity``); every process a test starts inherits the
+   mask: the pipeline's worker, the vLLM server, the replay. vLLM's CPU
+   engine binds its OpenMP threads within that mask (``auto`` reads the
+   process's affinity), so two servers never share a core.
+2. **A test that needs the whole machine says so** with
+   ``@pytest.mark.whole_machine(reason=...)``. It takes the machine lock
+   exclusively, every other test takes it shared, and the test's process gets
+   every core back for its duration. The lock lets a waiting exclusive taker
+   in first (a turnstile), so the other lane cannot starve it.
+3. **The slowest tests start first.** The collection is ordered by the
+   durations the engine tests took in CI (``WEIGHTS_S``, longest first), then
+   every other test, then the whole-machine tests, so that no lane starts a
+   long test while the other one is nearly done, and the exclusive tests
+   wait for short tests only.
+
+Without xdist (one lane: ``pytest tests/x.py`` by hand, or a one-core
+machine) none of this applies: nothing is pinned, locked or reordered.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+# Seconds each engine test took in a clean-clone CI run on this machine with one lane (e698765,
+# `--durations=0`); only their order matters. An engine test not listed counts as DEFAULT_ENGINE_S.
+WEIGHTS_S = {
+    "test_a_starved_candidate_fails_the_gate_and_names_the_class": 194,
+    "test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_the_next_run_invalid": 174,
+    "test_an_unchanged_candidate_passes_through_the_remote_client": 171,
+    "test_it_runs_the_whole_journey_in_the_browser": 117,
+    "test_it_survives_a_worker_killed_mid_run": 103,
+    "test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline": 72,
+    "test_create_start_wait_report_approve_and_fetch_the_manifest_through_the_api": 71,
+    "test_it_runs_a_small_experiment_end_to_end_and_ignores_a_redelivered_task": 69,
+    "test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill": 66,
+    "test_the_sampling_settings_reach_the_server_and_a_cell_sent_with_others_is_invalid": 55,
+    "test_it_shows_every_scenario_signal_on_the_cpu_engine": 46,
+    "test_runs_made_invalid_on_purpose_are_inconclusive": 37,
+    "test_it_cancels_mid_run_within_ten_seconds_keeping_partial_records": 29,
+    "test_priority_scheduling_serves_the_high_priority_flood_before_the_backlog": 27,
+    "test_it_replays_a_trace_with_exact_token_counts": 25,
+}
+DEFAULT_ENGINE_S = 20
+
+
+def lane() -> tuple[int, int] | None:
+    """(this lane's index, the number of lanes) in an xdist worker of a run with two or more."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return None
+    return int(worker[2:]), count
+
+
+_ALL_CPUS: set[int] = set()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "whole_machine(reason): needs every core; no other test runs beside it (tests/lanes.py)"
+    )
+    here = lane()
+    if here is None:
+        return
+    index, count = here
+    _ALL_CPUS.update(os.sched_getaffinity(0))
+    cpus = sorted(_ALL_CPUS)
+    if len(cpus) < count:
+        raise pytest.UsageError(f"{count} test lanes need {count} cores; this process may use {cpus}")
+    per_lane = len(cpus) // count
+    os.sched_setaffinity(0, cpus[index * per_lane : (index + 1) * per_lane])
+
+
+def _weight(item: pytest.Item) -> float:
+    if item.get_closest_marker("whole_machine") is not None:
+        return -1.0  # last: see the module docstring, step 3
+    if item.get_closest_marker("engine") is None:
+        return 0.0
+    name = getattr(item, "originalname", None) or item.name
+    return float(WEIGHTS_S.get(name, DEFAULT_ENGINE_S))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if lane() is None:
+        return
+    # A stable sort: tests of equal weight (the unit tests) keep their collection order.
+    items.sort(key=_weight, reverse=True)
+
+
+@contextmanager
+def _locked(path: Path, mode: int) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _lock_paths() -> tuple[Path, Path]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "local")
+    base = Path(tempfile.gettempdir())
+    return base / f"tailtune-lanes-{run}.turnstile", base / f"tailtune-lanes-{run}.machine"
+
+
+@pytest.fixture(autouse=True)
+def _lane_lock(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Shared hold on the machine for an ordinary test, the whole of it for a whole_machine one."""
+    here = lane()
+    if here is None:
+        yield
+        return
+    turnstile, machine = _lock_paths()
+    if request.node.get_closest_marker("whole_machine") is None:
+        with _locked(turnstile, fcntl.LOCK_EX):
+            pass  # wait here while an exclusive taker is queued or running
+        with _locked(machine, fcntl.LOCK_SH):
+            yield
+        return
+    mine = os.sched_getaffinity(0)
+    with _locked(turnstile, fcntl.LOCK_EX), _locked(machine, fcntl.LOCK_EX):
+        os.sched_setaffinity(0, _ALL_CPUS)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, mine)
