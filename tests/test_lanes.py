@@ -62,6 +62,7 @@ def _run(tmp_path: Path, *args: str) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 
+@pytest.mark.allow_skip(reason="on one core make test runs one lane, and there is nothing to split")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two lanes need two cores")
 def test_each_lane_owns_a_core_and_a_whole_machine_test_runs_alone(tmp_path):
     ran = _run(tmp_path, "-n", "2", "--dist", "load", "--maxschedchunk", "2")
