@@ -15,11 +15,12 @@ time; what they claim must still hold, so:
    exclusively, every other test takes it shared, and the test's process gets
    every core back for its duration. The lock lets a waiting exclusive taker
    in first (a turnstile), so the other lane cannot starve it.
-3. **The slowest tests start first.** The collection is ordered by the
-   durations the engine tests took in CI (``WEIGHTS_S``, longest first), then
-   every other test, then the whole-machine tests, so that no lane starts a
-   long test while the other one is nearly done, and the exclusive tests
-   wait for short tests only.
+3. **The slowest tests start soon.** The collection keeps pytest-django's
+   rule that the tests rolled back in a transaction come before the ones that
+   flush the database; then come the engine tests by the durations they took
+   in CI (``WEIGHTS_S``, longest first), then every other test, then the
+   whole-machine tests. So no lane starts a long test while the other one is
+   nearly done, and the exclusive tests wait for short tests only.
 
 Without xdist (one lane: ``pytest tests/x.py`` by hand, or a one-core
 machine) none of this applies: nothing is pinned, locked or reordered.
@@ -86,20 +87,34 @@ def pytest_configure(config: pytest.Config) -> None:
     os.sched_setaffinity(0, cpus[index * per_lane : (index + 1) * per_lane])
 
 
-def _weight(item: pytest.Item) -> float:
+def _rolls_back(item: pytest.Item) -> bool:
+    """A database test in a transaction that is rolled back (pytest-django runs these first: a
+    transactional test flushes the database, and the rows the migrations made go with it)."""
+    fixtures = getattr(item, "fixturenames", [])
+    marker = item.get_closest_marker("django_db")
+    if marker is None and "db" not in fixtures:
+        return False
+    if marker is not None and (marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences")):
+        return False
+    return "transactional_db" not in fixtures and "live_server" not in fixtures
+
+
+def _order(item: pytest.Item) -> tuple[int, float]:
     if item.get_closest_marker("whole_machine") is not None:
-        return -1.0  # last: see the module docstring, step 3
-    if item.get_closest_marker("engine") is None:
-        return 0.0
+        return 2, 0.0  # last: see the module docstring, step 3
+    if _rolls_back(item):
+        return 0, 0.0
     name = getattr(item, "originalname", None) or item.name
-    return float(WEIGHTS_S.get(name, DEFAULT_ENGINE_S))
+    weight = WEIGHTS_S.get(name, DEFAULT_ENGINE_S) if item.get_closest_marker("engine") else 0
+    return 1, -float(weight)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-django's own order, which it keeps
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if lane() is None:
         return
     # A stable sort: tests of equal weight (the unit tests) keep their collection order.
-    items.sort(key=_weight, reverse=True)
+    items.sort(key=_order)
 
 
 @contextmanager
