@@ -1,7 +1,8 @@
 """Two test lanes on a two-core machine: each lane owns one core, and a test that needs both waits.
 
-`make test` runs pytest-xdist with one worker per lane (``-n 2 --dist load
---maxschedchunk 2``). The engine tests spend most of their time waiting on a
+``LANES=2 make test`` runs pytest-xdist with one worker per lane (``-n 2 --dist
+load --maxschedchunk 2``); plain ``make test`` runs one lane (see the README for
+why it is not the default yet). The engine tests spend most of their time waiting on a
 server that uses one core, so two of them side by side take about half the
 time; what they claim must still hold, so:
 
