@@ -35,6 +35,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,6 +117,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return
     # A stable sort: tests of equal weight (the unit tests) keep their collection order.
     items.sort(key=_order)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's load scheduler, but a lane never holds more than the test it runs and the next.
+
+    xdist's own refills a lane by two tests per finished one until it holds about an eighth of
+    what is left, whatever ``--maxschedchunk`` says: in a clean-clone run one lane so reached
+    the whole-machine tests while the other still held six engine tests, which then waited on
+    the lock (cancel: 291 s). Two is the least a worker takes (it must know its next test).
+    """
+    if (config.getoption("numprocesses", None) or 0) < 2:
+        return None
+    from xdist.scheduler import LoadScheduling
+
+    class OneAhead(LoadScheduling):  # type: ignore[misc]
+        def check_schedule(self, node: Any, duration: float = 0) -> None:
+            if node.shutting_down:
+                return
+            if not self.pending:
+                node.shutdown()
+                return
+            short = 2 - len(self.node2pending[node])
+            if short > 0:
+                self._send_tests(node, min(short, len(self.pending)))
+
+    return OneAhead(config, log)
 
 
 @contextmanager
