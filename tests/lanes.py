@@ -2,9 +2,9 @@
 
 ``LANES=2 make test`` runs pytest-xdist with one worker per lane (``-n 2 --dist
 load --maxschedchunk 2``); plain ``make test`` runs one lane (see the README for
-why it is not the default yet). The engine tests spend most of their time waiting on a
-server that uses one core, so two of them side by side take about half the
-time; what they claim must still hold, so:
+why it is not the default yet). Two engine tests side by side finish sooner than
+one after the other, though each runs slower on one core (measured 1.4-2x); what
+they claim must still hold, so:
 
 1. **Each lane owns one core.** An xdist worker pins itself to its own core
    at start (``sched_setaffinity``); every process a test starts inherits the

@@ -18,7 +18,6 @@ REPO = Path(__file__).resolve().parent.parent
 PROBE = """
 import json, os, time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
