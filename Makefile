@@ -38,10 +38,9 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/python manage.py makemigrations --check --dry-run
 
-# Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser), in one
-# lane. LANES=2 runs it in two lanes of one core each (tests/lanes.py); not the default yet, as
-# xdist's load scheduler queued tests ahead and the suite took longer; the fix for that
-# (tests/lanes.py) has had no timed whole-suite run yet (README).
-LANES ?= 0
+# Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser), in two
+# lanes of one core each on a machine with two cores or more (tests/lanes.py), else one lane.
+# LANES=0 forces one lane.
+LANES ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 0)
 test: setup engine tools lint
 	$(BIN)/pytest -n $(LANES) --dist load --maxschedchunk 2

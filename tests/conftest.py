@@ -6,7 +6,7 @@ import pytest
 
 # Users in each role and small experiments (fixtures shared by tests/ui and tests/approvals).
 # In CI, a skip fails unless a marker allows it (tests/ci_skips.py).
-# Under `LANES=2 make test`, two lanes of one core each (tests/lanes.py).
+# Under `make test`, two lanes of one core each (tests/lanes.py).
 pytest_plugins = ["tests.role_fixtures", "tests.ci_skips", "tests.lanes"]
 
 REPO = Path(__file__).resolve().parent.parent

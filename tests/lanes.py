@@ -1,10 +1,10 @@
 """Two test lanes on a two-core machine: each lane owns one core, and a test that needs both waits.
 
-``LANES=2 make test`` runs pytest-xdist with one worker per lane (``-n 2 --dist
-load --maxschedchunk 2``); plain ``make test`` runs one lane (see the README for
-why it is not the default yet). Two engine tests side by side finish sooner than
-one after the other, though each runs slower on one core (measured 1.4-2x); what
-they claim must still hold, so:
+``make test`` runs pytest-xdist with one worker per lane (``-n 2 --dist load
+--maxschedchunk 2``) on a machine with two cores or more; ``LANES=0`` runs one
+lane. Two engine tests side by side finish sooner than one after the other,
+though each runs slower on one core (measured 1.4-2x); what they claim must
+still hold, so:
 
 1. **Each lane owns one core.** An xdist worker pins itself to its own core
    at start (``sched_setaffinity``); every process a test starts inherits the
@@ -16,12 +16,15 @@ they claim must still hold, so:
    exclusively, every other test takes it shared, and the test's process gets
    every core back for its duration. The lock lets a waiting exclusive taker
    in first (a turnstile), so the other lane cannot starve it.
-3. **The slowest tests start soon.** The collection keeps pytest-django's
-   rule that the tests rolled back in a transaction come before the ones that
-   flush the database; then come the engine tests by the durations they took
-   in CI (``WEIGHTS_S``, longest first), then every other test, then the
-   whole-machine tests. So no lane starts a long test while the other one is
-   nearly done, and the exclusive tests wait for short tests only.
+3. **No lane idles.** The collection keeps pytest-django's rule that the
+   tests rolled back in a transaction come before the ones that flush the
+   database (each lane has its own database). Then come the whole-machine
+   tests, one lane running each while the other waits on the lock; then the
+   engine tests by the durations they took in CI (``WEIGHTS_S``, longest
+   first); then every other test, the short ones that even out the lanes' ends.
+   A whole-machine test so waits for a short rolled-back test at most. (Run
+   last, as they once were, the first of them waited for the other lane's
+   last long engine test: 258 s in a clean-clone run, one core idle.)
 
 Without xdist (one lane: ``pytest tests/x.py`` by hand, or a one-core
 machine) none of this applies: nothing is pinned, locked or reordered.
@@ -39,24 +42,20 @@ from typing import Any
 
 import pytest
 
-# Seconds each engine test took in a clean-clone CI run on this machine with one lane (e698765,
-# `--durations=0`); only their order matters. An engine test not listed counts as DEFAULT_ENGINE_S.
+# Seconds each engine test that shares the machine took in a clean-clone CI run on this machine in
+# two lanes (465bb91, `--durations=0`, on one core each); only their order matters. An engine
+# test not listed counts as DEFAULT_ENGINE_S. (The whole-machine tests go before them all.)
 WEIGHTS_S = {
-    "test_a_starved_candidate_fails_the_gate_and_names_the_class": 194,
-    "test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_the_next_run_invalid": 174,
-    "test_an_unchanged_candidate_passes_through_the_remote_client": 171,
-    "test_it_runs_the_whole_journey_in_the_browser": 117,
-    "test_it_survives_a_worker_killed_mid_run": 103,
-    "test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline": 72,
-    "test_create_start_wait_report_approve_and_fetch_the_manifest_through_the_api": 71,
-    "test_it_runs_a_small_experiment_end_to_end_and_ignores_a_redelivered_task": 69,
-    "test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill": 66,
-    "test_the_sampling_settings_reach_the_server_and_a_cell_sent_with_others_is_invalid": 55,
-    "test_it_shows_every_scenario_signal_on_the_cpu_engine": 46,
-    "test_runs_made_invalid_on_purpose_are_inconclusive": 37,
-    "test_it_cancels_mid_run_within_ten_seconds_keeping_partial_records": 29,
-    "test_priority_scheduling_serves_the_high_priority_flood_before_the_backlog": 27,
-    "test_it_replays_a_trace_with_exact_token_counts": 25,
+    "test_it_runs_the_whole_journey_in_the_browser": 178,
+    "test_it_survives_a_worker_killed_mid_run": 152,
+    "test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill": 110,
+    "test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_the_next_run_invalid": 107,
+    "test_it_runs_a_small_experiment_end_to_end_and_ignores_a_redelivered_task": 91,
+    "test_create_start_wait_report_approve_and_fetch_the_manifest_through_the_api": 90,
+    "test_the_sampling_settings_reach_the_server_and_a_cell_sent_with_others_is_invalid": 72,
+    "test_runs_made_invalid_on_purpose_are_inconclusive": 50,
+    "test_it_cancels_mid_run_within_ten_seconds_keeping_partial_records": 42,
+    "test_it_replays_a_trace_with_exact_token_counts": 35,
 }
 DEFAULT_ENGINE_S = 20
 
@@ -102,13 +101,13 @@ def _rolls_back(item: pytest.Item) -> bool:
 
 
 def _order(item: pytest.Item) -> tuple[int, float]:
-    if item.get_closest_marker("whole_machine") is not None:
-        return 2, 0.0  # last: see the module docstring, step 3
     if _rolls_back(item):
         return 0, 0.0
+    if item.get_closest_marker("whole_machine") is not None:
+        return 1, 0.0  # see the module docstring, step 3
     name = getattr(item, "originalname", None) or item.name
     weight = WEIGHTS_S.get(name, DEFAULT_ENGINE_S) if item.get_closest_marker("engine") else 0
-    return 1, -float(weight)
+    return 2, -float(weight)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-django's own order, which it keeps
