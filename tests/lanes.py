@@ -22,9 +22,10 @@ still hold, so:
    tests, one lane running each while the other waits on the lock; then the
    engine tests by the durations they took in CI (``WEIGHTS_S``, longest
    first); then every other test, the short ones that even out the lanes' ends.
-   A whole-machine test so waits for a short rolled-back test at most. (Run
-   last, as they once were, the first of them waited for the other lane's
-   last long engine test: 258 s in a clean-clone run, one core idle.)
+   A whole-machine test so waits only for another whole-machine test, or for
+   the other lane's current rolled-back test. (Run last, as they once were,
+   the first of them waited for the other lane's last long engine test: 258 s
+   in a clean-clone run, one core idle.)
 
 Without xdist (one lane: ``pytest tests/x.py`` by hand, or a one-core
 machine) none of this applies: nothing is pinned, locked or reordered.
