@@ -22,6 +22,14 @@ class Host(models.Model):
     # Other engine builds this host can start, by the image name a candidate's spec gives:
     # {"vllm/vllm-openai:v0.33.0": ["docker", "run", ..., "vllm/vllm-openai:v0.33.0"]}.
     engines = models.JSONField(default=dict, blank=True)
+    # What the operator lets a rehearsal on this host run and reach (TAILTUNE_SWITCH_COMMANDS,
+    # TAILTUNE_ROUTERS), by the name a spec's ``recovery.switch`` / ``recovery.router`` gives:
+    # {"drain-a": ["/opt/ops/switch", "{candidate_url}"]} and
+    # {"prod": {"url": "http://router:8080", "backend_header": "x-backend"}}.
+    switches = models.JSONField(default=dict, blank=True)
+    routers = models.JSONField(default=dict, blank=True)
+    # The directories a candidate's model path may lie under on this host (absolute paths).
+    model_roots = models.JSONField(default=list, blank=True)
     bind_host = models.CharField(max_length=100, default="127.0.0.1")
     max_model_len = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
