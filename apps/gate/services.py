@@ -73,20 +73,51 @@ def _store_window(request: GateInput, base: Baseline, data: bytes) -> Any:
     )
 
 
-def _refuse_revoked(manifest_text: str) -> None:
-    """A manifest this server knows was revoked is not "production as last approved"."""
-    from apps.approvals.models import Revocation
+def manifest_issued(manifest_text: str) -> None:
+    """Refuse a manifest this service did not issue, or one whose approval was revoked.
+
+    1. The digest (apps/gate/build.parse_manifest): the file is whole. Anyone can compute a
+       matching digest for a manifest of their own, so this proves nothing about who wrote it.
+    2. The lookup: the digest must be one of the manifests this server's approvals stored
+       (apps/approvals RollbackManifest). Only those are "production as last approved".
+    3. Superseded: a manifest whose approval was revoked is not what production should run.
+
+    Each refusal names its check and the digest, so the CI log says exactly what failed.
+    """
+    from apps.approvals.models import RollbackManifest
     from apps.gate.build import parse_manifest
 
-    sha = parse_manifest(manifest_text).get("sha256")
-    revoked = Revocation.objects.filter(approval__manifest__sha256=sha).select_related("revoked_by").first()
-    if revoked is not None:
+    sha = str(parse_manifest(manifest_text).get("sha256") or "")
+    stored = (
+        RollbackManifest.objects.filter(sha256=sha)
+        .select_related("experiment", "approval__approver")
+        .order_by("created_at", "pk")
+        .first()
+    )
+    if stored is None:
         raise SpecError(
             [
                 FieldError(
                     "baseline_manifest",
-                    f"was revoked by {revoked.revoked_by.get_username()} at {revoked.created_at:%Y-%m-%d %H:%M} UTC "
-                    f"({revoked.reason[:200]}): give the manifest production runs now",
+                    f"manifest sha256 {sha[:12]}… is not one this service issued: its digest matches "
+                    "its content, but no approval here stored a manifest with that digest (download "
+                    "it from the approved experiment's results page or "
+                    "/api/v1/experiments/<id>/manifest.yaml)",
+                )
+            ]
+        )
+    revocation = stored.superseded_by
+    if revocation is not None:
+        approval = stored.approval
+        raise SpecError(
+            [
+                FieldError(
+                    "baseline_manifest",
+                    f"manifest sha256 {sha[:12]}… (experiment {stored.experiment_id}, approved by "
+                    f"{approval.approver.get_username()} on {approval.created_at:%Y-%m-%d %H:%M} UTC) "
+                    f"was superseded: its approval was revoked on {revocation.created_at:%Y-%m-%d %H:%M} "
+                    f"UTC by {revocation.revoked_by.get_username()} ({revocation.reason[:200]}); "
+                    "give the manifest production runs now",
                 )
             ]
         )
@@ -94,7 +125,7 @@ def _refuse_revoked(manifest_text: str) -> None:
 
 def gate_check(request: GateInput) -> Baseline:
     """What can be checked before the window is read: the format, the repeats, B0 (the gate
-    file or a manifest not revoked) and the split into classes. Raises SpecError (the user's
+    file, or a manifest this service issued and nobody revoked) and the split into classes. Raises SpecError (the user's
     field paths); the API answers these in the request, before it stores the window."""
     from apps.workloads.importers import parse_class_thresholds
 
@@ -107,7 +138,7 @@ def gate_check(request: GateInput) -> Baseline:
     ):
         raise SpecError([FieldError("repeats", MIN_REPEATS_MESSAGE)])
     if request.manifest_text is not None:
-        _refuse_revoked(request.manifest_text)
+        manifest_issued(request.manifest_text)
     try:
         base = resolve_baseline(request)
         if request.trace_format != "tailtune":

@@ -189,6 +189,24 @@ def test_a_host_gone_by_the_import_fails_the_upload_with_the_reason(model_dir: P
     assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
 
 
+def issue(content: dict) -> Experiment:  # type: ignore[type-arg]
+    """Store a hand-built manifest as an approval here would (the gate takes no other); its experiment."""
+    from apps.approvals import manifest as mf
+    from apps.approvals.models import Approval, RollbackManifest
+    from tests.experiments.factories import make_experiment
+
+    experiment = make_experiment(owner=UserFactory(roles=["experimenter"]), name="issued")
+    approval = Approval.objects.create(
+        experiment=experiment, approver=UserFactory(roles=["approver"]), verdict="approved", chosen_cell="C2",
+        reason="the manifest the gate reads",
+    )  # fmt: skip
+    sha = mf.content_sha256(content)
+    RollbackManifest.objects.create(
+        experiment=experiment, approval=approval, content=content, sha256=sha, **mf.files(content, sha)
+    )
+    return experiment
+
+
 def test_the_baseline_comes_from_an_approved_manifest_whose_digest_is_checked(model_dir: Path) -> None:
     from apps.approvals import manifest as mf
 
@@ -216,6 +234,9 @@ def test_the_baseline_comes_from_an_approved_manifest_whose_digest_is_checked(mo
     )
     doc = mf.document(content, mf.content_sha256(content))
     api = api_for(UserFactory(roles=["experimenter"]))
+    refused = post_gate(api, baseline_manifest=mf.to_yaml(doc), classes="short:1024,long")
+    assert "is not one this service issued" in refused.json()["errors"][0]["message"]
+    approved = issue(content)
     created = start_gate(
         api,
         baseline_manifest=mf.to_yaml(doc),
@@ -245,7 +266,7 @@ def test_the_baseline_comes_from_an_approved_manifest_whose_digest_is_checked(mo
         api, baseline_manifest=mf.to_json(doc), baseline_args='{"max_num_seqs": 1}', classes="a:9,b"
     )
     assert "baseline_args" in {e["field"] for e in both.json()["errors"]}
-    assert Experiment.objects.count() == 1
+    assert Experiment.objects.exclude(pk=approved.pk).count() == 1
 
 
 def test_the_remote_client_is_served_by_the_server(client) -> None:  # type: ignore[no-untyped-def]
