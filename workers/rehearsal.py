@@ -13,12 +13,19 @@ Steps of :func:`rehearsal_execute` (called by the run pipeline for a run whose
    only at the switch, by a timer on the shared monotonic clock.
 3. Replay the frozen trace (workers/replay/rehearsal.py) with a fixed origin:
    at ``switch_at_s`` new requests go to B0 (or, with a router, the switch
-   command runs and every request goes to ``route_url``); streams still open
+   command runs and every request goes to the router); streams still open
    on the candidate at the drain deadline after the switch are cut.
 4. Scrape both servers' /metrics every second (B0's samples are stored with
    ``server = "b0"``, times from the replay's origin, as the records' are).
 5. Both servers are stopped whatever happens. A switch command that exits
-   non-zero (or times out) stops the replay and fails the run with its stderr.
+   non-zero (or times out) stops the replay and fails the run with its stderr's tail.
+
+The spec's ``recovery.switch`` and ``recovery.router`` are names; this worker resolves them in
+its own environment (``TAILTUNE_SWITCH_COMMANDS``, ``TAILTUNE_ROUTERS``: :func:`route_resolve`),
+never from the spec or a database row, and fails the run before starting anything when its host
+does not offer them. The switch command runs without a shell, with a minimal environment (none
+of the worker's secrets), the two servers' URLs as whole-argument placeholders and environment
+variables, and a time limit.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import dataclasses
 import logging
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,6 +47,7 @@ from apps.experiments.generation import request_sampling
 from apps.experiments.models import ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.experiments.spec_types import RecoverySpec
+from apps.runs.hosts import local_routers, local_switch_commands
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
 from apps.workloads.services import trace_load
@@ -53,11 +62,68 @@ log = logging.getLogger(__name__)
 # must be up and its plan built before the first planned send.
 ORIGIN_LEAD_S = 3.0
 SWITCH_COMMAND_TIMEOUT_S = 60.0
+# What the switch command inherits from the worker's environment: only these (the worker's own
+# holds DATABASE_URL and SECRET_KEY); the servers' URLs are added (SWITCH_URLS).
+SWITCH_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
+# How much of a failed switch command's stderr the run's reason keeps (its end).
+SWITCH_STDERR_CHARS = 500
 SCRAPE_INTERVAL_S = 1.0
 
 
 class SwitchFailed(Exception):
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """The operator's router and switch command a rehearsal uses (resolved on this host)."""
+
+    switch: str
+    argv: tuple[str, ...]
+    router: str
+    url: str
+    backend_header: str
+
+
+def route_resolve(options: RecoverySpec, host_name: str) -> Route | None:
+    """The spec's ``recovery.switch`` / ``recovery.router`` names resolved in this worker's own
+    environment; None for tailtune's own switch. SwitchFailed, naming the setting, when this
+    host does not offer them or the stored spec still carries a program or an address."""
+    stored = cast(dict[str, Any], options)
+    old = [key for key in ("switch_command", "route_url", "backend_header") if stored.get(key) is not None]
+    if old:
+        raise SwitchFailed(
+            f"the spec gives recovery.{old[0]}, which no longer runs: name a switch from the host's "
+            "TAILTUNE_SWITCH_COMMANDS and a router from its TAILTUNE_ROUTERS (recovery.switch, recovery.router)"
+        )
+    switch, router = options.get("switch"), options.get("router")
+    if switch is None and router is None:
+        return None
+    commands, routers = local_switch_commands(), local_routers()
+    for key, name, offered, setting in (
+        ("switch", switch, commands, "TAILTUNE_SWITCH_COMMANDS"),
+        ("router", router, routers, "TAILTUNE_ROUTERS"),
+    ):
+        if name is None or name not in offered:
+            raise SwitchFailed(
+                f"host {host_name} offers no {key} {name!r} (its {setting} lists: "
+                f"{', '.join(sorted(offered)) or 'none'})"
+            )
+    assert switch is not None and router is not None  # checked just above
+    return Route(
+        switch=switch,
+        argv=tuple(commands[switch]),
+        router=router,
+        url=routers[router]["url"],
+        backend_header=routers[router]["backend_header"],
+    )
+
+
+def switch_argv(argv: tuple[str, ...] | list[str], *, candidate_url: str, b0_url: str) -> list[str]:
+    """The command with each item that is exactly a placeholder replaced by its URL; nothing is
+    spliced into a longer item (apps/runs/hosts.switch_commands refuses such items)."""
+    urls = {"{candidate_url}": candidate_url, "{b0_url}": b0_url}
+    return [urls.get(item, item) for item in argv]
 
 
 def split_host(
@@ -131,6 +197,10 @@ def rehearsal_execute(
     """Steps 1-5 (see the module docstring); returns (status, reason, run fields)."""
     experiment = run.experiment
     options = recovery_options(experiment.spec or {})
+    try:
+        route = route_resolve(options, host.name)
+    except SwitchFailed as exc:  # before any server starts
+        return Run.Status.FAILED, str(exc), {}
     b0_cell = experiment.cells.get(role=ServerConfig.Role.BASELINE)
     (cand_host, cand_controls), (b0_host, b0_controls), split_note = split_host(host_config, controls)
     ports = options.get("ports") or {}
@@ -159,6 +229,8 @@ def rehearsal_execute(
         "b0_url": b0.base_url,
         "b0_cell": b0_cell.cell_id,
     }
+    if route is not None:  # the operator's names, never the command or the address behind them
+        facts.update(switch=route.switch, router=route.router)
 
     def track() -> None:
         Host.objects.filter(pk=host.pk).update(server_pids=candidate.tracked_pids() + b0.tracked_pids())
@@ -200,7 +272,7 @@ def rehearsal_execute(
         if watcher.cancelled:
             return Run.Status.CANCELLED, "cancelled before the replay started", {}
         Run.objects.filter(pk=run.pk, status__in=Run.ACTIVE).update(status=Run.Status.WARMING)
-        return _replay(run, host, candidate, b0, options, facts, stop, watcher, cold=cold, track=track)
+        return _replay(run, host, candidate, b0, options, route, facts, stop, watcher, cold=cold, track=track)
 
 
 def _replay(
@@ -209,6 +281,7 @@ def _replay(
     candidate: EngineServer,
     b0: EngineServer,
     options: RecoverySpec,
+    route: Route | None,
     facts: dict[str, Any],
     stop: threading.Event,
     watcher: Any,
@@ -219,7 +292,7 @@ def _replay(
     trace = trace_load(sha256=run.trace_sha256)
     requests = [r.to_json() for r in trace.requests]
     switch_s = float(cast(float, options["switch_at_s"]))  # recovery_options fills it from the windows
-    router = options.get("route_url")
+    router = route.url if route is not None else None
     timing = {"origin_ns": 0}  # fixed just before the replay starts, after the "before" scrapes
     clock = lambda: time.perf_counter_ns() - timing["origin_ns"]  # noqa: E731 - times from the replay's origin
     cand_scraper = Scraper(candidate.base_url, interval_s=SCRAPE_INTERVAL_S, clock=clock)
@@ -230,9 +303,8 @@ def _replay(
 
     def switch_command() -> None:
         try:
-            # Only with a router, and the spec gives switch_command with route_url (check_recovery).
-            argv = cast(list[str], options["switch_command"])
-            _run_switch_command(argv, candidate, b0, facts, timing["origin_ns"])
+            assert route is not None  # only with a router
+            _run_switch_command(route.argv, candidate, b0, facts, timing["origin_ns"])
         except SwitchFailed as exc:
             side_errors.append(str(exc))
             stop.set()
@@ -304,7 +376,7 @@ def _replay(
                 "cut_after_s": run.drain_deadline_seconds,
                 "b0_url": None if router else b0.base_url,
                 "wait_for_b0": cold,
-                "backend_header": options.get("backend_header"),
+                "backend_header": route.backend_header if route is not None else None,
             },
         )
     finally:
@@ -347,26 +419,45 @@ def _replay(
 
 
 def _run_switch_command(
-    argv: list[str], candidate: EngineServer, b0: EngineServer, facts: dict[str, Any], origin_ns: int
+    argv: tuple[str, ...] | list[str],
+    candidate: EngineServer,
+    b0: EngineServer,
+    facts: dict[str, Any],
+    origin_ns: int,
 ) -> None:
-    """Run the team's switch command (an argv list, no shell); SwitchFailed unless it exits 0."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    """Run the operator's switch command (no shell, a minimal environment, a time limit);
+    SwitchFailed with the end of its stderr unless it exits 0."""
+    env = {k: v for k, v in os.environ.items() if k in SWITCH_ENV_KEEP}
     env.update({"TAILTUNE_CANDIDATE_URL": candidate.base_url, "TAILTUNE_B0_URL": b0.base_url})
+    command = switch_argv(argv, candidate_url=candidate.base_url, b0_url=b0.base_url)
     facts["switch_command_started_at_s"] = _since(origin_ns)
-    try:
-        done = subprocess.run(
-            argv, env=env, capture_output=True, text=True, timeout=SWITCH_COMMAND_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        raise SwitchFailed(
-            f"the switch command did not finish in {SWITCH_COMMAND_TIMEOUT_S:g} s: {stderr[-1000:]}"
-        ) from None
-    except OSError as exc:
-        raise SwitchFailed(f"the switch command could not start: {exc}") from None
-    facts["switch_command_exit"] = done.returncode
-    facts["switch_command_ended_at_s"] = _since(origin_ns)
-    if done.returncode != 0:
-        raise SwitchFailed(
-            f"the switch command exited with status {done.returncode}: {done.stderr.strip()[-2000:]}"
-        )
+    with tempfile.TemporaryFile() as stderr:
+        try:
+            done = subprocess.run(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                timeout=SWITCH_COMMAND_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise SwitchFailed(
+                f"the switch command did not finish in {SWITCH_COMMAND_TIMEOUT_S:g} s: {_tail(stderr)}"
+            ) from None
+        except OSError as exc:
+            raise SwitchFailed(f"the switch command {argv[0]!r} could not start: {exc.strerror or exc}") from None
+        facts["switch_command_exit"] = done.returncode
+        facts["switch_command_ended_at_s"] = _since(origin_ns)
+        if done.returncode != 0:
+            raise SwitchFailed(f"the switch command exited with status {done.returncode}: {_tail(stderr)}")
+
+
+def _tail(file: Any) -> str:
+    """The last SWITCH_STDERR_CHARS characters of a command's stderr, printable only."""
+    size = file.seek(0, os.SEEK_END)
+    file.seek(max(0, size - 4 * SWITCH_STDERR_CHARS))
+    text = file.read().decode("utf-8", errors="replace").strip()
+    text = "".join(ch if ch.isprintable() or ch == "\n" else "?" for ch in text)
+    return text[-SWITCH_STDERR_CHARS:]

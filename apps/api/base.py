@@ -3,7 +3,7 @@ checks), the bounded JSON and YAML parsers, the error bodies, and the checks of 
 and uploads.
 
 The resources: apps/api/views.py (experiments), views_runs.py (runs and their records),
-views_traces.py (trace uploads) and gates.py (the gate).
+views_traces.py (trace uploads), views_hosts.py (the names hosts offer) and gates.py (the gate).
 """
 
 from __future__ import annotations

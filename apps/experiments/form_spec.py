@@ -21,6 +21,7 @@ from apps.experiments.forms import (
     ExperimentForm,
     _chunked,
 )
+from apps.experiments.offers import spec_offer_errors
 from apps.experiments.services import spec_limits
 from apps.experiments.spec import CONTRACT_KEYS, FieldError, SpecError, parse_spec, validate_spec
 from apps.experiments.spec_types import NormalizedSpec, RawSpec
@@ -278,8 +279,17 @@ def spec_from_upload(form: ExperimentForm) -> NormalizedSpec:
     data = form.data.copy()  # type: ignore[attr-defined]  # a QueryDict: copies are mutable
     data["spec_text"] = text
     form.data = data
-    return parse_spec(text, limits=spec_limits())
+    return _offered(parse_spec(text, limits=spec_limits()))
 
 
 def validate_built(build: SpecBuild) -> NormalizedSpec:
-    return validate_spec(build.spec, limits=spec_limits())
+    return _offered(validate_spec(build.spec, limits=spec_limits()))
+
+
+def _offered(spec: NormalizedSpec) -> NormalizedSpec:
+    """The spec, once the hosts able to run it offer the switch and router it names (a preview
+    says so before Create does)."""
+    errors = spec_offer_errors(spec)
+    if errors:
+        raise SpecError(errors)
+    return spec

@@ -4,9 +4,12 @@ Pure: no Django. :func:`check_recovery` returns the normalised options and a
 list of ``(field path, message)`` problems; ``spec.validate_spec`` turns them
 into field errors. docs/SCENARIOS.md ("Recovery rehearsal") explains each field.
 
-``switch_command`` is an argv list, never a shell string: it is run without a
-shell, and each item must be a plain token (no whitespace, quotes or shell
-metacharacters), as the launcher's flag values are.
+A spec never names a program or a URL: ``switch`` and ``router`` are names the operator
+gives each host (``TAILTUNE_SWITCH_COMMANDS``, ``TAILTUNE_ROUTERS``; apps/runs/hosts.py), and
+the worker resolves them on its own host. Whether a host able to run the experiment offers
+them is checked where the hosts are known (apps/experiments/offers.py). The old fields that
+carried an argv list or a URL (``switch_command``, ``route_url``, ``backend_header``) are
+refused with an error naming the setting that replaced them.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 from apps.experiments.spec_types import RecoverySpec, StoredSpec
 
@@ -31,18 +33,22 @@ DEFAULTS: dict[str, Any] = {
     # Which frozen trace: None = the first mixture, at its highest agreed rate.
     "mixture": None,
     "rate": None,
-    "switch_command": None,
-    "route_url": None,
-    "backend_header": None,
+    # Names from the host's TAILTUNE_SWITCH_COMMANDS and TAILTUNE_ROUTERS (both or neither).
+    "switch": None,
+    "router": None,
     # Fixed ports for the two servers (a router's backend list names them); None: any free port.
     "ports": None,
 }
-MAX_COMMAND_ITEMS = 64
-MAX_ITEM_CHARS = 1000
 MAX_WINDOW_S = 86_400.0
-_PROGRAM = re.compile(r"^[A-Za-z0-9_./+][A-Za-z0-9_./+-]*$")
-_ARG = re.compile(r"^[A-Za-z0-9._:/@+=,%?&~#\[\]-]+$")
-_HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+# A switch or router name, as the host settings spell them (apps/runs/hosts.py).
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SETTINGS = {"switch": "TAILTUNE_SWITCH_COMMANDS", "router": "TAILTUNE_ROUTERS"}
+# Fields a spec once carried, and the host setting that now holds what they held.
+REPLACED = {
+    "switch_command": "name one of the host's switch commands (TAILTUNE_SWITCH_COMMANDS) in recovery.switch",
+    "route_url": "name one of the host's routers (TAILTUNE_ROUTERS) in recovery.router",
+    "backend_header": "the router's backend header is set with it in the host's TAILTUNE_ROUTERS",
+}
 
 Problems = list[tuple[str, str]]
 
@@ -67,33 +73,6 @@ def _number(data: Mapping[str, Any], key: str, problems: Problems, *, maximum: f
     return float(value)
 
 
-def check_command(value: Any, path: str = "recovery.switch_command") -> tuple[list[str] | None, Problems]:
-    """An argv list of plain tokens, or the problems with it."""
-    if isinstance(value, str):
-        return None, [(path, "must be a list of arguments (an argv list), not a string: no shell runs it")]
-    if not isinstance(value, list) or not value:
-        return None, [(path, "must be a non-empty list of arguments")]
-    if len(value) > MAX_COMMAND_ITEMS:
-        return None, [(path, f"has {len(value)} items; at most {MAX_COMMAND_ITEMS}")]
-    problems: Problems = []
-    for i, item in enumerate(value):
-        where = f"{path}[{i}]"
-        if not isinstance(item, str) or not item:
-            problems.append((where, "must be a non-empty string"))
-        elif len(item) > MAX_ITEM_CHARS:
-            problems.append((where, f"is {len(item)} characters; at most {MAX_ITEM_CHARS}"))
-        elif i == 0 and not _PROGRAM.match(item):
-            problems.append((where, "must be a program name or path (letters, digits, . _ / + -)"))
-        elif not _ARG.match(item):
-            problems.append(
-                (
-                    where,
-                    "must be a plain token: no whitespace, quotes or shell characters ($ ; | ` < > ( ) * \\)",
-                )
-            )
-    return (None if problems else list(value)), problems
-
-
 def check_recovery(
     raw: Any, *, warmup_s: float | None, observation_s: float | None
 ) -> tuple[RecoverySpec, Problems]:
@@ -105,7 +84,12 @@ def check_recovery(
         return cast(RecoverySpec, dict(DEFAULTS)), [("recovery", "must be a mapping")]
     data = {str(k): v for k, v in raw.items()}
     for key in sorted(set(data) - set(DEFAULTS)):
-        problems.append((f"recovery.{key}", "unknown field"))
+        if key in REPLACED:
+            problems.append(
+                (f"recovery.{key}", f"a spec cannot name a program or an address any more: {REPLACED[key]}")
+            )
+        else:
+            problems.append((f"recovery.{key}", "unknown field"))
     out = dict(DEFAULTS)
 
     rehearse = data.get("rehearse", True)
@@ -143,34 +127,27 @@ def check_recovery(
         elif value is not None:
             out[key] = value
 
-    command = data.get("switch_command")
-    if command is not None:
-        out["switch_command"], found = check_command(command)
-        problems += found
-    url = data.get("route_url")
-    if url is not None:
-        try:
-            parts = urlsplit(url) if isinstance(url, str) else None
-            port_ok = parts is not None and (parts.port is None or parts.port > 0)
-        except ValueError:  # a bracket left open, a port out of range
-            parts, port_ok = None, False
-        if parts is None or not port_ok or parts.scheme not in ("http", "https") or not parts.hostname:
-            problems.append(("recovery.route_url", f"must be an http(s) URL with a valid port, got {url!r}"))
+    for key, setting in SETTINGS.items():
+        name = data.get(key)
+        if name is None:
+            continue
+        if not isinstance(name, str) or not NAME.match(name):
+            problems.append(
+                (
+                    f"recovery.{key}",
+                    f"must be a name from the host's {setting} (letters, digits, . _ -), got {str(name)[:80]!r}",
+                )
+            )
         else:
-            out["route_url"] = url.rstrip("/")
-    if (command is None) != (url is None):
-        missing = "route_url" if url is None else "switch_command"
+            out[key] = name
+    if (data.get("switch") is None) != (data.get("router") is None):
+        missing = "router" if data.get("router") is None else "switch"
         problems.append(
-            (f"recovery.{missing}", "is required with a router: give switch_command and route_url")
+            (
+                f"recovery.{missing}",
+                f"is required with a router: give switch and router ({SETTINGS[missing]})",
+            )
         )
-    header = data.get("backend_header")
-    if header is not None:
-        if not isinstance(header, str) or not _HEADER.match(header):
-            problems.append(("recovery.backend_header", f"must be an HTTP header name, got {header!r}"))
-        elif url is None:
-            problems.append(("recovery.backend_header", "is read from the router's answers: give route_url"))
-        else:
-            out["backend_header"] = header
 
     ports = data.get("ports")
     if ports is not None:

@@ -11,6 +11,7 @@ from django.db import transaction
 
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, RequestClass, ServerConfig, Workload
+from apps.experiments.offers import spec_offer_errors
 from apps.experiments.plan import expand_plan
 from apps.experiments.spec import FieldError, SpecError, SpecLimits, validate_spec
 from apps.experiments.spec_types import NormalizedSpec, RawSpec
@@ -88,6 +89,8 @@ def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experime
     spec = checked
     _check_imported_trace(spec)
     spec["owner"] = owner.get_username()
+    if checked is not None:  # names no host offers (recovery.switch, recovery.router)
+        errors += spec_offer_errors(checked)
     controls = spec["controls"]
     experiment = Experiment.objects.create(
         name=spec["name"],

@@ -187,9 +187,8 @@ class RecoverySpec(TypedDict):
     window_s: float
     mixture: str | None
     rate: str | None
-    switch_command: list[str] | None
-    route_url: str | None
-    backend_header: str | None
+    switch: str | None  # a name from the host's TAILTUNE_SWITCH_COMMANDS
+    router: str | None  # a name from the host's TAILTUNE_ROUTERS
     ports: dict[str, int] | None
 
 

@@ -24,6 +24,7 @@ from apps.experiments import selectors
 from apps.experiments.form_spec import attach_spec_errors, build_spec, spec_from_upload, validate_built
 from apps.experiments.forms import CellFormSet, ClassFormSet, ExperimentForm
 from apps.experiments.models import Experiment, TraceUpload
+from apps.experiments.offers import offers_for
 from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import SpecError, dump_spec
 from apps.experiments.spec_types import NormalizedSpec
@@ -151,8 +152,10 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
                     request, f"Created {experiment.name}: {estimate.runs} runs planned. Start it when ready."
                 )
                 return redirect("experiments:detail", pk=experiment.pk)
-            return _render_new(request, form, cells, classes, estimate, status=400)
-    return _render_new(request, form, cells, classes, estimate, status=200 if spec is not None else 400)
+            return _render_new(request, form, cells, classes, estimate, status=400, spec=spec)
+    return _render_new(
+        request, form, cells, classes, estimate, status=200 if spec is not None else 400, spec=spec
+    )
 
 
 def upload_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -180,11 +183,20 @@ def _render_new(
     classes: Any,
     estimate: selectors.PlanEstimate | None,
     status: int = 200,
+    spec: NormalizedSpec | None = None,
 ) -> HttpResponse:
     return render(
         request,
         "experiments/new.html",
-        {"form": form, "cells": cells, "classes": classes, "estimate": estimate},
+        # The switch and router names a spec may pick (never the commands or URLs behind them):
+        # those the hosts able to run the previewed spec offer, else those of every enabled host.
+        {
+            "form": form,
+            "cells": cells,
+            "classes": classes,
+            "estimate": estimate,
+            "offers": offers_for(max_model_len=spec["controls"]["max_model_len"] if spec else None),
+        },
         status=status,
     )
 

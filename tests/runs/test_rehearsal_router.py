@@ -1,9 +1,10 @@
-"""A rehearsal through the team's router, on fake servers (starts in milliseconds).
+"""A rehearsal through the operator's router, on fake servers (starts in milliseconds).
 
-The router is the tests' own (tests/support_router.py). The pipeline runs the
-spec's switch command at the switch and reads the backend from the router's
-header; a switch command that exits non-zero fails the rehearsal with its
-stderr, and both servers are stopped.
+The router is the tests' own (tests/support_router.py); the host's environment names it and
+its switch commands (TAILTUNE_ROUTERS, TAILTUNE_SWITCH_COMMANDS), the spec only picks the names.
+The pipeline runs the named switch command at the switch and reads the backend from the
+router's header; a switch command that exits non-zero fails the rehearsal with its stderr,
+and both servers are stopped.
 """
 
 from __future__ import annotations
@@ -54,17 +55,25 @@ def _rehearse(monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str) 
         "observation_s": 4,
         "drain_deadline_s": 3,
     }
+    # What the operator lets this host run and reach; the spec below names them only.
+    monkeypatch.setenv(
+        "TAILTUNE_SWITCH_COMMANDS",
+        json.dumps({"flip": [sys.executable, "-m", "tests.support_router", "switch", router["url"], to]}),
+    )
+    monkeypatch.setenv(
+        "TAILTUNE_ROUTERS",
+        json.dumps({"test-router": {"url": router["url"], "backend_header": "X-Served-By"}}),
+    )
+    host_register_local()
     spec["recovery"] = {
         "standby": "warm",
         "switch_at_s": 2.5,
-        "switch_command": [sys.executable, "-m", "tests.support_router", "switch", router["url"], to],
-        "route_url": router["url"],
-        "backend_header": "X-Served-By",
+        "switch": "flip",
+        "router": "test-router",
         "ports": router["ports"],
     }
     owner = UserFactory(roles=["experimenter"])
     experiment = experiment_create(spec=spec, owner=owner)
-    host_register_local()
     Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
     experiment_freeze_and_enqueue(experiment_id=experiment.pk)
     experiment.runs.filter(scenario="").update(status=Run.Status.DONE)
@@ -80,6 +89,8 @@ def test_the_switch_command_runs_at_the_switch_and_the_backend_header_is_recorde
     assert run.status == "done", run.reason
     facts = run.summary["rehearsal"]
     assert facts["mode"] == "router" and facts["switch_command_exit"] == 0
+    assert facts["switch"] == "flip" and facts["router"] == "test-router"
+    assert router["url"] not in json.dumps(run.summary)  # the names are kept, not the address
     assert 2.5 <= facts["switch_command_started_at_s"] < 3.5
     records = list(RequestRecord.objects.filter(run=run).order_by("planned_ns"))
     assert len(records) == run.requests_planned

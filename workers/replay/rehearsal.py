@@ -9,9 +9,10 @@ A rehearsal replays one frozen trace against the candidate and, at
   post-switch request (as a router with health checks would) until B0's
   ``/health`` first answers 200; the wait is the request's admission delay and
   part of its latency, which is measured from its planned arrival.
-- **the team's router** (``route_url``): every request goes to the router, the
-  worker runs the switch command at the switch, and the server that answered is
-  read from ``backend_header`` (else "unknown").
+- **the operator's router** (the spec's ``recovery.router``, a name the host's
+  ``TAILTUNE_ROUTERS`` resolves to a URL and a backend header): every request goes
+  to the router, the worker runs the named switch command at the switch, and the
+  server that answered is read from the router's ``backend_header`` (else "unknown").
 
 Either way, requests sent before the switch keep streaming until
 ``switch_at_s + cut_after_s`` (the manifest's drain deadline); the client
