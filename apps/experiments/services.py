@@ -84,13 +84,13 @@ def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experime
         owner = _resolve_owner(checked if checked is not None else unchecked, owner)
     except SpecError as exc:
         errors += exc.errors
+    if checked is not None:  # names no host offers (recovery.switch, recovery.router)
+        errors += spec_offer_errors(checked)
     if errors or checked is None:
         raise SpecError(errors)
     spec = checked
     _check_imported_trace(spec)
     spec["owner"] = owner.get_username()
-    if checked is not None:  # names no host offers (recovery.switch, recovery.router)
-        errors += spec_offer_errors(checked)
     controls = spec["controls"]
     experiment = Experiment.objects.create(
         name=spec["name"],
