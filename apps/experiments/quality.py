@@ -17,12 +17,40 @@ from typing import Any, cast
 
 import regex
 
-from apps.experiments.spec_types import ClassQuality, QualityProbe, QualitySpec, QualityValidators
+from apps.experiments.schema_bounds import (
+    MAX_SCHEMA_BYTES,
+    MAX_SCHEMA_DEPTH,
+    MAX_SCHEMA_EXPANDED,
+    MAX_SCHEMA_NODES,
+    Unbounded,
+    check_references,
+    check_size,
+)
+from apps.experiments.spec_types import (
+    ClassQuality,
+    JSONObject,
+    QualityProbe,
+    QualitySpec,
+    QualityValidators,
+)
 
 DEFAULTS: dict[str, Any] = {"prompts_per_class": 8, "max_tokens": 32, "trace_sha256": None}
 MAX_PROMPTS_PER_CLASS = 256
 MAX_PROBE_TOKENS = 1024
 FINISH_REASONS = ("stop", "length")
+# A validator's regular expression: searched in each answer within the analysis's time budget
+# (apps/analysis/validators.py); its length is bounded here.
+MAX_REGEX_CHARS = 2_000
+__all__ = [
+    "MAX_REGEX_CHARS",
+    "MAX_SCHEMA_BYTES",
+    "MAX_SCHEMA_DEPTH",
+    "MAX_SCHEMA_EXPANDED",
+    "MAX_SCHEMA_NODES",
+    "check_class_quality",
+    "check_json_schema",
+    "check_quality",
+]
 
 
 def _number(
@@ -81,27 +109,24 @@ def _quality(probe: Mapping[str, Any]) -> QualitySpec:
     return {"probe": cast(QualityProbe, dict(probe))}
 
 
-def _refused_keyword(schema: Any) -> str | None:
-    """What a probe's schema may not use: a reference outside itself (a file or a URL would be
-    read while the report is built) or a pattern (run by Python's re without a time limit; the
-    ``regex`` validator has one)."""
-    if isinstance(schema, Mapping):
-        for key, value in schema.items():
-            if key in ("$ref", "$dynamicRef") and not (isinstance(value, str) and value.startswith("#")):
-                return (
-                    f"{key} {value!r:.60} points outside the schema; only local references (#...) are allowed"
-                )
-            if key in ("pattern", "patternProperties"):
-                return f"{key} is not allowed here: use the regex validator, which has a time limit"
-            found = _refused_keyword(value)
-            if found:
-                return found
-    elif isinstance(schema, list):
-        for item in schema:
-            found = _refused_keyword(item)
-            if found:
-                return found
-    return None
+def check_json_schema(schema: Any) -> tuple[JSONObject, str | None]:
+    """A validator's JSON schema and the problem with it, if any: a Draft 2020-12 schema within
+    the bounds of apps/experiments/schema_bounds.py (size first, then the metaschema, then its
+    references), so that validating an answer against it is bounded work."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    if not isinstance(schema, Mapping):
+        return {}, "not a JSON schema: must be a mapping (a JSON schema)"
+    try:
+        check_size(schema)
+        Draft202012Validator.check_schema(schema)
+        check_references(schema)
+    except SchemaError as exc:
+        return {}, f"not a JSON schema: {exc.message}"
+    except Unbounded as exc:
+        return {}, f"not a bounded JSON schema: {exc}"
+    return cast(JSONObject, dict(schema)), None
 
 
 def check_class_quality(raw: Any, path: str) -> tuple[ClassQuality, list[tuple[str, str]]]:
@@ -133,27 +158,18 @@ def check_class_quality(raw: Any, path: str) -> tuple[ClassQuality, list[tuple[s
             if "regex" in validators:
                 pattern = validators["regex"]
                 try:
-                    if not isinstance(pattern, str) or len(pattern) > 2000:
-                        raise regex.error("must be text of at most 2,000 characters")
+                    if not isinstance(pattern, str) or len(pattern) > MAX_REGEX_CHARS:
+                        raise regex.error(f"must be text of at most {MAX_REGEX_CHARS:,} characters")
                     regex.compile(pattern)
                     checked["regex"] = pattern
                 except regex.error as exc:
                     problems.append((f"{vpath}.regex", f"not a regular expression: {exc}"))
             if "json_schema" in validators:
-                from jsonschema import Draft202012Validator
-                from jsonschema.exceptions import SchemaError
-
-                schema = validators["json_schema"]
-                try:
-                    if not isinstance(schema, Mapping):
-                        raise SchemaError("must be a mapping (a JSON schema)")
-                    Draft202012Validator.check_schema(schema)
-                    refused = _refused_keyword(schema)
-                    if refused:
-                        raise SchemaError(refused)
-                    checked["json_schema"] = dict(schema)
-                except SchemaError as exc:
-                    problems.append((f"{vpath}.json_schema", f"not a JSON schema: {exc.message}"))
+                schema, problem = check_json_schema(validators["json_schema"])
+                if problem:
+                    problems.append((f"{vpath}.json_schema", problem))
+                else:
+                    checked["json_schema"] = schema
             if "finish_reason" in validators:
                 if validators["finish_reason"] not in FINISH_REASONS:
                     problems.append((f"{vpath}.finish_reason", "must be stop or length"))
