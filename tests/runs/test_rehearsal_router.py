@@ -43,7 +43,9 @@ def router() -> Iterator[dict[str, Any]]:
         yield {"url": url, "ports": ports}
 
 
-def _rehearse(monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str) -> Run:
+def _rehearse(
+    monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str, *, withdrawn: bool = False
+) -> Run:
     # No task reaches the shared broker: this test runs the pipeline itself and analyses nothing.
     hold_tasks(monkeypatch, HOST_PULL, ANALYSE_EXPERIMENT)
     monkeypatch.setenv("TAILTUNE_VLLM_COMMAND", json.dumps([sys.executable, str(FAKE)]))
@@ -79,6 +81,8 @@ def _rehearse(monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], to: str) 
     experiment.runs.filter(scenario="").update(status=Run.Status.DONE)
     Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.ANALYSED)
     run = rehearsal_start(experiment=experiment, cell_id="C1", actor=owner)
+    if withdrawn:  # the operator took the switch off this host after the experiment was created
+        monkeypatch.delenv("TAILTUNE_SWITCH_COMMANDS")
     run_execute(run_pk=run.pk)
     run.refresh_from_db()
     return run
@@ -114,6 +118,13 @@ def test_a_switch_command_that_fails_fails_the_rehearsal_with_its_stderr_and_sto
     assert "unknown backend 'nowhere'" in run.reason  # the command's own stderr
     assert not alive_pids(run.summary["servers"]["candidate"] + run.summary["servers"]["b0"])
     assert Host.objects.get(name=run.host.name).server_pids == []
+
+
+def test_a_switch_the_host_no_longer_offers_fails_the_rehearsal_before_any_server_starts(monkeypatch, router):
+    run = _rehearse(monkeypatch, router, "b0", withdrawn=True)
+    assert run.status == "failed"
+    assert "offers no switch 'flip'" in run.reason and "TAILTUNE_SWITCH_COMMANDS" in run.reason
+    assert not RequestRecord.objects.filter(run=run).exists() and run.server_pid is None
 
 
 @pytest.mark.django_db
