@@ -126,7 +126,7 @@ def routers(raw: str) -> dict[str, dict[str, str]]:
             raise ValueError(f"{where}.url must be an http(s) URL with a valid port, got {str(url)[:80]!r}")
         if header and (not isinstance(header, str) or not _HEADER.match(header)):
             raise ValueError(f"{where}.backend_header must be an HTTP header name, got {str(header)[:80]!r}")
-        out[name] = {"url": url.rstrip("/"), "backend_header": header or ""}
+        out[name] = {"url": str(url).rstrip("/"), "backend_header": header or ""}
     return out
 
 
@@ -152,7 +152,10 @@ def host_register_local(*, hardware_id: str | None = None) -> Host:
     prices one of its GPUs per hour for the report's cost per 1M output tokens;
     ``TAILTUNE_SWITCH_COMMANDS`` and ``TAILTUNE_ROUTERS`` (JSON objects) name the switch
     commands and routers a rehearsal on this host may use (:func:`switch_commands`,
-    :func:`routers`): the row advertises them to the create page and the spec check.
+    :func:`routers`): the row advertises them to the create page and the spec check;
+    ``TAILTUNE_MODEL_ROOTS`` (settings) are where its models may lie; ``TAILTUNE_BIND_HOST``
+    is the address its servers bind (loopback unless set; vLLM's development endpoints are
+    only ever on behind a loopback bind, workers/engine/launcher.py).
     ``hardware_id`` (the worker detects it: workers/engine/confirm.local_hardware_id) is
     what experiments are pinned to; None keeps the recorded one.
     """
@@ -183,6 +186,9 @@ def host_register_local(*, hardware_id: str | None = None) -> Host:
             "engines": engines,
             "switches": switches,
             "routers": offered_routers,
+            # Where a model may lie on this host (settings TAILTUNE_MODEL_ROOTS): the spec check
+            # accepts a path under them; the worker checks its own setting again at each start.
+            "model_roots": [str(root) for root in settings.TAILTUNE_MODEL_ROOTS],
             "devices": os.environ.get("TAILTUNE_DEVICES", ""),
             "bind_host": os.environ.get("TAILTUNE_BIND_HOST", "127.0.0.1"),
             "image_digest": os.environ.get("TAILTUNE_IMAGE_DIGEST", ""),

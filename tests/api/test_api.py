@@ -41,6 +41,7 @@ ENDPOINTS = [
     ("get", "/api/v1/experiments/{pk}/manifest.json"),
     ("get", "/api/v1/runs/{run}"),
     ("get", "/api/v1/runs/{run}/records"),
+    ("get", "/api/v1/hosts/offers"),
     ("post", "/api/v1/traces"),
     ("get", "/api/v1/traces/uploads/1"),
     ("post", "/api/v1/gates"),
