@@ -65,6 +65,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A body over what any request may send is a 413 before it is read (config/bodylimits.py).
+    "config.bodylimits.BodyLimitsMiddleware",
     # Static files from the web process itself, compressed, with cache headers (whitenoise).
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -163,6 +165,11 @@ USE_TZ = True
 # with a new experiment is then imported by a worker (apps/experiments/uploads.py).
 TAILTUNE_MAX_UPLOAD_BYTES = envint("TAILTUNE_MAX_UPLOAD_BYTES", 512 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("TAILTUNE_MAX_REQUEST_BYTES", 8 * 1024 * 1024)
+# A request carries at most this many files (the create page sends two) and form fields (Django's
+# default); more is a 413 naming the limit (config/bodylimits.py), as is a body declared larger
+# than these allow, before it is read.
+DATA_UPLOAD_MAX_NUMBER_FILES = envint("TAILTUNE_MAX_REQUEST_FILES", 4)
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 FILE_UPLOAD_HANDLERS = ["config.uploadhandlers.CappedTemporaryFileUploadHandler"]
 FILE_UPLOAD_TEMP_DIR = str(DATA_DIR / "uploads" / "tmp")
 Path(FILE_UPLOAD_TEMP_DIR).mkdir(parents=True, exist_ok=True)

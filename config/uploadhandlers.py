@@ -2,7 +2,8 @@
 
 Every uploaded file goes to a temporary file (never into memory), under
 ``TAILTUNE_DATA/uploads/tmp`` so that keeping it is a rename. Past
-``TAILTUNE_MAX_UPLOAD_BYTES`` the file is dropped at once and the rest of its
+``TAILTUNE_MAX_UPLOAD_BYTES``, or its view's lower cap on the field (``request.upload_limits``,
+set by config/bodylimits.py from ``@upload_limits``), the file is dropped at once and the rest of its
 bytes are read and discarded; the request records the field in
 ``request.uploads_too_large`` ({field: limit}) for the view to report as a
 field error.
@@ -24,6 +25,10 @@ class CappedTemporaryFileUploadHandler(TemporaryFileUploadHandler):
     def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
         self.received += len(raw_data)
         limit = int(settings.TAILTUNE_MAX_UPLOAD_BYTES)
+        # A view's own cap on this field (config/bodylimits.py upload_limits), when it is lower.
+        own = (getattr(self.request, "upload_limits", None) or {}).get(self.field_name)
+        if own is not None:
+            limit = min(limit, int(own))
         if self.received > limit:
             self.file.close()  # a temporary file: closing deletes it
             too_large = getattr(self.request, "uploads_too_large", None) or {}
@@ -34,4 +39,6 @@ class CappedTemporaryFileUploadHandler(TemporaryFileUploadHandler):
 
 
 def too_large_message(limit: int) -> str:
+    if limit < int(settings.TAILTUNE_MAX_UPLOAD_BYTES):
+        return f"the file is larger than this field's limit of {limit} bytes"
     return f"the file is larger than the upload limit of {limit} bytes (TAILTUNE_MAX_UPLOAD_BYTES)"

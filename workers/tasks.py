@@ -36,10 +36,15 @@ def freeze_experiment(*, experiment_pk: int) -> int:
 @shared_task(name="tailtune.cell_goodput_capacity", acks_late=True)
 def cell_goodput_capacity(*, experiment_pk: int, cell_id: str, mixture: str) -> float | None:
     """Goodput capacity of one cell (send it to that host's queue): one probe run per step, inline."""
+    from apps.experiments.models import RunsRefused
     from apps.runs.calibration import cell_goodput_capacity as measure
     from workers.pipeline import run_execute
 
-    result = measure(experiment_id=experiment_pk, cell_id=cell_id, mixture=mixture, execute=run_execute)
+    try:
+        result = measure(experiment_id=experiment_pk, cell_id=cell_id, mixture=mixture, execute=run_execute)
+    except RunsRefused as exc:  # analysed or decided since it was queued: stored as failed, with why
+        log.info("goodput capacity of experiment %s not measured: %s", experiment_pk, exc)
+        return None
     return result["capacity_rps"]
 
 

@@ -8,14 +8,15 @@ views_traces.py (trace uploads), views_hosts.py (the names hosts offer) and gate
 
 from __future__ import annotations
 
+import io
 from contextvars import Token
 from typing import Any
 
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.utils import inline_serializer
-from rest_framework import serializers
-from rest_framework.exceptions import ParseError
+from rest_framework import serializers, status
+from rest_framework.exceptions import APIException, ParseError
 from rest_framework.exceptions import PermissionDenied as ApiForbidden
 from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.request import Request
@@ -27,16 +28,41 @@ from apps.approvals.audit import bind_token, unbind_token
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, load_yaml
+from config.bodylimits import too_much_message
 from config.uploadhandlers import too_large_message
 
 
+class BodyTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "too_large"
+
+
+def _declared_length(parser_context: Any) -> int:
+    request = (parser_context or {}).get("request")
+    raw = str(request.META.get("CONTENT_LENGTH") or "") if request is not None else ""
+    return int(raw) if raw.isascii() and raw.isdigit() else 0
+
+
+def read_bounded(stream: Any, parser_context: Any, *, limit: int, what: str) -> bytes:
+    """The body, refused (413) before a byte is read when its Content-Length passes ``limit``, and
+    never read past ``limit`` bytes whatever the header said."""
+    length = _declared_length(parser_context)
+    if length > limit:
+        raise BodyTooLarge(f"the body is {length} bytes; {what} is at most {limit} bytes")
+    raw = stream.read(limit + 1) if stream is not None else b""
+    if len(raw) > limit:
+        raise BodyTooLarge(f"the body is over {limit} bytes; {what} is at most {limit} bytes")
+    return bytes(raw)
+
+
 class YamlParser(BaseParser):
-    """A spec sent as YAML text (bounded like every spec: apps/experiments/spec.load_yaml)."""
+    """A spec sent as YAML text (bounded like every spec: apps/experiments/spec.load_yaml), refused
+    unread past MAX_SPEC_BYTES."""
 
     media_type = "application/yaml"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        raw = stream.read()
+        raw = read_bounded(stream, parser_context, limit=MAX_SPEC_BYTES, what="a spec")
         try:
             return load_yaml(raw.decode("utf-8"), where="body")
         except UnicodeDecodeError as exc:
@@ -49,21 +75,18 @@ def _errors(exc: SpecError) -> list[dict[str, str]]:
     return [{"field": e.path, "message": e.message} for e in exc.errors]
 
 
-class SpecJsonParser(JSONParser):
-    """JSON bounded like a YAML spec: at most MAX_SPEC_BYTES, and nesting that Python can read."""
+class SpecJsonParser(BaseParser):
+    """JSON bounded like a YAML spec: refused unread past MAX_SPEC_BYTES, and nesting that Python
+    can read. Not a JSONParser subclass: REST framework reads a JSONParser's whole body first
+    (up to TAILTUNE_MAX_REQUEST_BYTES); this one reads only what the spec's limit allows."""
+
+    media_type = JSONParser.media_type
+    renderer_class = JSONParser.renderer_class
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        request = (parser_context or {}).get("request")
-        raw_length = request.META.get("CONTENT_LENGTH") if request is not None else None
-        length = (
-            int(raw_length) if raw_length and str(raw_length).isascii() and str(raw_length).isdigit() else 0
-        )
-        if length > MAX_SPEC_BYTES:
-            raise ParseError(
-                {"errors": [{"field": "body", "message": f"is {length} bytes; at most {MAX_SPEC_BYTES}"}]}
-            )
+        raw = read_bounded(stream, parser_context, limit=MAX_SPEC_BYTES, what="a JSON body")
         try:
-            return super().parse(stream, media_type, parser_context)
+            return JSONParser().parse(io.BytesIO(raw), media_type, parser_context)
         except RecursionError:
             raise ParseError({"errors": [{"field": "body", "message": "is nested too deeply"}]}) from None
 
@@ -79,6 +102,13 @@ class ApiView(APIView):
             return super().dispatch(request, *args, **kwargs)
         finally:
             unbind_token(binding)  # whatever happened: the name never outlives this call
+
+    def handle_exception(self, exc: Exception) -> Any:
+        """A body past Django's own caps (fields, files, bytes) is a 413 naming the limit, not a 400 page."""
+        too_much = too_much_message(exc)
+        if too_much is not None:
+            exc = BodyTooLarge(too_much)
+        return super().handle_exception(exc)
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)

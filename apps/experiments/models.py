@@ -5,9 +5,53 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 
 from apps.experiments.spec_types import CandidateEngine
+
+
+class RunsRefused(ValueError):
+    """No run or record may be added to the experiment now; the message says which status and why."""
+
+
+# The one rule for adding evidence: which kinds of runs (runs.Run.Kind), and so which of their
+# records and metric samples, an experiment of each status still takes. None: any kind. Every
+# writer of runs.Run, RequestRecord and MetricSample asks Experiment.assert_accepts_runs first
+# (tests/experiments/test_accepts_runs.py walks them, and fails on a writer it does not list).
+# - approved, rejected, revoked: a person decided; the evidence behind a verdict never changes.
+# - analysed: the decision is being made on the evidence as it stands. Only the rollback
+#   rehearsal (check 4) is part of deciding, so only it may still add runs (and their records).
+# - cancelled is not a decision: the plan can be started again, and a run cut short keeps the
+#   records it wrote; draft, planned and running take everything.
+REHEARSAL_KIND = "rehearsal"
+RUN_KINDS_ACCEPTED: dict[str, frozenset[str] | None] = {
+    "draft": None,
+    "planned": None,
+    "running": None,
+    "cancelled": None,
+    "analysed": frozenset({REHEARSAL_KIND}),
+    "approved": frozenset(),
+    "rejected": frozenset(),
+    "revoked": frozenset(),
+}
+
+
+def runs_refusal(status: str, kind: str) -> str | None:
+    """Why an experiment of ``status`` takes no run (or record) of ``kind``; None when it does."""
+    accepted = RUN_KINDS_ACCEPTED.get(status, frozenset())
+    if accepted is None or kind in accepted:
+        return None
+    if status == "analysed":
+        return (
+            "its decision is being made on the evidence it holds, and only the rollback rehearsal "
+            "(check 4) may still add to it; measure anything else in a new experiment"
+        )
+    if status in RUN_KINDS_ACCEPTED:
+        return (
+            "a person decided it, and the evidence behind a verdict never changes; no run or record "
+            "is added to it (measure in a new experiment)"
+        )
+    return "no run or record is added to an experiment in this status"
 
 
 class Experiment(models.Model):
@@ -91,6 +135,23 @@ class Experiment(models.Model):
 
     def can_transition(self, to: str) -> bool:
         return to in self.TRANSITIONS.get(self.status, set())
+
+    def assert_accepts_runs(self, *, kind: str) -> None:
+        """Raise RunsRefused unless the experiment may gain a run (or records of a run) of ``kind``.
+
+        The status is read from the database, not from this instance (a worker's copy may be
+        hours old); inside a transaction the row is locked as an approval locks it, so no
+        approval lands between this check and the caller's write.
+        """
+        rows = Experiment.objects.filter(pk=self.pk)
+        if transaction.get_connection().in_atomic_block:
+            rows = rows.select_for_update()
+        status = rows.values_list("status", flat=True).first()
+        if status is None:
+            raise RunsRefused(f"experiment {self.pk} does not exist")
+        reason = runs_refusal(status, kind)
+        if reason is not None:
+            raise RunsRefused(f"experiment {self.pk} is {status}: {reason}")
 
 
 class ServerConfig(models.Model):

@@ -217,7 +217,11 @@ def experiment_create_with_trace(
 
 @transaction.atomic
 def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
-    """Expand cells x mixtures x rates x repeats into queued runs (replacing an unstarted plan)."""
+    """Expand cells x mixtures x rates x repeats into queued runs (replacing an unstarted plan).
+
+    Refused (RunsRefused) on an experiment that takes no more runs (Experiment.assert_accepts_runs).
+    """
+    experiment.assert_accepts_runs(kind=Run.Kind.SWEEP)
     if experiment.runs.exclude(status=Run.Status.QUEUED).exists():
         raise ValueError("the plan has runs that started already; create a new experiment to change it")
     experiment.runs.all().delete()

@@ -26,7 +26,7 @@ from apps.experiments.forms import CellFormSet, ClassFormSet, ExperimentForm
 from apps.experiments.models import Experiment, TraceUpload
 from apps.experiments.offers import offers_for
 from apps.experiments.services import experiment_create, experiment_to_spec
-from apps.experiments.spec import SpecError, dump_spec
+from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, dump_spec
 from apps.experiments.spec_types import NormalizedSpec
 from apps.experiments.uploads import trace_upload_queue
 from apps.runs.calibration import GoodputRequestError, goodput_capacity_request
@@ -36,6 +36,7 @@ from apps.runs.rehearsal import rehearsal_cost_s
 from apps.runs.scheduling import hosts_by_qualification
 from apps.runs.selectors import offered_load
 from apps.workloads.importers import parse_class_thresholds
+from config.bodylimits import upload_limits
 from config.uploadhandlers import too_large_message
 
 
@@ -86,6 +87,7 @@ def _model_defaults(model_path: str) -> dict[str, str]:
     return {"model_path": model_path, **model_revisions(model_path)}
 
 
+@upload_limits(spec_file=MAX_SPEC_BYTES)  # a spec file is dropped as it arrives past the spec's limit
 def experiment_new(request: HttpRequest) -> HttpResponse:
     """GET: the empty form. POST: preview (plan size) or create; nothing is saved until valid."""
     require_reader(request)

@@ -362,6 +362,8 @@ def cell_goodput_capacity(
     cell = experiment.cells.get(cell_id=cell_id)
     first = Run.objects.filter(experiment=experiment, scenario=CALIBRATION).count()
     try:
+        # Before the first trace is generated; each step's run is refused on its own as well.
+        experiment.assert_accepts_runs(kind=Run.Kind.CALIBRATION)
         search = capacity_search(
             experiment=experiment,
             cell=cell,
@@ -393,9 +395,11 @@ def goodput_capacity_request(*, experiment: Experiment, cell_id: str, mixture: s
     """Queue a cell's goodput-capacity search on a live host; returns the host's name.
 
     Refused (GoodputRequestError) for an unknown cell or mixture, while the
-    same search is queued, or with no live host. The search is marked
-    ``queued`` in the derivation at once, so the UI shows it is on its way.
+    same search is queued, or with no live host; RunsRefused when the experiment
+    takes no more runs (analysed or decided: Experiment.assert_accepts_runs). The
+    search is marked ``queued`` in the derivation at once, so the UI shows it is on its way.
     """
+    experiment.assert_accepts_runs(kind=Run.Kind.CALIBRATION)
     if not experiment.cells.filter(cell_id=cell_id).exists():
         raise GoodputRequestError(f"cell: no cell {cell_id!r} in this experiment")
     if mixture not in (experiment.workload.mixtures or {}):

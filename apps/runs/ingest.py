@@ -16,6 +16,7 @@ from typing import Any
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
+from apps.experiments.models import Experiment
 from apps.runs.models import MetricSample, RequestRecord, Run
 from workers.replay.records import RequestRecord as Observed
 
@@ -61,10 +62,24 @@ def _row(run_pk: int, rec: Observed) -> dict[str, Any]:
     }
 
 
+def _accepting(run_pk: int) -> None:
+    """Raise RunsRefused when the run's experiment takes no more records of this run's kind.
+
+    Read per batch, without a lock: a run still writing is unfinished, and no experiment is
+    analysed while a run is unfinished, so this catches a run that outlived its experiment's
+    decision (a worker that was given up for lost and came back)."""
+    kind, experiment_id = Run.objects.filter(pk=run_pk).values_list("kind", "experiment_id").get()
+    Experiment(pk=experiment_id).assert_accepts_runs(kind=kind)
+
+
 def records_ingest(*, run_pk: int, records: Sequence[Observed]) -> int:
-    """Store a batch of observed records for one run; returns how many were new."""
+    """Store a batch of observed records for one run; returns how many were new.
+
+    Refused (RunsRefused) when the run's experiment takes no more records (Experiment.assert_accepts_runs).
+    """
     if not records:
         return 0
+    _accepting(run_pk)
     rows = [_row(run_pk, r) for r in records]
     if connection.vendor == "postgresql":
         return _copy_ignore_conflicts(
@@ -127,8 +142,10 @@ def records_writer(*, run_pk: int) -> Callable[[Sequence[Observed]], None]:
 def metric_samples_ingest(*, run_pk: int, samples: Sequence[dict[str, Any]], server: str = "") -> int:
     """Store scraped /metrics samples (dicts with MetricSample's field names).
 
-    ``server`` says whose: "" the run's own server, "b0" a rehearsal's standby B0.
+    ``server`` says whose: "" the run's own server, "b0" a rehearsal's standby B0. Refused
+    (RunsRefused) like :func:`records_ingest`.
     """
+    _accepting(run_pk)
     objs = [
         MetricSample(
             run_id=run_pk,

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.approvals.audit import audit_record
-from apps.experiments.models import Experiment, ServerConfig
+from apps.experiments.models import Experiment, RunsRefused, ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.experiments.spec import RUN_OVERHEAD_S
 from apps.runs.models import Run
@@ -87,6 +87,12 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
         requests_planned=source.requests_planned,
         model_revision=experiment.model_revision,
         tokenizer_revision=experiment.tokenizer_revision,
+    # The rule every writer of runs follows: a rehearsal may still be added while the
+    # experiment is analysed (check 4 is part of deciding), never once a person decided.
+    try:
+        experiment.assert_accepts_runs(kind=Run.Kind.REHEARSAL)
+    except RunsRefused as exc:
+        raise RehearsalError(str(exc)) from None
         warmup_seconds=source.warmup_seconds,
         observation_seconds=source.observation_seconds,
         drain_deadline_seconds=source.drain_deadline_seconds,

@@ -63,29 +63,32 @@ def probe_run_create(
 
     Capacity-probe steps, goodput searches and the pace run are all this: one
     engine run the caller executes inline, kept apart from the sweep.
-    ``windows`` has ``warmup_s``, ``observation_s`` and ``drain_deadline_s``.
+    ``windows`` has ``warmup_s``, ``observation_s`` and ``drain_deadline_s``. Refused
+    (RunsRefused) on an experiment that takes no more runs (Experiment.assert_accepts_runs).
     """
-    return Run.objects.create(
-        experiment=experiment,
-        cell=cell,
-        mixture=mixture,
-        rate_name=rate_name,
-        rate_rps=rate_rps,
-        repeat=1,
-        round_position=position,
-        plan_position=position,
-        kind=kind,
-        scenario=CALIBRATION,
-        trace=trace,
-        trace_sha256=trace.sha256,
-        corpus_sha256=trace.corpus_sha256,
-        requests_planned=trace.requests,
-        model_revision=experiment.model_revision,
-        tokenizer_revision=experiment.tokenizer_revision,
-        warmup_seconds=float(windows["warmup_s"]),
-        observation_seconds=float(windows["observation_s"]),
-        drain_deadline_seconds=float(windows["drain_deadline_s"]),
-    )
+    with transaction.atomic():  # the experiment row stays locked until the run is written
+        experiment.assert_accepts_runs(kind=kind)
+        return Run.objects.create(
+            experiment=experiment,
+            cell=cell,
+            mixture=mixture,
+            rate_name=rate_name,
+            rate_rps=rate_rps,
+            repeat=1,
+            round_position=position,
+            plan_position=position,
+            kind=kind,
+            scenario=CALIBRATION,
+            trace=trace,
+            trace_sha256=trace.sha256,
+            corpus_sha256=trace.corpus_sha256,
+            requests_planned=trace.requests,
+            model_revision=experiment.model_revision,
+            tokenizer_revision=experiment.tokenizer_revision,
+            warmup_seconds=float(windows["warmup_s"]),
+            observation_seconds=float(windows["observation_s"]),
+            drain_deadline_seconds=float(windows["drain_deadline_s"]),
+        )
 
 
 def _policy(cell: ServerConfig) -> str:

@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.approvals.audit import audit_record
-from apps.experiments.models import Experiment, Workload
+from apps.experiments.models import Experiment, RunsRefused, Workload
 from apps.runs import dispatch
 from apps.runs.hosts import HEARTBEAT_TIMEOUT
 from apps.runs.models import Host, Run
@@ -280,9 +280,6 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
                 "achieved_rate_rps", "image_digest", "vllm_version", "hardware_id", "retry_of", "generation",
                 "live", "dispatched_at"}
     }  # fmt: skip
-    retry = Run.objects.create(**fields, retry_of=run)
-    # Runnable by any qualifying host; with none alive it waits for one (a host's worker pulls
-    # on start, workers/heartbeat.py).
     with transaction.atomic():
         runs_dispatch([retry], run.experiment)
     audit_record(
@@ -291,6 +288,13 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
     return retry
 
 
+        try:
+            run.experiment.assert_accepts_runs(kind=run.kind)
+        except RunsRefused:
+            return None  # decided meanwhile: a retry would add to its evidence
+        retry = Run.objects.create(**fields, retry_of=run)
+        # Runnable by any qualifying host; with none alive it waits for one (a host's worker
+        # pulls on start, workers/heartbeat.py).
 def hosts_reap_lost() -> list[Run]:
     """Fail (and re-queue once) the running run of every host that stopped heartbeating."""
     cutoff = timezone.now() - HEARTBEAT_TIMEOUT

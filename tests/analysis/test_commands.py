@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from apps.runs.models import MetricSample
+from apps.runs.models import MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
 from tests.analysis.factories import done_experiment
 
@@ -27,8 +27,10 @@ def write_results(tmp_path: Path, records, samples=None) -> Path:
     return tmp_path
 
 
-def test_it_imports_records_and_samples_and_is_idempotent(tmp_path):
+def test_it_imports_records_and_samples_and_is_idempotent_until_the_analysis(tmp_path):
     experiment, records = done_experiment(store=False)
+    last = experiment.runs.order_by("plan_position").last()
+    Run.objects.filter(pk=last.pk).update(hardware_id="")  # one run not ready: no analysis yet
     run_id = records[0].run_id
     samples = {
         run_id: [
@@ -55,9 +57,20 @@ def test_it_imports_records_and_samples_and_is_idempotent(tmp_path):
     out = io.StringIO()
     call_command("results_import", "--experiment", str(experiment.pk), str(directory), stdout=out)
     assert f"imported {len(records)} records and 2 metric samples" in out.getvalue()
+    assert "no decision yet" in out.getvalue()
     call_command("results_import", "--experiment", str(experiment.pk), str(directory), stdout=io.StringIO())
     assert RecordRow.objects.filter(run__experiment=experiment).count() == len(records)
     assert MetricSample.objects.filter(run__experiment=experiment).count() == 2
+    # Once analysed, the evidence the decision is being made on takes nothing more.
+    Run.objects.filter(pk=last.pk).update(hardware_id="cpu-test")
+    call_command("results_import", "--experiment", str(experiment.pk), str(directory), stdout=io.StringIO())
+    experiment.refresh_from_db()
+    assert experiment.status == "analysed"
+    with pytest.raises(CommandError, match=f"experiment {experiment.pk} is analysed: .* Nothing imported"):
+        call_command(
+            "results_import", "--experiment", str(experiment.pk), str(directory), stdout=io.StringIO()
+        )
+    assert RecordRow.objects.filter(run__experiment=experiment).count() == len(records)
     row = RecordRow.objects.get(run__run_id=run_id, index=0)
     assert row.first_token_ns == records[0].first_token_ns
     assert row.token_gaps == records[0].token_gaps.to_json()

@@ -91,7 +91,9 @@ def test_experiment_import_refuses_an_unlisted_router_and_saves_nothing(tmp_path
     _host("gpu-1", switches={"to-b0": SWITCH}, routers={"prod": ROUTER})
     file = tmp_path / "spec.yaml"
     file.write_text(dump_spec(_spec(router="attacker")))
-    with pytest.raises(CommandError, match="recovery.router"):
+    with pytest.raises(
+        CommandError, match="recovery.router: no host able to run this experiment offers router"
+    ):
         call_command("experiment_import", str(file), "--owner", "admin")
     _nothing_saved()
 

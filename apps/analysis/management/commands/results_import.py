@@ -10,10 +10,11 @@ one directory per run, named by the run's UUID or by its key
 - ``metrics.jsonl`` (optional): one metric sample per line.
 
 Strict: the first bad line or field stops the import with its file and line
-number, and nothing is saved (one transaction). Re-importing the same files
-changes nothing: records are upserted on (run, index), and a run's metric
-samples are replaced by those of its metrics.jsonl. An approved or rejected
-experiment is refused: the evidence behind a verdict never changes.
+number, and nothing is saved (one transaction). Importing the same files again
+before the analysis changes nothing: records are upserted on (run, index), and a
+run's metric samples are replaced by those of its metrics.jsonl. An experiment
+that takes no more records is refused (analysed, approved, rejected or revoked:
+Experiment.assert_accepts_runs): the evidence a decision is made on never changes.
 
 Afterwards, when every sweep run is finished with its hashes and hardware id,
 the experiment is analysed and the decision printed; otherwise the command
@@ -34,7 +35,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.approvals.audit import audit_record
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, RunsRefused
 from apps.runs.models import MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
 from workers.replay.records import RequestRecord
@@ -159,11 +160,6 @@ class Command(BaseCommand):
             raise CommandError(f"experiment {opts['experiment']} does not exist") from None
         if not directory.is_dir():
             raise CommandError(f"{directory} is not a directory")
-        if experiment.status in Experiment.DECIDED:
-            raise CommandError(
-                f"experiment {experiment.pk} is {experiment.status}: the evidence behind a verdict never "
-                "changes; import into a new experiment"
-            )
         runs = {str(r.run_id): r for r in experiment.runs.select_related("cell").order_by("id")}
         for r in list(runs.values()):
             if not r.scenario:
@@ -188,14 +184,12 @@ class Command(BaseCommand):
                 raise CommandError(f"{p}: run {p.name} is not a run of experiment {experiment.pk}")
             if not any((p / name).is_file() for name in ("records.jsonl", "metrics.jsonl", "run.json")):
                 raise CommandError(f"{p}: has none of run.json, records.jsonl, metrics.jsonl")
+        self._accepting(experiment, [runs[p.name] for p in entries])
         totals = {"runs": 0, "records": 0, "samples": 0}
         with transaction.atomic():
             # Locked, and checked again: an approval cannot land between the check and the write.
             locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
-            if locked.status in Experiment.DECIDED:
-                raise CommandError(
-                    f"experiment {experiment.pk} was {locked.status} meanwhile: nothing imported"
-                )
+            self._accepting(locked, [runs[p.name] for p in entries])
             for p in entries:
                 run = runs[p.name]
                 totals["runs"] += 1
@@ -210,6 +204,15 @@ class Command(BaseCommand):
                 f"for {totals['runs']} runs of experiment {experiment.pk}"
             )
             self._decide(locked)  # in the same transaction: a failed analysis leaves nothing half-done
+
+    @staticmethod
+    def _accepting(experiment: Experiment, runs: list[Run]) -> None:
+        """The experiment's rule for adding records (Experiment.assert_accepts_runs), per run kind."""
+        for kind in sorted({r.kind for r in runs}):
+            try:
+                experiment.assert_accepts_runs(kind=kind)
+            except RunsRefused as exc:
+                raise CommandError(f"{exc}. Nothing imported.") from None
 
     def _run_fields(self, path: Path, run: Run) -> None:
         try:
