@@ -23,7 +23,7 @@ from apps.analysis.services import recovery_check_now
 from apps.experiments import selectors
 from apps.experiments.form_spec import attach_spec_errors, build_spec, spec_from_upload, validate_built
 from apps.experiments.forms import CellFormSet, ClassFormSet, ExperimentForm
-from apps.experiments.models import Experiment, TraceUpload
+from apps.experiments.models import Experiment, RunsRefused, TraceUpload
 from apps.experiments.offers import offers_for
 from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, dump_spec
@@ -288,7 +288,7 @@ def experiment_goodput(request: HttpRequest, pk: int) -> HttpResponse:
         host = goodput_capacity_request(
             experiment=experiment, cell_id=cell, mixture=mixture, actor=request.user
         )
-    except GoodputRequestError as exc:
+    except (GoodputRequestError, RunsRefused) as exc:
         messages.error(request, f"Goodput capacity not queued: {exc}")
     else:
         messages.success(request, f"Goodput capacity of {cell} on {mixture} queued on {host}.")

@@ -67,6 +67,12 @@ def _source_run(experiment: Experiment, mixture: str, rate: str) -> Run:
 
 
 def _create(experiment: Experiment, cell: ServerConfig) -> Run:
+    # The rule every writer of runs follows: a rehearsal may still be added while the
+    # experiment is analysed (check 4 is part of deciding), never once a person decided.
+    try:
+        experiment.assert_accepts_runs(kind=Run.Kind.REHEARSAL)
+    except RunsRefused as exc:
+        raise RehearsalError(str(exc)) from None
     mixture, rate = rehearsal_point(experiment)
     source = _source_run(experiment, mixture, rate)
     last = experiment.runs.order_by("-plan_position").values_list("plan_position", flat=True).first() or 0
@@ -87,12 +93,6 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
         requests_planned=source.requests_planned,
         model_revision=experiment.model_revision,
         tokenizer_revision=experiment.tokenizer_revision,
-    # The rule every writer of runs follows: a rehearsal may still be added while the
-    # experiment is analysed (check 4 is part of deciding), never once a person decided.
-    try:
-        experiment.assert_accepts_runs(kind=Run.Kind.REHEARSAL)
-    except RunsRefused as exc:
-        raise RehearsalError(str(exc)) from None
         warmup_seconds=source.warmup_seconds,
         observation_seconds=source.observation_seconds,
         drain_deadline_seconds=source.drain_deadline_seconds,

@@ -281,13 +281,6 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
                 "live", "dispatched_at"}
     }  # fmt: skip
     with transaction.atomic():
-        runs_dispatch([retry], run.experiment)
-    audit_record(
-        action="run.requeued", experiment=run.experiment, target=str(run.run_id), detail={"reason": reason}
-    )
-    return retry
-
-
         try:
             run.experiment.assert_accepts_runs(kind=run.kind)
         except RunsRefused:
@@ -295,6 +288,13 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
         retry = Run.objects.create(**fields, retry_of=run)
         # Runnable by any qualifying host; with none alive it waits for one (a host's worker
         # pulls on start, workers/heartbeat.py).
+        runs_dispatch([retry], run.experiment)
+    audit_record(
+        action="run.requeued", experiment=run.experiment, target=str(run.run_id), detail={"reason": reason}
+    )
+    return retry
+
+
 def hosts_reap_lost() -> list[Run]:
     """Fail (and re-queue once) the running run of every host that stopped heartbeating."""
     cutoff = timezone.now() - HEARTBEAT_TIMEOUT
