@@ -262,6 +262,14 @@ TAILTUNE_HOST = envstr("TAILTUNE_HOST", "local-cpu")
 # Caps on one experiment's plan, checked when a spec is validated (docs/SPEC.md, "Limits").
 TAILTUNE_MAX_RUNS = envint("TAILTUNE_MAX_RUNS", 10_000)
 TAILTUNE_MAX_ENGINE_HOURS = envint("TAILTUNE_MAX_ENGINE_HOURS", 2_000)
+# How long a class's validators may take when an experiment is analysed (apps/analysis/validators.py):
+# one probe answer, and every answer of one analysis together. Past either, the answer fails the
+# validator with that reason; the analysis (on a worker, never in a web request) goes on.
+TAILTUNE_VALIDATOR_ANSWER_MS = envint("TAILTUNE_VALIDATOR_ANSWER_MS", 1_000)
+TAILTUNE_VALIDATOR_EXPERIMENT_S = envint("TAILTUNE_VALIDATOR_EXPERIMENT_S", 120)
+for _name in ("TAILTUNE_VALIDATOR_ANSWER_MS", "TAILTUNE_VALIDATOR_EXPERIMENT_S"):
+    if globals()[_name] <= 0:
+        raise ImproperEnv(f"{_name}={globals()[_name]} must be a positive integer")
 
 LOGGING = {
     "version": 1,

@@ -8,7 +8,8 @@ prompts:
 - ``mean_agreement_tokens``: the mean length of the common prefix with B0's answer;
 - ``validators``: per validator of the class, the share of the cell's answers that pass it
   (a regular expression searched in the text, the text parsed as JSON against a schema, the
-  finish reason).
+  finish reason), each answer within the analysis's time budget (apps/analysis/validators.py);
+  ``validator_failures`` counts the failing answers by reason ("ran past its time budget ...").
 
 A candidate keeps its class's quality contract when exact match and agreement are at least the
 contract's minima and every answer passes every validator; a candidate that does not fails
@@ -18,14 +19,12 @@ its first show whether the probe is deterministic on this engine, and are report
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import regex
-
 from apps.analysis.report_types import AcceptanceCheck, QualityCheck
+from apps.analysis.validators import Judge, ValidatorBudget, tally
 
 
 def agreement(a: Sequence[int], b: Sequence[int]) -> int:
@@ -36,35 +35,6 @@ def agreement(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
-
-
-# The longest a validator's regular expression may search one answer; longer fails the answer
-# (a pattern that backtracks without end must not hang the analysis).
-REGEX_TIMEOUT_S = 1.0
-
-
-def _passes(kind: str, rule: Any, answer: Mapping[str, Any]) -> bool:
-    text = str(answer.get("text") or "")
-    if answer.get("error"):
-        return False
-    if kind == "regex":
-        try:
-            return regex.search(rule, text, timeout=REGEX_TIMEOUT_S) is not None
-        except (TimeoutError, regex.error):
-            return False
-    if kind == "finish_reason":
-        return answer.get("finish_reason") == rule
-    if kind == "json_schema":
-        from jsonschema import Draft202012Validator
-        from referencing import Registry
-
-        try:
-            document = json.loads(text)
-            # An empty registry that retrieves nothing: no $ref reaches a file or a URL.
-            return bool(Draft202012Validator(rule, registry=Registry()).is_valid(document))
-        except Exception:
-            return False
-    raise ValueError(f"unknown validator {kind!r}")
 
 
 def _unmeasured(cell_classes: Sequence[str], why: str) -> dict[str, Any]:
@@ -81,14 +51,19 @@ def quality_check(
     classes: Sequence[Mapping[str, Any]],
     baseline: str,
     probes: Sequence[Mapping[str, Any]],
+    budget: ValidatorBudget | None = None,
 ) -> QualityCheck:
     """``probes``: one entry per done sweep run that ran the probe, in plan order:
     ``{"run", "cell", "trace_sha256", "outputs": [{"index", "class", "token_ids", "text",
     "finish_reason", "error"?}]}``. Returns the per-cell, per-class numbers and verdicts.
 
     A class with a quality contract is never passed without evidence: a candidate with no
-    answers to compare (no probe ran, no B0 answers, another prompt set) breaks it.
+    answers to compare (no probe ran, no B0 answers, another prompt set) breaks it. Validators
+    run within ``budget`` (apps/analysis/validators.py): per answer and for this whole check; an
+    answer that fails one, by its content or by the budget, is counted under its reason in
+    ``validator_failures``.
     """
+    judge = Judge(budget or ValidatorBudget())
     contracts = {c["name"]: c.get("quality") or {} for c in classes}
     contracted = [name for name, q in contracts.items() if q]
     candidates = [c["cell_id"] for c in cells if c["cell_id"] != baseline]
@@ -135,16 +110,24 @@ def quality_check(
                 if cell != baseline and cls in contracted:
                     per_class[cls] = _unmeasured([cls], "no probe answers of this class")[cls]
                 continue
-            validators = {
-                kind: round(sum(_passes(kind, rule, a) for a in answers) / len(answers), 6)
-                for kind, rule in (contract.get("validators") or {}).items()
-            }
+            validators: dict[str, float] = {}
+            failures: dict[str, dict[str, int]] = {}
+            for kind, rule in (contract.get("validators") or {}).items():
+                reasons: dict[str, int] = {}
+                for a in answers:
+                    why = judge.judge(kind, rule, a)
+                    if why is not None:
+                        reasons = tally(reasons, why)
+                validators[kind] = round(1 - sum(reasons.values()) / len(answers), 6)
+                if reasons:
+                    failures[kind] = reasons
             entry: dict[str, Any] = {
                 "answers": len(answers),
                 "runs": len(runs),
                 "exact_match": round(sum(exact) / len(exact), 6),
                 "mean_agreement_tokens": round(sum(agree) / len(agree), 3),
                 "validators": validators,
+                "validator_failures": failures,
                 "contract": dict(contract),
             }
             broken = []
@@ -189,7 +172,8 @@ def apply_to_acceptance(acceptance: AcceptanceCheck, quality: QualityCheck, *, b
                     "broken": ["quality"],
                     "quality": {
                         k: entry[k] for k in ("exact_match", "mean_agreement_tokens", "validators", "broken")
-                    },
+                    }
+                    | {"validator_failures": entry.get("validator_failures") or {}},
                 }
             )
             a["passed"] = False

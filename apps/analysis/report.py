@@ -16,9 +16,11 @@ Inputs (dicts, as the service builds them from the models):
 - token_hists / chunk_hists: (run key, class) -> merged cohort GapHistogram,
   when the caller merged them already (else they come from the table).
 - rollback: {"exists": bool, "baseline": str | None}.
-- rehearsals: cell -> its latest rollback rehearsal {"run", "status", "reason", "measures"}
-  (measures from apps/analysis/rehearsal.py); rehearse: whether the spec asks for one.
-  Check 4 judges the chosen cell's rehearsal; rehearsal runs are not in ``runs``.
+- rehearsals: cell -> its rollback rehearsals: the latest attempt's {"run", "status",
+  "reason", "measures"} (measures from apps/analysis/rehearsal.py) and ``attempts``, every
+  attempt with its outcome (report_types.RehearsalEntry); rehearse: whether the spec asks for
+  one. Check 4 judges every attempt of the chosen cell (checks.recovery_check); rehearsal runs
+  are not in ``runs``.
 
 The output is JSON-serialisable: no NaN or infinity anywhere (a value that
 is not a finite number is null, with a flag saying why).
@@ -45,13 +47,14 @@ from apps.analysis.report_types import (
     Aggregate,
     Checks,
     DiffPoint,
-    JSONObject,
+    RehearsalEntry,
     Report,
     ReportCharts,
     RunResult,
     SkippedCell,
 )
 from apps.analysis.server import server_metrics
+from apps.analysis.validators import ValidatorBudget
 from workers.replay.records import GapHistogram
 
 REPORT_FORMAT = "tailtune-report"
@@ -125,10 +128,11 @@ def build_report(
     rollback: Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | ReportOptions | None = None,
     scenario_verdicts: Mapping[str, Mapping[str, Any]] | None = None,
-    rehearsals: Mapping[str, JSONObject] | None = None,
+    rehearsals: Mapping[str, RehearsalEntry] | None = None,
     rehearse: bool = True,
     stop_reasons: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
     quality_probes: Sequence[Mapping[str, Any]] | None = None,
+    validator_budget: ValidatorBudget | None = None,
 ) -> Report:
     """Per-run metrics, pooled aggregates, paired comparisons, checks, findings and the decision.
 
@@ -285,7 +289,11 @@ def build_report(
     )
     # Check 2 also holds each class to its quality contract (apps/analysis/quality.py).
     probe_result = quality.quality_check(
-        cells=cells, classes=classes, baseline=baseline, probes=quality_probes or []
+        cells=cells,
+        classes=classes,
+        baseline=baseline,
+        probes=quality_probes or [],
+        budget=validator_budget,
     )
     quality.apply_to_acceptance(acceptance, probe_result, baseline=baseline)
     # The decision table's rejecting rows, which the decision reads.
@@ -378,7 +386,7 @@ def build_report(
         "output_mode": "natural" if natural else "exact",
         "stop_reasons": lengths.stop_reasons_by_cell(run_results, stop_reasons or {}),
         "costs": _costs(experiment, opts, cells=cells, run_results=run_results, agreed=agreed),
-        # The latest rollback rehearsal of each cell that had one (apps/analysis/rehearsal.py).
+        # Each rehearsed cell's attempts, the latest one's measures in full (apps/analysis/rehearsal.py).
         "rehearsals": dict(rehearsals or {}),
         "charts": charts(
             cell_ids=cell_ids, aggregates=aggregates, comparisons=comparisons, run_results=run_results

@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Any, cast
 
 import numpy as np
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count
 
@@ -26,10 +27,12 @@ from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
-from apps.analysis.rehearsal import rehearsal_measures
+from apps.analysis.rehearsal import REHEARSAL_QUEUED, attempt_outcome, attempts_summary, rehearsal_measures
 from apps.analysis.report import build_report
-from apps.analysis.report_types import RecoveryCheck, Report, StoredReport
+from apps.analysis.report_types import RecoveryCheck, RehearsalEntry, Report, StoredReport
 from apps.analysis.server import COUNTERS, GAUGES
+from apps.analysis.validators import ValidatorBudget
+from apps.approvals.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.experiments.recovery import recovery_options
 from apps.runs.engine_time import engine_time_summary
@@ -292,6 +295,14 @@ def recovery_check_now(*, experiment: Experiment, report: StoredReport) -> Recov
     return cast(RecoveryCheck, stored)  # as the stored report's check 4 has it
 
 
+def validator_budget() -> ValidatorBudget:
+    """The host's time budget for a class's validators (TAILTUNE_VALIDATOR_ANSWER_MS, _EXPERIMENT_S)."""
+    return ValidatorBudget(
+        answer_s=settings.TAILTUNE_VALIDATOR_ANSWER_MS / 1000,
+        experiment_s=float(settings.TAILTUNE_VALIDATOR_EXPERIMENT_S),
+    )
+
+
 def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> Report:
     """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
@@ -324,6 +335,7 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
             for r in runs
             if r.status == Run.Status.DONE and not r.scenario and (r.summary or {}).get("quality_probe")
         ],
+        validator_budget=validator_budget(),
     )
     # What the experiment's servers cost, by part, and what reuse and early stopping saved.
     report["engine_time"] = engine_time_summary(experiment=experiment)
@@ -397,8 +409,14 @@ def experiment_analyse(*, experiment_id: int) -> Decision:
     return row
 
 
-def rehearsal_inputs(*, experiment: Experiment) -> dict[str, dict[str, Any]]:
-    """Each cell's latest rehearsal with its measures (when done), for the report and check 4."""
+def rehearsal_inputs(*, experiment: Experiment) -> dict[str, RehearsalEntry]:
+    """Each rehearsed cell's attempts, for the report, check 4 and the manifest.
+
+    Every rehearsal run of a cell is one attempt, in the order queued, with its outcome
+    (rehearsal.attempt_outcome) and, from the audit log, who queued it and why it was rehearsed
+    again (apps/runs/rehearsal.py records both). The latest attempt's full measures stay at
+    the top of the entry, for the results page's timeline.
+    """
     options = recovery_options(experiment.spec or {})
     classes = [
         {
@@ -410,36 +428,100 @@ def rehearsal_inputs(*, experiment: Experiment) -> dict[str, dict[str, Any]]:
         }
         for c in experiment.classes.order_by("position")
     ]
-    out: dict[str, dict[str, Any]] = {}
-    for run in experiment.runs.filter(scenario=REHEARSAL_SCENARIO).select_related("cell").order_by("id"):
-        entry: dict[str, Any] = {
-            "run": str(run.run_id),
-            "status": run.status,
-            "reason": run.reason[:2000],
-            "measures": None,
-        }
-        facts = (run.summary or {}).get("rehearsal") or {}
-        if run.status == Run.Status.DONE and facts:
-            records = list(RecordRow.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS))
-            samples = list(
-                MetricSample.objects.filter(run=run, server="b0").values(
-                    "t_ns", "name", "kind", "value", "labels"
-                )
-            )
-            measures = rehearsal_measures(
-                records=records,
-                planned=run.requests_planned or len(records),
-                b0_samples=samples,
-                classes=classes,
-                switch_s=float(facts["switch_at_s"]),
-                cut_s=float(facts["cut_at_s"]),
-                end_s=run.warmup_seconds + run.observation_seconds,
-                window_s=float(options["window_s"]),
-                max_recovery_s=float(options["max_recovery_s"]),
-                deadline_s=run.warmup_seconds + run.observation_seconds + run.drain_deadline_seconds,
-            )
-            measures["standby"] = facts.get("standby")
-            measures["client"] = facts
-            entry["measures"] = measures
-        out[run.cell.cell_id] = entry
+    runs = list(
+        experiment.runs.filter(scenario=REHEARSAL_SCENARIO)
+        .select_related("cell", "retry", "retry_of")
+        .order_by("id")
+    )
+    queued = {
+        e.target: e
+        for e in AuditEvent.objects.filter(experiment=experiment, action=REHEARSAL_QUEUED)
+        .select_related("actor")
+        .order_by("id")
+    }
+    # A run the service failed under a lost worker or host and queued again: its reason, by the
+    # failed run's id (apps/runs/services.run_requeue_once).
+    requeued = {
+        e.target: str((e.detail or {}).get("reason") or "")
+        for e in AuditEvent.objects.filter(experiment=experiment, action="run.requeued")
+    }
+    out: dict[str, RehearsalEntry] = {}
+    for run in runs:
+        measures = (
+            _rehearsal_measures(run, classes=classes, options=options)
+            if run.status == Run.Status.DONE
+            else None
+        )
+        entry = out.setdefault(
+            run.cell.cell_id, {"run": "", "status": "", "reason": "", "measures": None, "attempts": []}
+        )
+        attempts = entry.setdefault("attempts", [])
+        # The latest attempt's run, status, reason and measures sit on top (the timeline's).
+        entry["run"], entry["status"], entry["reason"] = str(run.run_id), run.status, run.reason[:2000]
+        entry["measures"] = measures
+        by_service = _has_retry(run)
+        outcome, why = attempt_outcome(
+            status=run.status, measures=measures, reason=run.reason[:2000], requeued=by_service
+        )
+        event = queued.get(str(run.run_id))
+        repeat_reason: str | None = None
+        if attempts:  # a repeat: the reason its author typed, or the service's own
+            if event is not None:
+                repeat_reason = str((event.detail or {}).get("reason") or "")
+            elif run.retry_of is not None:
+                lost = requeued.get(str(run.retry_of.run_id)) or run.retry_of.reason
+                repeat_reason = f"queued again by the service: {lost}"
+            repeat_reason = repeat_reason or "(no reason recorded)"
+        attempts.append(
+            {
+                "attempt": len(attempts) + 1,
+                "run": str(run.run_id),
+                "status": run.status,
+                "outcome": outcome,
+                "why": why[:2000],
+                "requeued_by_service": by_service,
+                "requested_by": event.actor.get_username() if event is not None and event.actor else None,
+                "repeat_reason": repeat_reason,
+                "queued_at": run.created_at.isoformat() if run.created_at else None,
+                "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+                "time_to_recover_s": (measures or {}).get("time_to_recover_s"),
+                "max_recovery_s": (measures or {}).get("max_recovery_s"),
+                "standby": (measures or {}).get("standby"),
+            }
+        )
+    for entry in out.values():
+        entry["summary"] = attempts_summary(entry.get("attempts") or [])
     return out
+
+
+def _has_retry(run: Run) -> bool:
+    try:
+        return run.retry is not None
+    except Run.DoesNotExist:
+        return False
+
+
+def _rehearsal_measures(run: Run, *, classes: list[dict[str, Any]], options: Any) -> dict[str, Any] | None:
+    """What one done rehearsal run measured (apps/analysis/rehearsal.py); None without its facts."""
+    facts = (run.summary or {}).get("rehearsal") or {}
+    if not facts:
+        return None
+    records = list(RecordRow.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS))
+    samples = list(
+        MetricSample.objects.filter(run=run, server="b0").values("t_ns", "name", "kind", "value", "labels")
+    )
+    measures = rehearsal_measures(
+        records=records,
+        planned=run.requests_planned or len(records),
+        b0_samples=samples,
+        classes=classes,
+        switch_s=float(facts["switch_at_s"]),
+        cut_s=float(facts["cut_at_s"]),
+        end_s=run.warmup_seconds + run.observation_seconds,
+        window_s=float(options["window_s"]),
+        max_recovery_s=float(options["max_recovery_s"]),
+        deadline_s=run.warmup_seconds + run.observation_seconds + run.drain_deadline_seconds,
+    )
+    measures["standby"] = facts.get("standby")
+    measures["client"] = facts
+    return measures

@@ -8,6 +8,7 @@ controller reads (apps/gate/verdict.py decides it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -123,6 +124,21 @@ def manifest_issued(manifest_text: str) -> None:
         )
 
 
+def _check_class_quality(base: Baseline) -> None:
+    """The gate file's quality contracts, bounded as an experiment's are (a validator's schema
+    within apps/experiments/schema_bounds.py): refused in the request, before any window is read.
+    The analysis then runs them within the host's validator budget, as for any experiment."""
+    from apps.experiments.quality import check_class_quality
+
+    errors = []
+    for i, cls in enumerate(base.classes):
+        if isinstance(cls, Mapping) and cls.get("quality") is not None:
+            _, problems = check_class_quality(cls["quality"], f"spec.classes[{i}].quality")
+            errors += [FieldError(path, message) for path, message in problems]
+    if errors:
+        raise SpecError(errors)
+
+
 def gate_check(request: GateInput) -> Baseline:
     """What can be checked before the window is read: the format, the repeats, B0 (the gate
     file, or a manifest this service issued and nobody revoked) and the split into classes. Raises SpecError (the user's
@@ -141,6 +157,7 @@ def gate_check(request: GateInput) -> Baseline:
         manifest_issued(request.manifest_text)
     try:
         base = resolve_baseline(request)
+        _check_class_quality(base)
         if request.trace_format != "tailtune":
             try:
                 parse_class_thresholds(split_of(request, base))

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from apps.analysis.quality import agreement, quality_check
+from apps.analysis.validators import ValidatorBudget
 from apps.experiments.spec import SpecError, validate_spec
 from tests.analysis.builders import Plan, build
 from tests.analysis.test_decision_table import slow_short_b0
@@ -186,11 +187,78 @@ def test_a_schema_may_not_reach_outside_itself_nor_use_patterns() -> None:
     validate_spec(spec)
 
 
-def test_a_regex_that_backtracks_without_end_fails_the_answer_instead_of_hanging() -> None:
-    from apps.analysis.quality import _passes
+def validated(
+    schema_or_regex: dict[str, Any], texts: dict[int, str], budget: ValidatorBudget
+) -> dict[str, Any]:
+    """C1's short class judged by one validator, its answers' texts by index."""
+    kind = "regex" if isinstance(schema_or_regex, dict) and "regex" in schema_or_regex else "json_schema"
+    rule = schema_or_regex["regex"] if kind == "regex" else schema_or_regex
+    classes = [{"name": "short", "quality": {"validators": {kind: rule}}}, {"name": "long"}]
+    answers = {i: {"text": t} for i, t in texts.items()}
+    result = quality_check(
+        cells=[{"cell_id": "B0"}, {"cell_id": "C1"}],
+        classes=classes,
+        baseline="B0",
+        probes=[probe("b", "B0"), probe("c", "C1", answers)],
+        budget=budget,
+    )
+    return dict(result["cells"]["C1"]["short"])
 
-    assert _passes("regex", r"ok", {"text": "all ok"})
-    assert not _passes("regex", r"(x+x+)+y", {"text": "x" * 5000})
+
+def test_a_regex_that_backtracks_without_end_fails_the_answer_with_the_budget_reason() -> None:
+    entry = validated(
+        {"regex": r"(x+x+)+y"},
+        {0: "x" * 5000, 1: "xxy", 2: "xxy", 3: "xxy"},
+        ValidatorBudget(answer_s=0.05, experiment_s=60),
+    )
+    assert entry["validators"] == {"regex": 0.75}
+    failures = entry["validator_failures"]["regex"]
+    assert failures["ran past its time budget (0.05 s an answer)"] == 1, failures
+    assert not entry["passed"] and entry["broken"] == ["validator regex"]
+
+
+def test_a_schema_stored_before_the_bounds_is_stopped_by_the_budget_not_waited_for() -> None:
+    """An experiment stored before the spec bounded schemas still carries one whose references
+    double per level (2**20 leaves an answer): each answer fails by its budget instead."""
+    from tests.experiments.test_quality_bounds import chained_schema
+
+    entry = validated(chained_schema(20), {}, ValidatorBudget(answer_s=0.05, experiment_s=60))
+    assert entry["validators"] == {"json_schema": 0.0}
+    assert entry["validator_failures"]["json_schema"] == {"ran past its time budget (0.05 s an answer)": 4}
+    assert entry["broken"] == ["validator json_schema"]
+
+
+def test_the_experiments_budget_once_spent_fails_every_later_answer_with_that_reason() -> None:
+    ticks = iter(range(10**6))
+    budget = ValidatorBudget(answer_s=1000, experiment_s=5, clock=lambda: float(next(ticks)))
+    entry = validated({"type": "object"}, {}, budget)
+    # B0's answers (judged first) spent the experiment's budget; C1's are not judged at all.
+    assert entry["validator_failures"]["json_schema"] == {
+        "not judged: the analysis spent its validator budget (5 s an experiment)": 4
+    }
+    assert not entry["passed"]
+
+
+def test_a_reference_outside_the_schema_is_never_fetched(monkeypatch: pytest.MonkeyPatch) -> None:
+    import urllib.request
+
+    fetched: list[Any] = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: fetched.append(a))
+    for ref in ("https://example.com/s.json", "file:///etc/hostname"):
+        entry = validated({"$ref": ref}, {}, ValidatorBudget())
+        assert entry["validators"] == {"json_schema": 0.0}
+        (reason,) = entry["validator_failures"]["json_schema"]
+        assert "reference" in reason and ref in reason, reason
+    assert fetched == []
+
+
+def test_an_answer_failing_a_validator_says_why() -> None:
+    entry = validated({"type": "object", "required": ["ok"]}, {0: "not json", 1: "[1]"}, ValidatorBudget())
+    failures = entry["validator_failures"]["json_schema"]
+    assert set(failures) == {
+        "not JSON: Expecting value: line 1 column 1 (char 0)",
+        "does not match the schema at $: [1] is not of type 'object'",
+    }, failures
 
 
 def test_the_probe_cannot_ask_for_more_than_it_allows() -> None:
@@ -219,3 +287,40 @@ def test_the_exported_spec_keeps_the_quality_contract() -> None:
     again = validate_spec(exported)
     assert again["quality"] == {"probe": {"prompts_per_class": 4, "max_tokens": 32, "trace_sha256": None}}
     assert again["classes"][0]["quality"] == {"min_exact_match": 0.9, "validators": {"finish_reason": "stop"}}
+
+
+@pytest.mark.django_db
+def test_the_hosts_budget_stops_a_backtracking_regex_and_the_results_page_says_so(
+    client,  # type: ignore[no-untyped-def]
+    viewer,
+    settings,
+) -> None:
+    """End to end: the setting reaches the analysis the worker runs, the report records why the
+    answer failed, and the results page shows it."""
+    from apps.analysis.models import Decision
+    from apps.runs.models import Run
+    from tests.experiments.factories import make_experiment
+    from tests.ui.factories import analysed
+
+    settings.TAILTUNE_VALIDATOR_ANSWER_MS = 50
+    classes = small_spec()["classes"]
+    classes[0] = {**classes[0], "quality": {"validators": {"regex": r"(x+x+)+y"}}}
+    experiment = make_experiment(classes=classes)
+    for run in Run.objects.filter(experiment=experiment).select_related("cell"):
+        text = "x" * 5000 if run.cell.cell_id != "B0" else "xxy"
+        outputs = [
+            {"index": i, "class": "short", "token_ids": [1, 2], "text": text, "finish_reason": "stop"}
+            for i in range(2)
+        ]
+        run.summary = {**(run.summary or {}), "quality_probe": {"trace_sha256": "p" * 64, "outputs": outputs}}
+        run.save(update_fields=["summary"])
+    analysed(experiment)
+    quality = Decision.objects.get(experiment=experiment).report["checks"]["quality"]
+    candidate = next(c for c in quality["cells"] if c != "B0")
+    short = quality["cells"][candidate]["short"]
+    assert short["broken"] == ["validator regex"]
+    assert set(short["validator_failures"]["regex"]) == {"ran past its time budget (0.05 s an answer)"}
+    assert quality["cells"]["B0"]["short"]["validator_failures"] == {}
+    client.force_login(viewer)
+    page = client.get(f"/experiments/{experiment.pk}/results/").content.decode()
+    assert "regex failed:" in page and "ran past its time budget (0.05 s an answer)" in page
