@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from apps.analysis import inference, lengths
+from apps.analysis.rehearsal import attempt_outcome, attempts_summary, attempts_tally
 from apps.analysis.report_types import (
     AcceptanceCheck,
     CellAcceptance,
@@ -369,11 +370,17 @@ def recovery_check(
 ) -> RecoveryCheck:
     """Check 4: the rollback to B0, rehearsed for real (apps/analysis/rehearsal.py).
 
-    ``rehearsal`` is the latest rehearsal of the chosen cell: {"run", "status", "reason",
-    "measures"}. Statuses: ``not needed`` (B0 stays: nothing to roll back), ``pending`` (not
-    run yet), ``not rehearsed`` (the spec turned it off), ``fail`` (the rehearsal failed, or
-    B0 did not recover in time, a class broke its error budget after it, or a request is
-    unaccounted for), ``pass``. The manifest's existence is reported beside it.
+    ``rehearsal`` is the chosen cell's entry of the report's ``rehearsals``: its latest
+    attempt's {"run", "status", "reason", "measures"} and ``attempts``, every attempt in order
+    (apps/analysis/rehearsal.attempt_outcome); an entry without ``attempts`` is one attempt.
+    Statuses: ``not needed`` (B0 stays: nothing to roll back), ``pending`` (not run yet, or
+    the latest attempt still running), ``not rehearsed`` (the spec turned it off), ``fail``,
+    ``pass``. The manifest's existence is reported beside it.
+
+    Attempts never let an author pick (docs/SCENARIOS.md, "Repeated attempts"): check 4
+    passes only when the latest attempt passed **and** every earlier one passed or was queued
+    again by the service itself (a lost worker or host). One failed or invalid attempt fails
+    it, whatever came after; only an approver's typed override reason gets past that.
     """
     rb = dict(rollback or {})
     out: dict[str, Any] = {"manifest": bool(rb.get("exists")), "baseline": rb.get("baseline") or baseline}
@@ -391,16 +398,43 @@ def recovery_check(
             )
         return verdict("pending", f"the rollback of {chosen_cell} has not been rehearsed yet")
     out["run"] = rehearsal.get("run")
-    status = rehearsal.get("status")
-    if status in ("queued", "starting", "warming", "measuring", "draining"):
-        return verdict("pending", f"the rehearsal of {chosen_cell} is {status}")
+    attempts = list(rehearsal.get("attempts") or [_only_attempt(rehearsal)])
+    summary = attempts_summary(attempts)
+    out["attempts"] = {"summary": summary, **attempts_tally(attempts)}
+    latest = attempts[-1]
+    earlier = f" ({summary})" if len(attempts) > 1 else ""
+    if latest["outcome"] == "pending":
+        return verdict("pending", f"the rehearsal of {chosen_cell} is {latest['status']}{earlier}")
     measures = rehearsal.get("measures")
-    if status != "done" or not measures:
-        return verdict("fail", f"the rehearsal ended {status}: {rehearsal.get('reason') or 'no measures'}")
-    out["measures"] = {
-        k: measures.get(k)
-        for k in ("time_to_recover_s", "max_recovery_s", "cut", "surge", "standby", "switch_at_s")
-    }
-    if measures["passed"]:
-        return verdict("pass", f"B0 recovered {measures['time_to_recover_s']:g} s after the switch")
-    return verdict("fail", "; ".join(measures["problems"]))
+    if latest["status"] == "done" and measures:
+        out["measures"] = {
+            k: measures.get(k)
+            for k in ("time_to_recover_s", "max_recovery_s", "cut", "surge", "standby", "switch_at_s")
+        }
+    against = [
+        a
+        for a in attempts
+        if a["outcome"] == "failed" or (a["outcome"] == "invalid" and not a.get("requeued_by_service"))
+    ]
+    if latest["outcome"] == "passed" and measures and not against:
+        return verdict("pass", f"B0 recovered {measures['time_to_recover_s']:g} s after the switch{earlier}")
+    if len(attempts) == 1:
+        return verdict("fail", latest["why"])
+    if latest not in against and latest["outcome"] != "passed":
+        against.append(latest)
+    listed = "; ".join(f"attempt {a['attempt']} {a['outcome']}: {a['why']}" for a in against)
+    return verdict(
+        "fail",
+        f"{summary}: check 4 passes only when the latest attempt passed and no earlier one failed "
+        f"or was invalid; {listed}",
+    )
+
+
+def _only_attempt(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A rehearsal entry that lists no attempts (a report stored before attempts were kept, or
+    one built by hand) is one attempt: its own."""
+    status = str(entry.get("status"))
+    outcome, why = attempt_outcome(
+        status=status, measures=entry.get("measures"), reason=entry.get("reason") or ""
+    )
+    return {"attempt": 1, "run": entry.get("run"), "status": status, "outcome": outcome, "why": why}

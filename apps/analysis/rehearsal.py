@@ -323,3 +323,57 @@ def _timeline(arrivals: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str
             by_second[math.floor(t)].append(ttft)
         out[cls] = [[s + 0.5, _ms(_p99(v)), len(v)] for s, v in sorted(by_second.items())]
     return {"ttft_p99_ms_per_second": out}
+
+
+# --- Attempts -------------------------------------------------------------------------------
+# A cell may be rehearsed more than once (a repeat needs a reason: apps/runs/rehearsal.py). Every
+# attempt is kept and shown with its outcome; check 4 reads them all (apps/analysis/checks.py).
+
+# The audit action that queues an attempt: who queued it and, for a repeat, why (its detail's
+# "reason"); apps/runs/rehearsal.py writes it, apps/analysis/services.rehearsal_inputs reads it.
+REHEARSAL_QUEUED = "rehearsal.queued"
+PENDING_STATUSES = frozenset({"queued", "starting", "warming", "measuring", "draining"})
+
+
+def attempt_outcome(
+    *, status: str, measures: Mapping[str, Any] | None, reason: str = "", requeued: bool = False
+) -> tuple[str, str]:
+    """(outcome, why) of one rehearsal attempt from its run's status and measures.
+
+    ``passed``: the run ended done and its measures pass. ``failed``: the measures do not pass
+    (why: their problems), or the run ended failed or cancelled (why: its reason). ``invalid``:
+    the run measured nothing a verdict can rest on: the load generator fell behind (status
+    ``invalid``), or the service itself failed it and queued it again (``requeued``: its worker
+    or host was lost). ``pending``: not finished yet."""
+    if status in PENDING_STATUSES:
+        return "pending", f"the rehearsal is {status}"
+    if status == "done" and measures:
+        if measures.get("passed"):
+            return "passed", ""
+        return "failed", "; ".join(measures.get("problems") or []) or "the measures did not pass"
+    if status == "invalid":
+        return "invalid", f"the rehearsal ended invalid: {reason or 'no reason recorded'}"
+    if requeued:
+        return "invalid", (
+            f"the rehearsal ended {status}: {reason or 'no reason recorded'}; the service queued it "
+            "again (a lost worker or host, not the candidate's doing)"
+        )
+    if status == "done":
+        return "failed", "the rehearsal ended without the switch's facts: nothing was measured"
+    return "failed", f"the rehearsal ended {status}: {reason or 'no reason recorded'}"
+
+
+def attempts_tally(attempts: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many attempts came to each outcome."""
+    tally = dict.fromkeys(("passed", "failed", "invalid", "pending"), 0)
+    for a in attempts:
+        tally[a["outcome"]] += 1
+    return tally
+
+
+def attempts_summary(attempts: Sequence[Mapping[str, Any]]) -> str:
+    """What an approver reads first, e.g. "3 attempts, 2 failed" or "1 attempt, none failed"."""
+    tally = attempts_tally(attempts)
+    n = len(attempts)
+    parts = [f"{tally[k]} {k}" for k in ("failed", "invalid", "pending") if tally[k]]
+    return f"{n} attempt{'s' if n != 1 else ''}, " + (", ".join(parts) if parts else "none failed")

@@ -213,6 +213,47 @@ class ScenarioCheck(TypedDict):
     runs: list[JSONObject]
 
 
+class AttemptsTally(TypedDict):
+    """How a cell's rollback rehearsal attempts came out (apps/analysis/rehearsal.attempts_tally)."""
+
+    summary: str  # what an approver reads first: "3 attempts, 2 failed"
+    passed: int
+    failed: int
+    invalid: int
+    pending: int
+
+
+class RehearsalAttempt(TypedDict):
+    """One rollback rehearsal attempt of a cell, in the order they were queued
+    (apps/analysis/services.rehearsal_inputs; its outcome: rehearsal.attempt_outcome)."""
+
+    attempt: int  # 1, 2, ...
+    run: str
+    status: str  # the run's status
+    outcome: str  # "passed" | "failed" | "invalid" | "pending"
+    why: str  # why it did not pass ("" when it passed)
+    requeued_by_service: bool  # failed under a lost worker or host and queued again by the service
+    requested_by: str | None  # who queued it (None: the service, after the analysis or a lost host)
+    repeat_reason: str | None  # why it was rehearsed again, from the audit log (None: the first)
+    queued_at: str | None  # ISO 8601
+    finished_at: str | None
+    time_to_recover_s: float | None
+    max_recovery_s: float | None
+    standby: str | None
+
+
+class RehearsalEntry(TypedDict):
+    """A cell's rollback rehearsals: the latest attempt's run, status, reason and full measures
+    (apps/analysis/rehearsal.rehearsal_measures; None until it ends done), and every attempt."""
+
+    run: str
+    status: str
+    reason: str
+    measures: JSONObject | None
+    attempts: NotRequired[list[RehearsalAttempt]]  # absent from reports stored before attempts were kept
+    summary: NotRequired[str]
+
+
 class RecoveryCheck(TypedDict):
     manifest: bool
     baseline: str | None
@@ -221,6 +262,7 @@ class RecoveryCheck(TypedDict):
     cell: NotRequired[str]
     run: NotRequired[JSONValue]
     measures: NotRequired[JSONObject]
+    attempts: NotRequired[AttemptsTally]  # every attempt of the chosen cell, counted
 
 
 class Checks(TypedDict):
@@ -367,7 +409,7 @@ class Report(TypedDict):
     output_mode: str
     stop_reasons: JSONObject
     costs: JSONObject
-    rehearsals: dict[str, JSONObject]
+    rehearsals: dict[str, RehearsalEntry]
     charts: ReportCharts
     # Added by the service that stores the report (apps/analysis/services.experiment_report_build):
     # what the servers cost, by part (apps/runs/engine_time.py); None before any run.

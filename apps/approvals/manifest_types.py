@@ -167,13 +167,32 @@ class ExercisedLimits(TypedDict):
     abort_thresholds: str
 
 
+class RehearsalAttemptEvidence(TypedDict):
+    """One rollback rehearsal attempt of the approved cell, as the report listed it
+    (apps/analysis/report_types.RehearsalAttempt)."""
+
+    attempt: int
+    run: str
+    outcome: str  # "passed" | "failed" | "invalid" | "pending"
+    why: str  # why it did not pass ("" when it passed)
+    requeued_by_service: bool  # failed under a lost worker or host and queued again by the service
+    time_to_recover_s: float | None
+    requested_by: str | None  # None: the service queued it
+    repeat_reason: str | None  # why it was rehearsed again (None: the first attempt)
+    queued_at: str | None
+    finished_at: str | None
+
+
 class RecoveryEvidence(TypedDict):
-    """Check 4 as the manifest states it (services._recovery_evidence): the rehearsal's run and
-    what it measured, or why there is none. Measures are copied as the rehearsal reported them."""
+    """Check 4 as the manifest states it (services._recovery_evidence): the latest rehearsal's run
+    and what it measured, or why there is none, and every attempt. Measures are copied as the
+    rehearsal reported them."""
 
     check: str | None
     reason: str | None
-    run: NotRequired[JSONValue]
+    run: NotRequired[JSONValue]  # the latest attempt's
+    attempts: NotRequired[list[RehearsalAttemptEvidence]]  # absent where the report listed none
+    attempts_summary: NotRequired[str]  # e.g. "3 attempts, 2 failed"
     standby: NotRequired[JSONValue]
     switch_at_s: NotRequired[JSONValue]
     time_to_recover_s: NotRequired[JSONValue]

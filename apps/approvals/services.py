@@ -207,7 +207,8 @@ UNPROVEN_RECOVERY = frozenset({"fail", "not rehearsed", "pending"})
 def _recovery_evidence(
     decision: Decision, check4: Mapping[str, Any], *, chosen_cell: str, baseline: str, override: str
 ) -> RecoveryEvidence:
-    """Check 4 as the manifest states it: the rehearsal's run and what it measured, or why none."""
+    """Check 4 as the manifest states it: the latest rehearsal's run and what it measured (or why
+    there is none), and every attempt of the cell with its outcome and, for a repeat, its reason."""
     if chosen_cell == baseline:
         return {"check": "not needed", "reason": "B0 stays: there is no change to roll back"}
     out: RecoveryEvidence = {"check": check4.get("status"), "reason": check4.get("reason")}
@@ -215,6 +216,24 @@ def _recovery_evidence(
     measures = rehearsal.get("measures") or {}
     if rehearsal:
         out["run"] = rehearsal.get("run")
+    if rehearsal.get("attempts"):
+        # Every attempt, not only the latest: a rehearsal repeated until it passed says so here.
+        out["attempts_summary"] = str(rehearsal.get("summary") or "")
+        out["attempts"] = [
+            {
+                "attempt": a["attempt"],
+                "run": a["run"],
+                "outcome": a["outcome"],
+                "why": a["why"],
+                "requeued_by_service": bool(a.get("requeued_by_service")),
+                "time_to_recover_s": a.get("time_to_recover_s"),
+                "requested_by": a.get("requested_by"),
+                "repeat_reason": a.get("repeat_reason"),
+                "queued_at": a.get("queued_at"),
+                "finished_at": a.get("finished_at"),
+            }
+            for a in rehearsal["attempts"]
+        ]
     if measures:
         out.update(
             {

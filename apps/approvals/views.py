@@ -128,12 +128,12 @@ def experiment_approve_page(request: HttpRequest, pk: int) -> HttpResponse:
             "decision": decision,
             "form": form,
             "check4": (decision.checks or {}).get("recovery") or {},
-            "check3": scenario_evidence(
             # Every rehearsal attempt of the proposal, as the stored report lists them.
             "attempts": (
                 ((decision.report or {}).get("rehearsals") or {}).get(decision.chosen_cell) or {}
             ).get("attempts")
             or [],
+            "check3": scenario_evidence(
                 decision,
                 chosen_cell=decision.chosen_cell or "",
                 baseline=experiment.cells.get(role="baseline").cell_id,

@@ -23,7 +23,7 @@ from apps.analysis.services import recovery_check_now
 from apps.experiments import selectors
 from apps.experiments.form_spec import attach_spec_errors, build_spec, spec_from_upload, validate_built
 from apps.experiments.forms import CellFormSet, ClassFormSet, ExperimentForm
-from apps.experiments.models import Experiment, RunsRefused, TraceUpload
+from apps.experiments.models import Experiment, RunsRefused, TraceUpload, runs_refusal
 from apps.experiments.offers import offers_for
 from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, dump_spec
@@ -270,6 +270,8 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "load": offered_load(experiment=experiment),
             "mixtures": sorted(experiment.workload.mixtures),
             "goodput_cost": selectors.goodput_cost(experiment=experiment),
+            # Why no goodput search can be queued now (None: it can): the rule for decided experiments.
+            "goodput_refusal": runs_refusal(experiment.status, Run.Kind.CALIBRATION),
             "hosts": hosts_by_qualification(experiment),
             "engine_time": engine_time_summary(experiment=experiment),
         }

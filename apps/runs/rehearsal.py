@@ -10,7 +10,16 @@ reads; check 4 judges it).
 - After the analysis, :func:`rehearsal_due` queues the rehearsal of the cell the
   decision proposes, once, unless the spec says ``recovery.rehearse: false``; the
   experiment stays running until it ends, then is analysed again.
-- :func:`rehearsal_start` rehearses any candidate on demand (the experiment page).
+- :func:`rehearsal_start` rehearses any candidate on demand (the results page), while the
+  experiment awaits approval (``analysed``); never once a person decided (the evidence behind
+  a verdict never changes) nor while another rehearsal runs.
+
+Every attempt is kept: a cell rehearsed again gets a new run, its earlier ones stay as they
+ended. A repeat needs a reason, which goes into the audit log with who asked (action
+``rehearsal.queued``); the report, the results and approval pages and the manifest list every
+attempt with it, and check 4 reads them all (docs/SCENARIOS.md, "Repeated attempts"). The only
+other path that queues a rehearsal again is the service's own, when a worker or host is lost
+under one (apps/runs/services.run_requeue_once, audited as ``run.requeued`` with its reason).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
+from apps.analysis.rehearsal import REHEARSAL_QUEUED
 from apps.approvals.audit import audit_record
 from apps.experiments.models import Experiment, RunsRefused, ServerConfig
 from apps.experiments.recovery import recovery_options
@@ -31,8 +41,18 @@ from apps.runs.scheduling import hosts_qualifying, runs_dispatch
 REHEARSAL = REHEARSAL_SCENARIO
 
 
+# The longest reason a repeat may carry (the audit log and the manifest keep it whole).
+MAX_REASON_CHARS = 2000
+
+
 class RehearsalError(ValueError):
-    """A rehearsal cannot start now (the experiment's state, the cell, no host)."""
+    """A rehearsal cannot start now: ``field`` names the request's field at fault ("cell",
+    "reason"); None when it is the experiment's state (not awaiting approval, a rehearsal
+    already running, no host)."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def rehearsal_point(experiment: Experiment) -> tuple[str, str]:
@@ -99,30 +119,47 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
     )
 
 
-def _enqueue(run: Run, experiment: Experiment, *, actor: Any, reason: str) -> None:
+def _queue(experiment: Experiment, cell: ServerConfig, *, actor: Any, reason: str, earlier: list[str]) -> Run:
+    """Move the experiment to running, add the rehearsal run, audit it and dispatch it, in the
+    caller's transaction (the status first: no run is added to an experiment awaiting approval)."""
     hosts = hosts_qualifying(experiment)
     if not hosts:
         raise RehearsalError("no host is alive to run the rehearsal (start a worker)")
-    experiment.status = Experiment.objects.values_list("status", flat=True).get(pk=experiment.pk)
+    before = Experiment.objects.values_list("status", flat=True).get(pk=experiment.pk)
     Experiment.objects.filter(pk=experiment.pk).update(
         status=Experiment.Status.RUNNING,
-        status_reason=f"rehearsing the rollback of {run.cell.cell_id} to B0",
+        status_reason=f"rehearsing the rollback of {cell.cell_id} to B0",
         updated_at=timezone.now(),
     )
+    experiment.status = Experiment.Status.RUNNING
+    run = _create(experiment, cell)
     audit_record(
-        action="rehearsal.queued",
+        action=REHEARSAL_QUEUED,
         actor=actor,
         experiment=experiment,
         target=str(run.run_id),
         detail={
-            "cell": run.cell.cell_id,
+            "cell": cell.cell_id,
             "reason": reason,
+            "attempt": len(earlier) + 1,
+            "earlier_attempts": earlier,
             "hosts": [h.name for h in hosts],
-            "from": experiment.status,
+            "from": before,
             "to": Experiment.Status.RUNNING,
         },
     )
     runs_dispatch([run], experiment)
+    return run
+
+
+def _attempts(experiment: Experiment, cell: ServerConfig) -> list[str]:
+    """The run ids of the cell's rehearsal attempts so far, oldest first."""
+    return [
+        str(run_id)
+        for run_id in experiment.runs.filter(scenario=REHEARSAL, cell=cell)
+        .order_by("id")
+        .values_list("run_id", flat=True)
+    ]
 
 
 @transaction.atomic
@@ -139,8 +176,7 @@ def rehearsal_due(*, experiment_id: int, chosen_cell: str) -> Run | None:
         return None
     try:
         with transaction.atomic():  # a savepoint: no half-made rehearsal run stays behind
-            run = _create(experiment, cell)
-            _enqueue(run, experiment, actor=None, reason="the decision proposes this cell")
+            run = _queue(experiment, cell, actor=None, reason="the decision proposes this cell", earlier=[])
     except RehearsalError as exc:
         audit_record(action="rehearsal.not_started", experiment=experiment, detail={"error": str(exc)})
         return None
@@ -148,21 +184,37 @@ def rehearsal_due(*, experiment_id: int, chosen_cell: str) -> Run | None:
 
 
 @transaction.atomic
-def rehearsal_start(*, experiment: Experiment, cell_id: str, actor: Any) -> Run:
-    """Rehearse the rollback of any candidate now (from the experiment page); RehearsalError if not possible."""
+def rehearsal_start(*, experiment: Experiment, cell_id: str, actor: Any, reason: str = "") -> Run:
+    """Rehearse the rollback of a candidate now (the results page); RehearsalError if not possible.
+
+    A cell rehearsed before is rehearsed again only with a reason (a blank one is refused,
+    naming the field): every attempt stays, and the reason goes to the audit log beside it.
+    """
     experiment = Experiment.objects.select_for_update().get(pk=experiment.pk)
     if experiment.status != Experiment.Status.ANALYSED:
         raise RehearsalError(
-            f"the experiment is {experiment.status}; a rehearsal starts on an analysed experiment, "
-            "before approval"
+            f"the experiment is {experiment.status}; a rehearsal starts while it awaits approval "
+            "(analysed), never once a person decided: the evidence behind a verdict never changes"
         )
     cell = experiment.cells.filter(cell_id=cell_id).first()
     if cell is None:
-        raise RehearsalError(f"cell: no cell {cell_id!r} in this experiment")
+        raise RehearsalError(f"cell: no cell {cell_id!r} in this experiment", field="cell")
     if cell.role == ServerConfig.Role.BASELINE:
-        raise RehearsalError("cell: B0 is what a rollback returns to; choose a candidate")
+        raise RehearsalError("cell: B0 is what a rollback returns to; choose a candidate", field="cell")
+    reason = (reason or "").strip()
+    if len(reason) > MAX_REASON_CHARS:
+        raise RehearsalError(f"reason: at most {MAX_REASON_CHARS} characters", field="reason")
+    earlier = _attempts(experiment, cell)
+    if earlier and not reason:
+        n = len(earlier)
+        raise RehearsalError(
+            f"reason: {cell.cell_id} was already rehearsed ({n} attempt{'s' if n != 1 else ''}); say why "
+            "you rehearse it again: the reason goes to the audit log, and every attempt stays in the "
+            "report and the manifest",
+            field="reason",
+        )
     if experiment.runs.filter(scenario=REHEARSAL).exclude(status__in=Run.FINISHED).exists():
         raise RehearsalError("a rehearsal of this experiment is already queued or running")
-    run = _create(experiment, cell)
-    _enqueue(run, experiment, actor=actor, reason="started from the experiment page")
-    return run
+    return _queue(
+        experiment, cell, actor=actor, reason=reason or "started from the results page", earlier=earlier
+    )

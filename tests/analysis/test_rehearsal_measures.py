@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from apps.analysis.decide import recovery_check
-from apps.analysis.rehearsal import outcome, recovery_time, rehearsal_measures
+from apps.analysis.rehearsal import (
+    attempt_outcome,
+    attempts_summary,
+    outcome,
+    recovery_time,
+    rehearsal_measures,
+)
 
 CLASSES = [
     {"name": "short", "ttft_p99_ms": 500.0, "e2e_p99_ms": 2000.0, "max_stall_ms": 500.0, "error_rate": 0.1},
@@ -177,3 +185,81 @@ def test_a_trace_shorter_than_the_recovery_limit_judges_the_budget_from_the_reco
         else 10.0
     )
     assert any("error budget" in p for p in m["problems"]), m["problems"]
+
+
+def _attempt(n: int, outcome: str, why: str = "", **kw: Any) -> dict[str, Any]:
+    status = {"passed": "done", "failed": "done", "invalid": "invalid", "pending": "measuring"}[outcome]
+    return {"attempt": n, "run": f"r{n}", "status": status, "outcome": outcome, "why": why, **kw}
+
+
+def _entry(*attempts: dict[str, Any]) -> dict[str, Any]:
+    """A cell's rehearsals as the report holds them: the latest attempt on top, every one listed."""
+    latest = attempts[-1]
+    measures = _measures([rec(i, i * 0.5) for i in range(60)]) if latest["outcome"] == "passed" else None
+    return {
+        "run": latest["run"],
+        "status": latest["status"],
+        "measures": measures,
+        "attempts": list(attempts),
+    }
+
+
+def test_check_4_is_not_the_latest_attempt_alone():
+    # Rehearsed until it passed: the earlier failure still fails check 4, and the reason says so.
+    entry = _entry(_attempt(1, "failed", "B0 did not recover"), _attempt(2, "passed"))
+    check = recovery_check(None, chosen_cell="C1", baseline="B0", rehearsal=entry)
+    assert check["status"] == "fail", check
+    assert check["reason"].startswith("2 attempts, 1 failed")
+    assert "attempt 1 failed: B0 did not recover" in check["reason"]
+    assert check["attempts"] == {
+        "summary": "2 attempts, 1 failed",
+        "passed": 1,
+        "failed": 1,
+        "invalid": 0,
+        "pending": 0,
+    }
+    assert check["run"] == "r2" and check["measures"]["time_to_recover_s"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("attempts", "status"),
+    [
+        ([_attempt(1, "passed"), _attempt(2, "passed")], "pass"),
+        # A run the service failed under a lost host and queued again measured nothing either way.
+        ([_attempt(1, "invalid", "host lost", requeued_by_service=True), _attempt(2, "passed")], "pass"),
+        # An invalid run nobody re-queued by itself counts against check 4, like a failure.
+        ([_attempt(1, "invalid", "the load generator fell behind"), _attempt(2, "passed")], "fail"),
+        ([_attempt(1, "passed"), _attempt(2, "failed", "class short broke its error budget")], "fail"),
+        ([_attempt(1, "passed"), _attempt(2, "invalid", "the load generator fell behind")], "fail"),
+        ([_attempt(1, "failed", "no"), _attempt(2, "pending")], "pending"),
+    ],
+    ids=["all-passed", "requeued-then-passed", "invalid-then-passed", "passed-then-failed",
+         "passed-then-invalid", "failed-then-running"],
+)  # fmt: skip
+def test_check_4_when_attempts_disagree(attempts, status):
+    check = recovery_check(None, chosen_cell="C1", baseline="B0", rehearsal=_entry(*attempts))
+    assert check["status"] == status, check["reason"]
+    assert check["reason"].count("attempt") >= 1 and f"{len(attempts)} attempts" in check["reason"]
+
+
+def test_an_attempt_s_outcome_and_the_summary_an_approver_reads_first():
+    assert attempt_outcome(status="done", measures={"passed": True, "problems": []}) == ("passed", "")
+    assert attempt_outcome(status="done", measures={"passed": False, "problems": ["a", "b"]}) == (
+        "failed",
+        "a; b",
+    )
+    assert attempt_outcome(status="failed", measures=None, reason="exit 1")[0] == "failed"
+    assert attempt_outcome(status="failed", measures=None, reason="host lost", requeued=True)[0] == "invalid"
+    assert attempt_outcome(status="invalid", measures=None, reason="lag") == (
+        "invalid",
+        "the rehearsal ended invalid: lag",
+    )
+    assert attempt_outcome(status="cancelled", measures=None, reason="stop")[0] == "failed"
+    assert attempt_outcome(status="queued", measures=None)[0] == "pending"
+    three = [_attempt(1, "failed"), _attempt(2, "failed"), _attempt(3, "passed")]
+    assert attempts_summary(three) == "3 attempts, 2 failed"
+    assert attempts_summary(three[2:]) == "1 attempt, none failed"
+    assert (
+        attempts_summary([_attempt(1, "invalid"), _attempt(2, "pending")])
+        == "2 attempts, 1 invalid, 1 pending"
+    )

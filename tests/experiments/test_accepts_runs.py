@@ -355,3 +355,17 @@ def test_the_rehearse_page_refuses_a_decided_experiment_with_the_reason(
     assert response.status_code < 500
     assert f"is {status}" in response.content.decode()
     assert not experiment.runs.filter(kind=Run.Kind.REHEARSAL).exists()
+
+
+@pytest.mark.django_db
+def test_the_experiment_page_offers_a_goodput_search_only_while_it_takes_runs(
+    client, author, experiment
+) -> None:  # type: ignore[no-untyped-def]
+    client.force_login(author)
+    page = client.get(f"/experiments/{experiment.pk}/").content.decode()
+    assert 'id="goodput-form"' in page and 'id="goodput-refused"' not in page
+    for status in DECIDED:
+        Experiment.objects.filter(pk=experiment.pk).update(status=status)
+        page = client.get(f"/experiments/{experiment.pk}/").content.decode()
+        assert 'id="goodput-form"' not in page
+        assert f"No goodput search can be queued: the experiment is {status}:" in page

@@ -41,7 +41,8 @@ def test_a_bad_rehearsal_request_names_the_cell_and_saves_nothing(
 ) -> None:  # type: ignore[no-untyped-def]
     make_host()
     client.force_login(author)
-    response = client.post(f"/experiments/{analysed_experiment.pk}/rehearse/", {"cell": cell}, follow=True)
+    response = client.post(f"/experiments/{analysed_experiment.pk}/rehearse/", {"cell": cell})
+    assert response.status_code == 400
     assert words in response.content.decode()
     assert not Run.objects.filter(scenario="rehearsal").exists()
     analysed_experiment.refresh_from_db()

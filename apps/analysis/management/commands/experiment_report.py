@@ -57,6 +57,9 @@ class Command(BaseCommand):
             if name == "recovery" and check.get("reason"):
                 line += f" ({check['reason']})"
             self.stdout.write(line)
+        for cell, entry in sorted((report.get("rehearsals") or {}).items()):
+            if entry.get("summary"):  # every attempt counts, not only the latest
+                self.stdout.write(f"rehearsal {cell}: {entry['summary']}")
         for f in report["findings"]:
             self.stdout.write(f"finding: {f['title']} ({len(f['evidence'])} pieces of evidence)")
         st = report.get("statistics") or {}
