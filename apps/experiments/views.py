@@ -11,11 +11,12 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.accounts.roles import APPROVER, has_role
 from apps.analysis import charts
@@ -79,10 +80,13 @@ DEFAULT_MODEL_PATH = ".engine/models/tiny-llama"
 
 
 def _model_defaults(model_path: str) -> dict[str, str]:
-    """A model path that exists, with the revisions its directory records, as the form's defaults."""
+    """A model path that exists under the model roots, with the revisions its directory records,
+    as the form's defaults. A path outside the roots gets the page a missing one gets: nothing
+    outside them is looked at (apps/experiments/model_roots.py)."""
+    from apps.experiments.model_roots import model_path_error
     from apps.workloads.services import model_revisions, tokenizer_dir
 
-    if not tokenizer_dir(model_path).is_dir():
+    if model_path_error(model_path) is not None or not tokenizer_dir(model_path).is_dir():
         return {}
     return {"model_path": model_path, **model_revisions(model_path)}
 
@@ -359,23 +363,63 @@ def experiment_start(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("experiments:detail", pk=experiment.pk)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 def experiment_rehearse(request: HttpRequest, pk: int) -> HttpResponse:
-    """Rehearse the rollback of one candidate to B0 now (check 4); the cost was shown beside the button."""
+    """Rehearse the rollback of one candidate to B0 now (check 4); its cost is shown beside the button.
+
+    GET shows the form with each candidate's attempts so far; POST queues one. A cell rehearsed
+    before needs a reason (400, naming the field, without one); an experiment that does not
+    await approval or is rehearsing already answers 409. Nothing is saved on either.
+    """
     from apps.runs.rehearsal import RehearsalError, rehearsal_start
 
     experiment = _experiment(request, pk)
     if not selectors.can_operate(request.user, experiment):
         raise PermissionDenied("only the experiment's author can start a rehearsal")
-    try:
-        run = rehearsal_start(experiment=experiment, cell_id=request.POST.get("cell", ""), actor=request.user)
-    except RehearsalError as exc:
-        messages.error(request, f"Rehearsal not started: {exc}")
-        return redirect(reverse("experiments:results", args=[experiment.pk]) + "#rehearsal")
-    messages.success(
-        request, f"Rehearsing the rollback of {run.cell.cell_id} to B0: the results update when it ends."
-    )
-    return redirect("experiments:detail", pk=experiment.pk)
+    errors: dict[str, str] = {}
+    status = 200
+    if request.method == "POST":
+        try:
+            run = rehearsal_start(
+                experiment=experiment,
+                cell_id=request.POST.get("cell", ""),
+                actor=request.user,
+                reason=request.POST.get("reason", ""),
+            )
+        except RehearsalError as exc:
+            errors[exc.field or "state"] = str(exc)
+            status = 400 if exc.field else 409
+        else:
+            messages.success(
+                request,
+                f"Rehearsing the rollback of {run.cell.cell_id} to B0: the results update when it ends.",
+            )
+            return redirect("experiments:detail", pk=experiment.pk)
+    decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
+    rehearsals = ((decision.report if decision else None) or {}).get("rehearsals") or {}
+    attempts = {
+        row["cell__cell_id"]: row["n"]
+        for row in experiment.runs.filter(kind=Run.Kind.REHEARSAL)
+        .values("cell__cell_id")
+        .annotate(n=Count("id"))
+    }
+    cells = [
+        {
+            "cell_id": c.cell_id,
+            "attempts": attempts.get(c.cell_id, 0),
+            "summary": (rehearsals.get(c.cell_id) or {}).get("summary"),
+        }
+        for c in experiment.cells.exclude(role="baseline")
+    ]
+    context = {
+        "experiment": experiment,
+        "cells": cells,
+        "chosen": request.POST.get("cell") or (decision.chosen_cell if decision else ""),
+        "reason": request.POST.get("reason", ""),
+        "errors": errors,
+        "rehearsal_cost_s": rehearsal_cost_s(experiment),
+    }
+    return render(request, "experiments/rehearse.html", context, status=status)
 
 
 @require_POST
