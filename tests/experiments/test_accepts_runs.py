@@ -173,6 +173,15 @@ def _goodput_capacity_request(e: Experiment, kind: str) -> None:
     goodput_capacity_request(experiment=e, cell_id="C1", mixture="80-20")
 
 
+def _experiment_calibrate_command(e: Experiment, kind: str) -> None:
+    try:
+        call_command(
+            "experiment_calibrate", str(e.pk), "--cell", "C1", "--mixture", "80-20", stdout=io.StringIO()
+        )
+    except CommandError as exc:
+        raise RunsRefused(str(exc)) from None
+
+
 def _run_requeue_once(e: Experiment, kind: str) -> None:
     from apps.runs.services import run_requeue_once
 
@@ -232,6 +241,7 @@ ENTRIES: dict[str, Callable[..., None]] = {
     "probe_run_create": _probe_run_create,
     "cell_goodput_capacity": _cell_goodput_capacity,
     "goodput_capacity_request": _goodput_capacity_request,
+    "experiment_calibrate --cell": _experiment_calibrate_command,
     "run_requeue_once": _run_requeue_once,
     "rehearsal_create": _rehearsal_create,
     "records_ingest": _records_ingest,

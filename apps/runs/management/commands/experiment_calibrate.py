@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, RunsRefused
 from apps.runs.calibration import CalibrationError, cell_goodput_capacity, experiment_calibrate
 
 
@@ -44,6 +44,6 @@ class Command(BaseCommand):
             else:
                 result = experiment_calibrate(experiment_id=experiment.pk, execute=run_execute)
                 summary = f"capacities {result['capacities']} -> rates {result['rates']} (source: probe)"
-        except CalibrationError as exc:
+        except (CalibrationError, RunsRefused) as exc:  # RunsRefused: analysed or decided
             raise CommandError(str(exc)) from None
         self.stdout.write(json.dumps(result, indent=2, sort_keys=True) if options["json"] else summary)
