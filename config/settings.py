@@ -15,6 +15,7 @@ from typing import Any
 
 import dj_database_url
 
+from config.clientip import trusted_networks
 from config.env import ImproperEnv, envbool, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -90,6 +91,15 @@ AXES_FAILURE_LIMIT = envint("AXES_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = envint("AXES_COOLOFF_HOURS", 1)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# Axes records attempts in the database (AXES_HANDLER's default), which every web process shares.
+# The client's address: the peer, or X-Forwarded-For as far as TAILTUNE_TRUSTED_PROXIES (a comma
+# list of addresses or CIDR networks; unset: none) vouch for it. One function for axes and the API.
+TAILTUNE_TRUSTED_PROXIES = envlist("TAILTUNE_TRUSTED_PROXIES", [])
+try:
+    trusted_networks(tuple(TAILTUNE_TRUSTED_PROXIES))
+except ValueError as _exc:
+    raise ImproperEnv(f"TAILTUNE_TRUSTED_PROXIES: {_exc}") from None
+AXES_CLIENT_IP_CALLABLE = "config.clientip.client_ip"
 
 ROOT_URLCONF = "config.urls"
 TEMPLATES = [
@@ -243,6 +253,32 @@ else:
     }
     CELERY_RESULT_BACKEND = envstr("CELERY_RESULT_BACKEND", f"file://{_results_dir}")
 
+# --- The shared cache ------------------------------------------------------
+# What every process must count alike (failed API authentications, apps/api/auth.py) lives in one
+# cache, never in a process's memory: Redis at TAILTUNE_CACHE_URL, else at a redis://
+# CELERY_BROKER_URL (its keys beside the broker's, under their own prefix), else a folder under
+# TAILTUNE_DATA that every process of this machine shares.
+_redis_broker = _broker if _broker.startswith(("redis://", "rediss://")) else ""
+_cache_url = envstr("TAILTUNE_CACHE_URL") or _redis_broker
+if _cache_url:
+    if not _cache_url.startswith(("redis://", "rediss://")):
+        raise ImproperEnv(f"TAILTUNE_CACHE_URL={_cache_url!r}: expected a redis:// URL")
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": _cache_url,
+            "KEY_PREFIX": "tailtune",
+            "OPTIONS": {"socket_connect_timeout": 5, "socket_timeout": 5},
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(DATA_DIR / "cache"),
+        }
+    }
+
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -287,7 +323,11 @@ LOGGING = {
 # process (the sidecar package: no CDN).
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["apps.api.auth.TokenAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # A token's scope for the method (apps/api/auth.py TokenScope), after its user's authentication.
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "apps.api.auth.TokenScope",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # ?format= is the records endpoint's own parameter (json or jsonl), not content negotiation.
@@ -306,6 +346,10 @@ SPECTACULAR_SETTINGS = {
 # Failed API authentications per client address before it is refused (429) for the window.
 API_AUTH_FAILURE_LIMIT = int(os.environ.get("TAILTUNE_API_AUTH_FAILURE_LIMIT", "20"))
 API_AUTH_FAILURE_WINDOW_S = 300
+# Every API token expires: this many days after it is made unless made shorter (apps/accounts/tokens.py).
+TAILTUNE_TOKEN_DAYS = envint("TAILTUNE_TOKEN_DAYS", 90)
+if TAILTUNE_TOKEN_DAYS < 1:
+    raise ImproperEnv(f"TAILTUNE_TOKEN_DAYS={TAILTUNE_TOKEN_DAYS}: a token must live at least 1 day")
 
 # The address people reach this server at: the gate's reports link to experiment pages with it
 # (`manage.py gate` on the server; through the API, the request's own address is used).

@@ -1,4 +1,4 @@
-"""API tokens (apps/accounts/tokens.py): per user, stored as a digest, revocable, expiring."""
+"""API tokens (apps/accounts/tokens.py): per user, stored as a digest, scoped, revocable, expiring."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100)
     # SHA-256 of the token's secret part; the plaintext is shown once and never stored.
     digest = models.CharField(max_length=64)
+    # What the token may do: some of "read", "run", "approve" (tokens.SCOPES); its user's roles
+    # still bound it, so the rights are these AND the user's roles at the time of each request.
+    scopes = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField(null=True, blank=True)
+    # Every token expires: at most TAILTUNE_TOKEN_DAYS after its creation.
+    expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
@@ -25,14 +29,12 @@ class ApiToken(models.Model):
 
     @property
     def live(self) -> bool:
-        if self.revoked_at is not None:
-            return False
-        return self.expires_at is None or self.expires_at > timezone.now()
+        return self.status == "live"
 
     @property
     def status(self) -> str:
         if self.revoked_at is not None:
             return "revoked"
-        if self.expires_at is not None and self.expires_at <= timezone.now():
+        if self.expires_at <= timezone.now():
             return "expired"
         return "live"

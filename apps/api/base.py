@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.models import ApiToken
 from apps.accounts.roles import VIEWER, has_role
+from apps.accounts.tokens import READ
 from apps.approvals.audit import bind_token, unbind_token
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
@@ -92,9 +93,14 @@ class SpecJsonParser(BaseParser):
 
 
 class ApiView(APIView):
-    """Binds the request's token to the audit trail for exactly the length of the call."""
+    """Binds the request's token to the audit trail for exactly the length of the call.
+
+    ``scopes`` names the token scope each method needs (apps/api/auth.py TokenScope): reading
+    needs ``read``; a view that takes a POST says which scope it needs, and until it does the
+    POST is refused."""
 
     parser_classes = [SpecJsonParser]
+    scopes: dict[str, str] = {"GET": READ, "HEAD": READ, "OPTIONS": READ}
 
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         binding: Token[str | None] = bind_token(None)

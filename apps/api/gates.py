@@ -26,7 +26,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.roles import EXPERIMENTER
-from apps.accounts.tokens import token_check
+from apps.accounts.tokens import READ, RUN
 from apps.api.auth import TokenAuthentication
 from apps.api.base import SPEC_ERRORS, ApiView, _clean_text, _errors, upload_resource, upload_too_large
 from apps.approvals.audit import audit_record
@@ -123,6 +123,7 @@ def _base_url(request: Request) -> str:
 
 class GateCreate(ApiView):
     parser_classes = [MultiPartParser]
+    scopes = {"POST": RUN}  # a gate starts runs on a GPU host
 
     @extend_schema(
         request={"multipart/form-data": GATE_REQUEST},
@@ -243,15 +244,14 @@ class TokenInBodyAuthentication(TokenAuthentication):
         token_text = ((body.get("metadata") or {}) if isinstance(body, dict) else {}).get("token")
         if not isinstance(token_text, str) or not token_text:
             return None
-        token = token_check(token_text.strip())
-        if token is None:
-            self.refuse(request)
-        return token.user, token
+        return self.check(request, token_text.strip())
 
 
 class GateVerdict(ApiView):
     authentication_classes = [TokenInBodyAuthentication]
     parser_classes = [JSONParser]
+    # Flagger's webhook POSTs to read the verdict: reading, so the read scope.
+    scopes = {**ApiView.scopes, "POST": READ}
 
     def _resource(self, request: Request, pk: int) -> GateResource:
         experiment = self.experiment(pk)  # the viewer role first, then 404

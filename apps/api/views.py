@@ -29,6 +29,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.roles import EXPERIMENTER, VIEWER
+from apps.accounts.tokens import APPROVE, RUN
 from apps.api.base import SPEC_ERRORS, ApiView, SpecJsonParser, YamlParser, _clean_text, _errors
 from apps.approvals.models import RollbackManifest
 from apps.approvals.services import ApprovalError, approval_revoke, experiment_approve
@@ -80,6 +81,7 @@ EXPERIMENTS = inline_serializer(
 
 class ExperimentList(ApiView):
     parser_classes = [SpecJsonParser, YamlParser]
+    scopes = {**ApiView.scopes, "POST": RUN}
 
     @extend_schema(
         responses={200: EXPERIMENTS}, summary="Experiments, newest first", operation_id="experiments_list"
@@ -111,6 +113,8 @@ class ExperimentDetail(ApiView):
 
 
 class ExperimentStart(ApiView):
+    scopes = {"POST": RUN}
+
     @extend_schema(request=None, responses={202: EXPERIMENT, 409: OpenApiTypes.OBJECT}, summary="Start")
     def post(self, request: Request, pk: int) -> Response:
         from apps.runs.services import experiment_start
@@ -127,6 +131,8 @@ class ExperimentStart(ApiView):
 
 
 class ExperimentCancel(ApiView):
+    scopes = {"POST": RUN}
+
     @extend_schema(request=None, responses={200: EXPERIMENT, 409: OpenApiTypes.OBJECT}, summary="Cancel")
     def post(self, request: Request, pk: int) -> Response:
         from apps.runs.services import experiment_cancel
@@ -174,6 +180,8 @@ APPROVAL = inline_serializer(
 
 
 class ExperimentApprove(ApiView):
+    scopes = {"POST": APPROVE}
+
     @extend_schema(
         request=APPROVAL,
         responses={201: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 403: OpenApiTypes.OBJECT},
@@ -224,6 +232,8 @@ REVOCATION = inline_serializer("Revocation", {"reason": serializers.CharField()}
 
 
 class ExperimentRevoke(ApiView):
+    scopes = {"POST": APPROVE}
+
     @extend_schema(
         request=REVOCATION,
         responses={200: EXPERIMENT, 400: OpenApiTypes.OBJECT, 403: OpenApiTypes.OBJECT},

@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.roles import EXPERIMENTER
+from apps.accounts.tokens import RUN
 from apps.api.base import SPEC_ERRORS, ApiView, _clean_text, upload_resource, upload_too_large
 from apps.approvals.audit import audit_record
 from apps.experiments.spec import MAX_TOKENS
@@ -42,6 +43,7 @@ TRACE_UPLOAD = inline_serializer(
 
 class TraceUpload(ApiView):
     parser_classes = [MultiPartParser]
+    scopes = {"POST": RUN}
 
     @extend_schema(
         request={"multipart/form-data": TRACE_UPLOAD},

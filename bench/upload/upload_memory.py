@@ -117,7 +117,7 @@ def main() -> None:
         cwd=ROOT, env=env, check=True, capture_output=True,
     )  # fmt: skip
     api_token = subprocess.run(
-        [python, "manage.py", "token_create", "bench", "--name", "upload-bench"],
+        [python, "manage.py", "token_create", "bench", "--name", "upload-bench", "--scope", "read,run"],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
     ).stdout.strip().splitlines()[-1]  # fmt: skip
     files = {}
