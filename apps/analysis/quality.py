@@ -115,9 +115,9 @@ def quality_check(
             for kind, rule in (contract.get("validators") or {}).items():
                 reasons: dict[str, int] = {}
                 for a in answers:
-                    why = judge.judge(kind, rule, a)
-                    if why is not None:
-                        reasons = tally(reasons, why)
+                    reason = judge.judge(kind, rule, a)
+                    if reason is not None:
+                        reasons = tally(reasons, reason)
                 validators[kind] = round(1 - sum(reasons.values()) / len(answers), 6)
                 if reasons:
                     failures[kind] = reasons

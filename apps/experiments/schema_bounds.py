@@ -112,6 +112,7 @@ def _resolve(root: Any, ref: Any, where: str) -> tuple[str, Any]:
         raise Unbounded(f"$ref {ref!r:.80} at {where} is not a JSON pointer (#/...): anchors are not allowed")
     node = root
     parts: list[str | int] = []
+    part: str | int
     for raw in fragment.split("/")[1:] if fragment else []:
         token = raw.replace("~1", "/").replace("~0", "~")
         if isinstance(node, Mapping) and token in node:
@@ -216,9 +217,9 @@ def check_references(schema: Any) -> None:
     size: dict[str, int] = {}
     height: dict[str, int] = {}
     for p in order:  # every target after the targets it refers to
-        t = targets[p]
-        size[p] = t.size + sum(size[r] for r, _ in t.refs)
-        height[p] = max([t.height, *(d + height[r] for r, d in t.refs)])
+        own = targets[p]
+        size[p] = own.size + sum(size[r] for r, _ in own.refs)
+        height[p] = max([own.height, *(d + height[r] for r, d in own.refs)])
     problems = []
     if size["#"] > MAX_SCHEMA_EXPANDED:
         # How often each target is evaluated for one value: the references' fan-out multiplied.

@@ -68,8 +68,24 @@ def _contract_failures(acceptance: Mapping[str, Any], cell: str) -> dict[tuple[s
         if f.get("class") is None:
             continue
         for key in f.get("broken") or []:
-            out[(f["class"], CONTRACT_CASE.get(key, key))].append(f"{f['mixture']}/{f['rate']}")
+            point = f"{f['mixture']}/{f['rate']}"
+            if key == "quality":
+                point = _quality_point(f.get("quality") or {})
+            out[(f["class"], CONTRACT_CASE.get(key, key))].append(point)
     return out
+
+
+def _quality_point(quality: Mapping[str, Any]) -> str:
+    """What of the quality contract broke, and why each failing validator failed (by reason, as
+    apps/analysis/quality.py counted them: a validator past its time budget says so)."""
+    parts = []
+    for what in quality.get("broken") or []:
+        kind = what.removeprefix("validator ")
+        reasons = (quality.get("validator_failures") or {}).get(kind) if what != kind else None
+        if reasons:
+            what += ": " + "; ".join(f"{n} × {why}" for why, n in reasons.items())
+        parts.append(what)
+    return "quality probe" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def gate_verdict(

@@ -268,6 +268,21 @@ def test_a_candidate_that_breaks_its_quality_contract_is_a_regression() -> None:
     assert case["class"] == "short" and case["outcome"] == "fail" and "quality contract" in case["message"]
 
 
+def test_a_validator_past_its_time_budget_is_named_in_the_gates_case() -> None:
+    r = report()
+    failure = {
+        "mixture": "quality probe", "rate": "", "class": "short", "broken": ["quality"],
+        "quality": {
+            "broken": ["validator json_schema"],
+            "validator_failures": {"json_schema": {"ran past its time budget (1 s an answer)": 3}},
+        },
+    }  # fmt: skip
+    r["checks"]["acceptance"]["cells"]["C1"] = {"passed": False, "failures": [failure]}
+    case = next(c for c in gate_verdict(r)["cases"] if c["metric"] == "quality")
+    assert case["outcome"] == "fail"
+    assert "validator json_schema: 3 × ran past its time budget (1 s an answer)" in case["message"], case
+
+
 def test_an_error_rate_case_shows_each_sides_pooled_rate() -> None:
     from clients.tailtune_gate import case_line
 
