@@ -44,3 +44,32 @@ def envlist(name: str, default: list[str]) -> list[str]:
     if raw is None or raw.strip() == "":
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def envpaths(name: str, default: list[str]) -> list[str]:
+    """Absolute directories: a JSON list (``["/models", "/data/hf"]``) or an ``os.pathsep``-separated
+    list (``/models:/data/hf``). Each is normalised; a relative one, one holding ``..`` or a
+    control character, or an empty list stops the process naming the variable."""
+    import json
+
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        items = list(default)
+    elif raw.lstrip().startswith("["):
+        try:
+            items = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ImproperEnv(f"{name} is not a JSON list: {exc}") from None
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise ImproperEnv(f'{name} must be a JSON list of directories, e.g. ["/models"]')
+    else:
+        items = [item.strip() for item in raw.split(os.pathsep) if item.strip()]
+    if not items:
+        raise ImproperEnv(f"{name} names no directory")
+    out: list[str] = []
+    for item in items:
+        bad = any(ord(ch) < 32 or ord(ch) == 127 for ch in item) or ".." in item.split("/")
+        if bad or not os.path.isabs(item):
+            raise ImproperEnv(f"{name}: {item[:200]!r} is not an absolute directory path without '..'")
+        out.append(os.path.normpath(item))
+    return out

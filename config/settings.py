@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 
 from config.clientip import trusted_networks
-from config.env import ImproperEnv, envbool, envint, envlist, envstr
+from config.env import ImproperEnv, envbool, envint, envlist, envpaths, envstr
+from config.secretfiles import create_secret_file, read_secret_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("TAILTUNE_DATA", str(BASE_DIR / "var"))).resolve()
@@ -32,11 +34,19 @@ def _secret_key() -> str:
     if envstr("DATABASE_URL").startswith("postgres"):
         # A shared database means a real deployment: its key must be given.
         raise ImproperEnv("SECRET_KEY must be set when DATABASE_URL points at a shared database")
+    # Generated once, born 0600 with its whole content, never through a planted link (config/secretfiles.py).
     path = DATA_DIR / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    try:
+        create_secret_file(path, secrets.token_urlsafe(50))
+    except FileExistsError:
+        pass  # made earlier, or by a process that started beside this one: that key is the key
+    try:
+        key = read_secret_file(path).strip()
+    except OSError as exc:
+        raise ImproperEnv(f"{path}: cannot read the secret key ({exc.strerror}); it must be a plain file") from None
+    if not key:
+        raise ImproperEnv(f"{path} is empty: remove it to have a new key made, or set SECRET_KEY")
+    return key
 
 
 SECRET_KEY = _secret_key()
@@ -75,7 +85,11 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # A NUL character in the path, the query or a page's form is a 400 naming it (config/params.py).
+    "config.params.RefuseNulCharacters",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Content-Security-Policy on every response (django-csp; the policy is CONTENT_SECURITY_POLICY).
+    "csp.middleware.CSPMiddleware",
     "apps.accounts.middleware.LoginRequiredEverywhere",
     # Last, as its documentation asks: turns a locked-out login into a 429 page.
     "axes.middleware.AxesMiddleware",
@@ -214,11 +228,33 @@ CSRF_COOKIE_SECURE = HTTPS
 SECURE_SSL_REDIRECT = HTTPS
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31_536_000) if HTTPS else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
-SECURE_HSTS_PRELOAD = HTTPS
+# Asking browsers to preload HSTS binds every subdomain of the domain to HTTPS for as long as the
+# lists take to drop it (months): the operator opts in with TAILTUNE_HSTS_PRELOAD=true. Off, the
+# deploy check's reminder about it (security.W021) is silenced, since that is the choice made.
+SECURE_HSTS_PRELOAD = HTTPS and envbool("TAILTUNE_HSTS_PRELOAD", False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy (django-csp): everything from this origin only; no inline script, no
+# eval, no plugin, no framing, forms post here only. Pages load their scripts from static files
+# (templates/ and static/ hold no inline script or on* handler: tests/foundation/test_csp.py).
+# Styles may be inline: plotly.js inserts its stylesheet as a <style> element and the class
+# swatches are style attributes; a style cannot run script. img-src allows data: URIs, which
+# the API docs' (Swagger UI's) stylesheet uses for its icons.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 # --- Celery ---------------------------------------------------------------
 # The hard limit bounds one run (warm-up + observation + drain + start/stop);
@@ -295,6 +331,12 @@ CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
 ENGINE_DIR = Path(envstr("TAILTUNE_ENGINE_DIR", str(BASE_DIR / ".engine"))).resolve()
 # The name of the host this worker serves (its queue is "host.<name>").
 TAILTUNE_HOST = envstr("TAILTUNE_HOST", "local-cpu")
+# The directories a model path may lie under (docs/SPEC.md, "model"): the spec's check, the
+# create page and the worker's launcher refuse anything else. Unset: the CPU engine's models and
+# TAILTUNE_DATA/models (not the whole of TAILTUNE_DATA, which holds the secret key and database).
+TAILTUNE_MODEL_ROOTS = envpaths(
+    "TAILTUNE_MODEL_ROOTS", [str(ENGINE_DIR / "models"), str(DATA_DIR / "models")]
+)
 # Caps on one experiment's plan, checked when a spec is validated (docs/SPEC.md, "Limits").
 TAILTUNE_MAX_RUNS = envint("TAILTUNE_MAX_RUNS", 10_000)
 TAILTUNE_MAX_ENGINE_HOURS = envint("TAILTUNE_MAX_ENGINE_HOURS", 2_000)

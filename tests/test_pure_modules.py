@@ -40,6 +40,8 @@ PURE = [
     "apps.experiments.spec_cells",
     "apps.experiments.spec_workload",
     "apps.experiments.spec_sections",
+    "workers.engine.model_paths",
+    "workers.engine.launcher",
     "workers.replay.records",
     "workers.replay.sse",
     "workers.replay.request",

@@ -95,7 +95,9 @@ class EngineUnavailable(ValueError):
 def host_config(host: Host, cell: ServerConfig | None = None, *, dev_mode: bool = False) -> HostConfig:
     """How this host starts a cell's server: its own command, or the one it lists for the
     candidate's ``engine.image`` (TAILTUNE_VLLM_COMMANDS). ``dev_mode``: vLLM's development
-    endpoints on (``/reset_prefix_cache``, for a reused server with prefix caching)."""
+    endpoints on (``/reset_prefix_cache``, for a reused server with prefix caching), which the
+    launcher refuses unless the host binds loopback. The model must lie under this worker's own
+    TAILTUNE_MODEL_ROOTS (not the host row's, which anyone with the admin could edit)."""
     command, digest = tuple(host.vllm_command), host.image_digest
     image = cell.engine_image if cell is not None else ""
     if image:
@@ -112,7 +114,8 @@ def host_config(host: Host, cell: ServerConfig | None = None, *, dev_mode: bool 
         bind_host=host.bind_host,
         devices=host.devices,
         image_digest=digest,
-        extra_env={"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {},
+        dev_mode=dev_mode,
+        model_roots=tuple(settings.TAILTUNE_MODEL_ROOTS),
     )
 
 

@@ -57,6 +57,7 @@ class TraceUpload(ApiView):
         ),
     )
     def post(self, request: Request) -> Response:
+        from apps.experiments.model_roots import model_path_error
         from apps.experiments.models import TraceUpload as Upload
         from apps.experiments.uploads import upload_queue
         from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
@@ -101,8 +102,12 @@ class TraceUpload(ApiView):
             except ValueError as exc:
                 errors.append({"field": "classes", "message": str(exc)})
         if imported and texts.get("model_dir"):
+            # Under the model roots first: outside them the answer never depends on what exists.
+            outside = model_path_error(texts["model_dir"])
             model_dir = tokenizer_dir(texts["model_dir"])
-            if not (model_dir / "tokenizer.json").is_file():
+            if outside is not None:
+                errors.append({"field": "model_dir", "message": outside})
+            elif not (model_dir / "tokenizer.json").is_file():
                 errors.append({"field": "model_dir", "message": f"no tokenizer.json in {model_dir}"})
         if errors:
             return Response({"errors": errors}, status=status.HTTP_400_BAD_REQUEST)

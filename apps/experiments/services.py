@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from apps.approvals.audit import audit_record
+from apps.experiments.model_roots import model_roots_known
 from apps.experiments.models import Experiment, RequestClass, ServerConfig, Workload
 from apps.experiments.offers import spec_offer_errors
 from apps.experiments.plan import expand_plan
@@ -18,10 +19,15 @@ from apps.experiments.spec_types import NormalizedSpec, RawSpec
 from apps.runs.models import Run
 
 
-def spec_limits() -> SpecLimits:
-    """The plan caps this deployment sets (settings TAILTUNE_MAX_RUNS, TAILTUNE_MAX_ENGINE_HOURS)."""
+def spec_limits(*, local: bool = False) -> SpecLimits:
+    """The plan caps this deployment sets (settings TAILTUNE_MAX_RUNS, TAILTUNE_MAX_ENGINE_HOURS) and
+    the model roots it knows (apps/experiments/model_roots.py); ``local``: this process's roots
+    only, for a command that reads the model on this machine and needs no database."""
     return SpecLimits(
-        max_runs=int(settings.TAILTUNE_MAX_RUNS), max_engine_hours=float(settings.TAILTUNE_MAX_ENGINE_HOURS)
+        max_runs=int(settings.TAILTUNE_MAX_RUNS),
+        max_engine_hours=float(settings.TAILTUNE_MAX_ENGINE_HOURS),
+        model_roots=model_roots_known(hosts=not local),
+        model_base_dir=str(settings.BASE_DIR),
     )
 
 

@@ -67,6 +67,7 @@ from apps.experiments.spec_sections import (
 )
 from apps.experiments.spec_types import NormalizedSpec
 from apps.experiments.spec_workload import _check_classes, _check_workload
+from workers.engine.model_paths import model_path_problem
 
 # The spec's API: what other code imports from here (the constants live in spec_rules.py).
 __all__ = [
@@ -203,6 +204,12 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
         "revision": c.text(model, "revision", "model", max_length=200),
         "tokenizer_revision": c.text(model, "tokenizer_revision", "model", max_length=200),
     }
+    if spec["model"]["path"]:
+        problem = model_path_problem(
+            spec["model"]["path"], limits.model_roots, base_dir=limits.model_base_dir
+        )
+        if problem is not None:
+            c.fail("model.path", problem)
 
     max_model_len = _check_controls(c, top, spec)
 

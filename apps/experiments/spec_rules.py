@@ -112,12 +112,18 @@ RUN_OVERHEAD_S = 60.0
 
 @dataclass(frozen=True)
 class SpecLimits:
-    """The caps on a whole plan; the service reads them from settings (TAILTUNE_MAX_RUNS, ...)."""
+    """The caps on a whole plan and where its model may lie; the service reads them from settings
+    (TAILTUNE_MAX_RUNS, TAILTUNE_MODEL_ROOTS, ...) and the hosts' rows."""
 
     max_runs: int = 10_000
     max_engine_hours: float = 2_000.0
     # Engine time a run costs beyond its windows (start, confirm, warm-up, stop).
     run_overhead_s: float = RUN_OVERHEAD_S
+    # The directories ``model.path`` may lie under (TAILTUNE_MODEL_ROOTS of the service and of
+    # its hosts; workers/engine/model_paths.py), a relative path starting at ``model_base_dir``.
+    # None: no roots known here, so only the path's own form is checked ('..', control characters).
+    model_roots: tuple[str, ...] | None = None
+    model_base_dir: str = "/"
 
 
 DEFAULT_LIMITS = SpecLimits()

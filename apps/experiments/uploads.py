@@ -224,6 +224,7 @@ def _import_with_experiment(row: TraceUpload, data: bytes) -> dict[str, Any]:
 
 
 def _import_alone(row: TraceUpload, data: bytes) -> dict[str, Any]:
+    from apps.experiments.model_roots import model_path_error
     from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
 
     options = row.options or {}
@@ -232,6 +233,9 @@ def _import_alone(row: TraceUpload, data: bytes) -> dict[str, Any]:
         trace = trace_store_bytes(data=data, label=label)
     else:
         try:
+            outside = model_path_error(str(options["model_dir"]))  # the roots may have changed since
+            if outside is not None:
+                raise ImportRefused("model_dir", outside)
             tokenizer = tokenizer_dir(str(options["model_dir"]))
             if not (tokenizer / "tokenizer.json").is_file():  # gone since the upload was checked
                 raise ImportRefused("model_dir", f"no tokenizer.json in {tokenizer}")

@@ -80,10 +80,13 @@ DEFAULT_MODEL_PATH = ".engine/models/tiny-llama"
 
 
 def _model_defaults(model_path: str) -> dict[str, str]:
-    """A model path that exists, with the revisions its directory records, as the form's defaults."""
+    """A model path that exists under the model roots, with the revisions its directory records,
+    as the form's defaults. A path outside the roots gets the page a missing one gets: nothing
+    outside them is looked at (apps/experiments/model_roots.py)."""
+    from apps.experiments.model_roots import model_path_error
     from apps.workloads.services import model_revisions, tokenizer_dir
 
-    if not tokenizer_dir(model_path).is_dir():
+    if model_path_error(model_path) is not None or not tokenizer_dir(model_path).is_dir():
         return {}
     return {"model_path": model_path, **model_revisions(model_path)}
 

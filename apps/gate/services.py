@@ -41,6 +41,7 @@ class GateUnavailable(Exception):
 
 
 def _store_window(request: GateInput, base: Baseline, data: bytes) -> Any:
+    from apps.experiments.model_roots import model_path_error
     from apps.workloads.importers import check_size, parse_class_thresholds
     from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
 
@@ -53,6 +54,10 @@ def _store_window(request: GateInput, base: Baseline, data: bytes) -> Any:
         raise SpecError([FieldError("classes", str(exc))]) from None
     model = base.model if isinstance(base.model, dict) else {}
     controls = base.controls if isinstance(base.controls, dict) else {}
+    # Under the model roots before the tokenizer is read: outside them nothing is looked at.
+    outside = model_path_error(str(model.get("path") or ""))
+    if outside is not None:
+        raise SpecError([FieldError("model.path", outside)])
     try:
         tok = tokenizer_dir(str(model.get("path") or ""))
     except Exception as exc:  # no tokenizer there: name the field

@@ -12,8 +12,9 @@ does not hold up the end:
    queued -> starting with a conditional update.
 3. A host qualifies for an experiment when its hardware id is the experiment's: the
    experiment is pinned to the hardware id of its first host (:func:`experiment_pin_hardware`),
-   so one experiment never mixes hardware; and when it can serve the experiment's
-   ``max_model_len``.
+   so one experiment never mixes hardware; when it can serve the experiment's
+   ``max_model_len``; and, when the experiment's reused servers need their prefix cache reset
+   (vLLM's development endpoints, :func:`dev_mode_needed`), when it binds a loopback address.
 4. With engine reuse (the spec's ``engine.reuse``, default on) a host that claims a sweep
    run reserves the rest of that cell's round (queued runs of the same experiment, cell and
    repeat get ``host`` = it) and takes those first, so it replays them back to back on the
@@ -34,6 +35,7 @@ from apps.experiments.models import Experiment
 from apps.runs import dispatch
 from apps.runs.hosts import hosts_alive
 from apps.runs.models import Host, Run
+from workers.engine.launcher import dev_mode_refusal, is_loopback
 
 
 def reuse_enabled(experiment: Experiment) -> bool:
@@ -41,13 +43,21 @@ def reuse_enabled(experiment: Experiment) -> bool:
     return bool(((experiment.spec or {}).get("engine") or {}).get("reuse", True))
 
 
+def dev_mode_needed(experiment: Experiment) -> bool:
+    """Whether the experiment's reused servers have their prefix cache reset between runs
+    (workers/engine/idle.py), which takes vLLM's development endpoints: reuse and prefix caching."""
+    return reuse_enabled(experiment) and bool(experiment.enable_prefix_caching)
+
+
 def why_not(host: Host, experiment: Experiment) -> str | None:
-    """Why ``host`` may not take the experiment's runs (other hardware, too short a context);
-    None when it may."""
+    """Why ``host`` may not take the experiment's runs (other hardware, too short a context,
+    development endpoints on a bind beyond loopback); None when it may."""
     if host.max_model_len is not None and host.max_model_len < experiment.max_model_len:
         return f"serves at most {host.max_model_len} tokens of context"
     if experiment.hardware_id and host.hardware_id != experiment.hardware_id:
         return f"other hardware: {host.hardware_id or 'not recorded'}"
+    if not is_loopback(host.bind_host) and dev_mode_needed(experiment):
+        return dev_mode_refusal(host.bind_host)
     return None
 
 
@@ -107,6 +117,10 @@ def _runnable(host: Host) -> QuerySet[Run]:
     )
     if host.max_model_len is not None:
         alive_experiments = alive_experiments.filter(max_model_len__lte=host.max_model_len)
+    if not is_loopback(host.bind_host):
+        # A few running experiments at most: the rule is read in Python, as why_not reads it.
+        refused = [e.pk for e in alive_experiments.filter(enable_prefix_caching=True) if dev_mode_needed(e)]
+        alive_experiments = alive_experiments.exclude(pk__in=refused)
     return (
         Run.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(status=Run.Status.QUEUED, dispatched_at__isnull=False, experiment__in=alive_experiments)

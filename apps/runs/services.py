@@ -23,6 +23,7 @@ from apps.runs.models import Host, Run
 from apps.runs.scheduling import (
     experiment_pin_hardware,
     host_release_reserved,
+    hosts_by_qualification,
     hosts_qualifying,
     runs_dispatch,
 )
@@ -48,6 +49,12 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
         raise StartError(f"experiment is {experiment.status}; only a planned experiment can start")
     hosts = hosts_qualifying(experiment)
     if not hosts:
+        refused = hosts_by_qualification(experiment)[1]
+        if refused:  # live hosts that may not take it: say why, host by host
+            raise StartError(
+                "no host can serve this experiment: "
+                + "; ".join(f"host {host.name}: {reason}" for host, reason in refused)
+            )
         raise StartError(
             "no host can serve this experiment: no worker of its hardware "
             f"({experiment.hardware_id or 'any'}) has sent a heartbeat in the last "

@@ -197,3 +197,79 @@ def test_a_rehearsal_splits_the_host_between_its_two_servers():
     one = HostConfig(vllm_command=("vllm", "serve"), devices="0")
     (_, ca), (_, cb), _ = split_host(one, {"gpu_memory_utilization": 0.9})
     assert ca["gpu_memory_utilization"] == cb["gpu_memory_utilization"] == 0.45
+
+
+# --- vLLM's development endpoints (issue #31, item 4) --------------------------------------------
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.1.2.3", "gpu-a.internal"])
+def test_it_refuses_development_mode_on_a_bind_other_than_loopback(bind):
+    host = HostConfig(vllm_command=("vllm", "serve"), bind_host=bind, extra_env={"VLLM_SERVER_DEV_MODE": "1"})
+    with pytest.raises(LaunchError) as refused:
+        launch(host=host)
+    assert refused.value.name == "bind_host"
+    message = str(refused.value)
+    assert f"binds {bind}" in message and "loopback" in message and "/reset_prefix_cache" in message
+    assert "TAILTUNE_BIND_HOST" in message
+
+
+def test_it_refuses_development_mode_from_the_inherited_environment_too():
+    host = HostConfig(vllm_command=("vllm", "serve"), bind_host="0.0.0.0")
+    with pytest.raises(LaunchError, match="loopback"):
+        build_launch(
+            model="/models/tiny", cell_args=CELL, controls=CONTROLS, host=host, port=8123,
+            base_env={"VLLM_SERVER_DEV_MODE": "1"},
+        )  # fmt: skip
+    # Off is off: "0" is how vLLM reads it.
+    plan = build_launch(
+        model="/models/tiny", cell_args=CELL, controls=CONTROLS, host=host, port=8123,
+        base_env={"VLLM_SERVER_DEV_MODE": "0"},
+    )  # fmt: skip
+    assert plan.host == "0.0.0.0"
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_it_turns_development_mode_on_for_a_loopback_bind_only_when_asked(bind):
+    plan = launch(host=HostConfig(vllm_command=("vllm", "serve"), bind_host=bind, dev_mode=True))
+    assert plan.env["VLLM_SERVER_DEV_MODE"] == "1" and f"--host={bind}" in plan.argv
+    assert "VLLM_SERVER_DEV_MODE" not in launch(host=HostConfig(vllm_command=("vllm", "serve"))).env
+
+
+def test_a_server_without_development_mode_may_bind_any_address():
+    plan = launch(host=HostConfig(vllm_command=("vllm", "serve"), bind_host="0.0.0.0"))
+    assert "--host=0.0.0.0" in plan.argv and "VLLM_SERVER_DEV_MODE" not in plan.env
+
+
+# --- model paths (issue #31, item 10): the worker checks its own roots before a server starts ----
+
+
+def test_it_refuses_a_model_path_with_a_parent_component():
+    with pytest.raises(LaunchError) as refused:
+        build_launch(
+            model="/models/../etc", cell_args=CELL, controls=CONTROLS, host=HOST, port=8123, base_env={}
+        )
+    assert refused.value.name == "model" and "'..'" in str(refused.value)
+
+
+def test_it_refuses_a_model_outside_the_hosts_roots_whether_or_not_it_exists(tmp_path):
+    import dataclasses
+
+    root = tmp_path / "models"
+    (root / "tiny").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "escape").symlink_to(tmp_path / "elsewhere")
+    host = dataclasses.replace(HOST, model_roots=(str(root),))
+
+    def refusal(model):
+        with pytest.raises(LaunchError) as refused:
+            build_launch(model=model, cell_args=CELL, controls=CONTROLS, host=host, port=8123, base_env={})
+        assert refused.value.name == "model"
+        return str(refused.value).replace(model, "<path>")
+
+    existing, missing = refusal(str(tmp_path / "elsewhere")), refusal(str(tmp_path / "nowhere"))
+    assert existing == missing == refusal(str(root / "escape")) and str(root) in existing
+    assert "--model=" + str(root / "tiny") in launch_model(str(root / "tiny"), host).argv
+
+
+def launch_model(model, host):
+    return build_launch(model=model, cell_args=CELL, controls=CONTROLS, host=host, port=8123, base_env={})

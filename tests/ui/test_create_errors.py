@@ -13,6 +13,8 @@ from tests.ui.forms_data import form_data
 CASES = [
     ({"name": ""}, "name", "is required"),
     ({"model_path": ""}, "model_path", "is required"),
+    ({"model_path": ".engine/models/../../var"}, "model_path", "must not contain '..'"),
+    ({"model_path": "/etc"}, "model_path", "must be a model directory under the host's model roots"),
     ({"model_revision": ""}, "model_revision", "is required"),
     ({"tokenizer_revision": ""}, "tokenizer_revision", "is required"),
     ({"max_model_len": ""}, "max_model_len", "is required"),
@@ -165,3 +167,52 @@ def test_it_shows_errors_of_the_extra_sections_beside_that_field(client, author,
     errors = [str(e) for e in response.context["form"].errors["extra"]]
     assert any(fragment in e for e in errors), errors
     assert Experiment.objects.count() == 0
+
+
+@pytest.fixture
+def model_roots(settings, tmp_path):  # type: ignore[no-untyped-def]
+    """A model root, and beside it a directory that looks like a model (with recorded revisions)."""
+    import json
+
+    root = tmp_path / "models"
+    root.mkdir()
+    outside = tmp_path / "private" / "model"
+    outside.mkdir(parents=True)
+    (outside / "tailtune-revision.json").write_text(
+        json.dumps({"model_revision": "secret-rev", "tokenizer_revision": "secret-tok"})
+    )
+    settings.TAILTUNE_MODEL_ROOTS = [str(root)]
+    return root, outside
+
+
+def _normalised(page: str, path: str) -> str:
+    """The page with the typed path (and the CSRF token, new on every page) taken out."""
+    import re
+
+    page = page.replace(path, "<typed>")
+    return re.sub(r'name="csrfmiddlewaretoken" value="[^"]+"', "", page)
+
+
+@pytest.mark.django_db
+def test_a_model_path_outside_the_roots_shows_the_same_page_exists_or_not(client, author, model_roots):  # type: ignore[no-untyped-def]
+    """Posted, the error is identical; asked for as the form's default (?model_path=), the page
+    neither fills in the directory's recorded revisions nor differs from a path that is not there."""
+    _, outside = model_roots
+    client.force_login(author)
+    missing = outside.parent / "no-such-model"
+    posted = [
+        client.post("/experiments/new/", form_data(create="1", model_path=str(p))) for p in (outside, missing)
+    ]
+    assert [r.status_code for r in posted] == [400, 400]
+    errors = [_errors_at(r, "model_path") for r in posted]
+    assert errors[0] == errors[1] and "model roots" in errors[0][0]
+    assert _normalised(posted[0].content.decode(), str(outside)) == _normalised(
+        posted[1].content.decode(), str(missing)
+    )
+    assert Experiment.objects.count() == 0
+
+    asked = [
+        client.get("/experiments/new/", {"model_path": str(p)}).content.decode() for p in (outside, missing)
+    ]
+    assert "secret-rev" not in asked[0] and str(outside) not in asked[0]
+    assert _normalised(asked[0], str(outside)) == _normalised(asked[1], str(missing))

@@ -9,7 +9,8 @@ on, an empty prefix cache. Steps of :func:`idle_check`:
    on the new server after its warm-up) on reads ``STEADY_S`` apart, or until
    ``timeout_s`` passes.
 2. When idle and ``reset_prefix_cache`` is set, POST /reset_prefix_cache (a development
-   endpoint: the launcher sets ``VLLM_SERVER_DEV_MODE=1`` for such servers) and require
+   endpoint: the launcher sets ``VLLM_SERVER_DEV_MODE=1`` for such servers, which it starts
+   on a loopback bind only; docs/ENGINE.md, "Development endpoints") and require
    ``{"success": true}``.
 3. Return what was seen, for the run's record: the run is invalid when ``idle`` is false, and
    the record says why (the last reading, and how many reads showed work or failed, and how

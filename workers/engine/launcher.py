@@ -12,12 +12,16 @@ else is refused with :class:`DisallowedFlag`, before anything starts.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workers.engine.model_paths import model_path_problem
 
 # The CPU engine's interpreter runs the OpenAI server module directly: the
 # `vllm` console script looks up a distribution named "vllm", but the CPU
@@ -36,6 +40,13 @@ OFFLINE_ENV = {
 # Silently overrides --kv-cache-memory-bytes on the CPU backend, so the KV
 # cache the experiment froze would not be the one that runs.
 FORBIDDEN_ENV = frozenset({"VLLM_CPU_KVCACHE_SPACE"})
+
+# vLLM's development endpoints: /reset_prefix_cache (what a reused server's idle check needs,
+# workers/engine/idle.py), and with it /sleep, /wake_up, /collective_rpc, /pause, /update_weights,
+# /server_info... vLLM's --api-key guards none of them (only /v1, /v2, /inference, /cohere), so
+# the only guard is who can reach the port: such a server binds a loopback address or does not
+# start (docs/ENGINE.md, "Development endpoints").
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
 # Values that reach argv as strings: no leading dash (argparse would read a
 # flag), no whitespace or shell/control characters.
@@ -181,7 +192,9 @@ class HostConfig:
     ``[<venv>/bin/python, "-m", "vllm.entrypoints.openai.api_server"]``. With a
     prefix ending in ``serve`` the model is passed positionally, else as ``--model``.
     ``devices`` becomes ``CUDA_VISIBLE_DEVICES`` when set. ``image_digest`` is the
-    container image digest when the command runs a container.
+    container image digest when the command runs a container. ``dev_mode`` turns vLLM's
+    development endpoints on, which :func:`build_launch` allows on a loopback ``bind_host`` only;
+    ``model_roots`` are where the model may lie (a model elsewhere is refused before it starts).
     """
 
     vllm_command: tuple[str, ...]
@@ -189,6 +202,11 @@ class HostConfig:
     devices: str = ""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     image_digest: str = ""
+    # vLLM's development endpoints on (VLLM_SERVER_DEV_MODE=1): only with a loopback bind_host.
+    dev_mode: bool = False
+    # The directories the model must lie under (the worker's TAILTUNE_MODEL_ROOTS,
+    # workers/engine/model_paths.py); None: not checked here (a command pointed at a server by hand).
+    model_roots: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.vllm_command or not all(isinstance(part, str) and part for part in self.vllm_command):
@@ -209,6 +227,28 @@ def cpu_engine_host(engine_dir: Path, *, bind_host: str = "127.0.0.1") -> HostCo
     """The host config of the local CPU engine that `make engine` installs under engine_dir."""
     python = Path(engine_dir) / "venv" / "bin" / "python"
     return HostConfig(vllm_command=(str(python), "-m", API_SERVER_MODULE), bind_host=bind_host)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address reaches this machine only: 127.0.0.0/8, ::1, or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def dev_mode_refusal(bind_host: str) -> str:
+    """Why a server with development endpoints may not bind ``bind_host`` (not loopback)."""
+    return (
+        f"vLLM's development endpoints ({DEV_MODE_ENV}: /reset_prefix_cache, which a reused server "
+        "with prefix caching needs between runs, and with it /sleep, /collective_rpc, /pause, ...) "
+        f"are only turned on for a server bound to loopback, and this host binds {bind_host}, where "
+        "anyone who reaches the port could call them (vLLM's --api-key does not guard them). Set "
+        "TAILTUNE_BIND_HOST=127.0.0.1 on this host, or turn engine.reuse or "
+        "controls.enable_prefix_caching off in the spec"
+    )
 
 
 @dataclass(frozen=True)
@@ -261,15 +301,33 @@ def build_launch(
 
     Every problem is collected first and the first one raised, with the key
     named, so a bad cell never half-starts. ``base_env`` defaults to no
-    inherited variables beyond PATH/HOME/LANG of this process.
+    inherited variables beyond PATH/HOME/LANG of this process. A model outside
+    ``host.model_roots`` and development mode on a bind beyond loopback are refused here too.
     """
     if not isinstance(model, str) or not _SAFE_MODEL.match(model):
         raise LaunchError("model", f"must be a plain path or model id (got {model!r})")
+    # Relative to this process's directory, where the server starts too.
+    problem = model_path_problem(model, host.model_roots, base_dir=os.getcwd())
+    if problem is not None:
+        raise LaunchError("model", f"{model} {problem}")
     server_controls, errors = _server_controls(controls)
     errors = _check(cell_args, SCHEDULER_FLAGS, "cell args") + errors
     if errors:
         raise errors[0]
     requested = {**server_controls, **cell_args}
+
+    if base_env is None:
+        base_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    env = {k: v for k, v in base_env.items() if k not in FORBIDDEN_ENV}
+    env.update(OFFLINE_ENV)
+    env.update(host.extra_env)
+    if host.devices:
+        env["CUDA_VISIBLE_DEVICES"] = host.devices
+    if host.dev_mode:
+        env[DEV_MODE_ENV] = "1"
+    # However it got here (dev_mode, extra_env, an inherited variable): vLLM reads any integer but 0 as on.
+    if env.get(DEV_MODE_ENV, "0").strip() not in ("", "0") and not is_loopback(host.bind_host):
+        raise LaunchError("bind_host", dev_mode_refusal(host.bind_host))
 
     argv = list(host.vllm_command)
     argv += [model] if host.model_positional else [f"--model={model}"]
@@ -279,15 +337,6 @@ def build_launch(
         if name in requested:
             argv += flag_argv(name, requested[name])
 
-    if base_env is None:
-        import os
-
-        base_env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
-    env = {k: v for k, v in base_env.items() if k not in FORBIDDEN_ENV}
-    env.update(OFFLINE_ENV)
-    env.update(host.extra_env)
-    if host.devices:
-        env["CUDA_VISIBLE_DEVICES"] = host.devices
     return LaunchPlan(
         argv=argv, env=env, host=host.bind_host, port=chosen_port, model=model, requested=requested
     )

@@ -49,7 +49,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         spec_path: Path = options["spec"]
         try:
-            spec = parse_spec(spec_path.read_text(), limits=spec_limits())
+            # The model is read here, so this machine's model roots are the ones that apply.
+            spec = parse_spec(spec_path.read_text(), limits=spec_limits(local=True))
         except OSError as exc:
             raise CommandError(f"{spec_path}: {exc.strerror}") from None
         except SpecError as exc:

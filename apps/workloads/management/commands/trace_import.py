@@ -11,6 +11,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from apps.experiments.model_roots import model_path_error
 from apps.workloads.importers import FORMATS, parse_class_thresholds
 from apps.workloads.services import tokenizer_dir, trace_import
 
@@ -49,6 +50,9 @@ class Command(BaseCommand):
             thresholds = parse_class_thresholds(options["classes"])
         except ValueError as exc:
             raise CommandError(f"--{exc}") from None
+        outside = model_path_error(options["model_dir"])
+        if outside is not None:
+            raise CommandError(f"--model-dir: {outside}")
         try:
             row = trace_import(
                 data=data,
