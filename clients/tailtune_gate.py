@@ -59,7 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, remote: bool) -> None:
     if remote:
         parser.add_argument("--server", required=True, help="the tailtune server's base URL")
         parser.add_argument(
-            "--token-file", required=True, help="a file holding an API token (experimenter role)"
+            "--token-file",
+            required=True,
+            help="a file holding an API token (scopes read and run; experimenter role)",
         )
     parser.add_argument("--trace", required=True, help="the real traffic window to replay")
     parser.add_argument("--format", required=True, choices=FORMATS, help="the trace file's format")
