@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 ORIGIN_LEAD_S = 3.0
 SWITCH_COMMAND_TIMEOUT_S = 60.0
 # What the switch command inherits from the worker's environment: only these (the worker's own
-# holds DATABASE_URL and SECRET_KEY); the servers' URLs are added (SWITCH_URLS).
+# holds DATABASE_URL and SECRET_KEY); the servers' URLs are added as TAILTUNE_CANDIDATE_URL
+# and TAILTUNE_B0_URL.
 SWITCH_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
 # How much of a failed switch command's stderr the run's reason keeps (its end).
 SWITCH_STDERR_CHARS = 500
