@@ -76,6 +76,7 @@ def check_size(schema: Any) -> None:
     """Step 1: JSON values only, and within the byte, node and nesting limits. Iterative and
     stopped at the first limit, so a huge or deep value costs no more than the limit."""
     import json
+    import math
 
     nodes = 0
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(schema, ())]
@@ -93,9 +94,15 @@ def check_size(schema: Any) -> None:
                 stack.append((item, (*at, key)))
         elif isinstance(value, list):
             stack.extend((item, (*at, i)) for i, item in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise Unbounded(f"the number at {_pointer(at)} is not a JSON number ({value})")
         elif not (value is None or isinstance(value, (str, bool, int, float))):
             raise Unbounded(f"the value at {_pointer(at)} is not JSON ({type(value).__name__})")
-    size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+    try:
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:  # e.g. an integer of more digits than Python prints
+        raise Unbounded(f"cannot be written as JSON: {str(exc)[:120]}") from None
+    size = len(text.encode())
     if size > MAX_SCHEMA_BYTES:
         raise Unbounded(f"is {size:,} bytes as JSON; the limit is {MAX_SCHEMA_BYTES:,} bytes")
 

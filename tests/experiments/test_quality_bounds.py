@@ -5,6 +5,7 @@ which the page, the API and ``experiment_import`` all call; nothing is saved."""
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 from pathlib import Path
@@ -82,6 +83,31 @@ def test_what_cannot_be_bounded_is_refused_with_its_field(schema: Any, words: st
     errors = errors_for(schema)
     assert [path for path, _ in errors] == [FIELD], errors
     assert words in errors[0][1], errors
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"enum": [float("nan")]},
+        {"const": float("inf")},
+        {1: {"type": "object"}},
+        {"default": datetime.date(2026, 1, 1)},
+        {"$ref": 5},
+        {"$ref": "#/$defs/a/0"},
+        {"$defs": [], "$ref": "#/$defs/0"},
+        {"$defs": {"a": 5}, "$ref": "#/$defs/a"},
+        {"allOf": "x"},
+        {"items": [{"type": "string"}]},
+        {"$ref": "#/properties/a~2b"},
+        {"$ref": "#a%ZZ"},
+        [],
+        "object",
+    ],
+    ids=repr,
+)
+def test_a_hostile_schema_is_a_field_error_never_a_crash(schema: Any) -> None:
+    errors = errors_for(schema)
+    assert [path for path, _ in errors] == [FIELD], errors
 
 
 def test_schemas_nested_deeper_than_the_limit_are_refused() -> None:
