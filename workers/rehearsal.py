@@ -448,7 +448,9 @@ def _run_switch_command(
                 f"the switch command did not finish in {SWITCH_COMMAND_TIMEOUT_S:g} s: {_tail(stderr)}"
             ) from None
         except OSError as exc:
-            raise SwitchFailed(f"the switch command {argv[0]!r} could not start: {exc.strerror or exc}") from None
+            raise SwitchFailed(
+                f"the switch command {argv[0]!r} could not start: {exc.strerror or exc}"
+            ) from None
         facts["switch_command_exit"] = done.returncode
         facts["switch_command_ended_at_s"] = _since(origin_ns)
         if done.returncode != 0:
