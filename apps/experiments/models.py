@@ -70,6 +70,8 @@ class Experiment(models.Model):
         "draft": {"planned", "cancelled"},
         "planned": {"running", "cancelled"},
         "running": {"analysed", "cancelled", "planned"},
+        # analysed -> running only to rehearse the rollback (check 4, apps/runs/rehearsal.py): the one
+        # kind of run an analysed experiment still takes (RUN_KINDS_ACCEPTED).
         "analysed": {"approved", "rejected", "running"},
         "approved": {"revoked"},
         "rejected": set(),
