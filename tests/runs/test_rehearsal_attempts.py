@@ -169,8 +169,6 @@ def test_a_rehearsal_repeated_until_it_passes_shows_every_attempt_in_the_report_
 def test_a_repeat_without_a_reason_is_refused_and_saves_nothing(client, author, rehearsed_once) -> None:  # type: ignore[no-untyped-def]
     experiment = rehearsed_once
     client.force_login(author)
-    form = client.get(f"/experiments/{experiment.pk}/rehearse/").content.decode()
-    assert "C1 (1 attempt, 1 failed: a repeat needs a reason)" in form
     before = (Run.objects.count(), AuditEvent.objects.count())
     for reason in (None, "", "   "):
         response = _repeat(client, experiment, reason)
@@ -179,6 +177,9 @@ def test_a_repeat_without_a_reason_is_refused_and_saves_nothing(client, author, 
     assert (Run.objects.count(), AuditEvent.objects.count()) == before
     experiment.refresh_from_db()
     assert experiment.status == Experiment.Status.ANALYSED
+    # The form says so before anyone posts.
+    form = client.get(f"/experiments/{experiment.pk}/rehearse/").content.decode()
+    assert "C1 (1 attempt, 1 failed: a repeat needs a reason)" in form
     # The service says the same to any other caller, naming the field.
     with pytest.raises(RehearsalError) as refused:
         rehearsal_start(experiment=experiment, cell_id="C1", actor=author, reason=" ")
