@@ -119,3 +119,33 @@ def spec_offer_errors(spec: Mapping[str, Any], *, hardware_id: str = "") -> list
                 )
             )
     return errors
+
+
+def spec_bind_errors(spec: Mapping[str, Any], *, hardware_id: str = "") -> list[FieldError]:
+    """A field error when the spec's reused servers need their prefix cache reset (``engine.reuse``
+    and ``controls.enable_prefix_caching``: vLLM's development endpoints, only ever on behind a
+    loopback bind, workers/engine/launcher.py) and every host able to run it binds beyond
+    loopback; [] otherwise, and when no host is registered yet (the start and the worker check
+    again, docs/ENGINE.md "Development endpoints")."""
+    from workers.engine.launcher import is_loopback
+
+    engine, controls = spec.get("engine") or {}, spec.get("controls") or {}
+    if not (engine.get("reuse", True) and controls.get("enable_prefix_caching")):
+        return []
+    binds = list(
+        hosts_able(max_model_len=controls.get("max_model_len"), hardware_id=hardware_id).values_list(
+            "name", "bind_host"
+        )
+    )
+    if not binds or any(is_loopback(bind) for _, bind in binds):
+        return []
+    listed = ", ".join(f"{name} binds {bind}" for name, bind in binds)
+    return [
+        FieldError(
+            "controls.enable_prefix_caching",
+            "with engine.reuse on, a reused server's prefix cache is reset through vLLM's development "
+            "endpoints, which are only turned on for a server bound to loopback, and no host able to "
+            f"run this experiment binds one ({listed}); turn engine.reuse or prefix caching off, or "
+            "have the operator set TAILTUNE_BIND_HOST=127.0.0.1 on a host",
+        )
+    ]

@@ -12,7 +12,7 @@ from django.db import transaction
 from apps.approvals.audit import audit_record
 from apps.experiments.model_roots import model_roots_known
 from apps.experiments.models import Experiment, RequestClass, ServerConfig, Workload
-from apps.experiments.offers import spec_offer_errors
+from apps.experiments.offers import spec_bind_errors, spec_offer_errors
 from apps.experiments.plan import expand_plan
 from apps.experiments.spec import FieldError, SpecError, SpecLimits, validate_spec
 from apps.experiments.spec_types import NormalizedSpec, RawSpec
@@ -92,6 +92,7 @@ def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experime
         errors += exc.errors
     if checked is not None:  # names no host offers (recovery.switch, recovery.router)
         errors += spec_offer_errors(checked)
+        errors += spec_bind_errors(checked)  # development endpoints with no loopback host
     if errors or checked is None:
         raise SpecError(errors)
     spec = checked

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from apps.experiments.models import Experiment
+from apps.experiments.spec import SpecError
 from apps.runs.dispatch import HOST_PULL
 from apps.runs.scheduling import hosts_by_qualification, run_claim_next, runs_dispatch, why_not
 from apps.runs.services import StartError, experiment_start
@@ -51,8 +52,8 @@ def test_a_host_binding_beyond_loopback_does_not_qualify_when_the_reset_needs_de
 
 def test_the_start_says_why_when_only_such_hosts_are_alive(monkeypatch: Any) -> None:
     hold_tasks(monkeypatch, HOST_PULL)
+    experiment = _experiment(prefix_caching=True)  # created before any host registered
     make_host("exposed", hardware_id=CPU, bind_host="10.0.0.7")
-    experiment = _experiment(prefix_caching=True)
     with pytest.raises(StartError) as refused:
         experiment_start(experiment=experiment)
     assert "exposed" in str(refused.value) and "binds 10.0.0.7" in str(refused.value)
@@ -89,3 +90,18 @@ def test_the_worker_checks_the_model_against_its_own_roots(settings: Any, tmp_pa
     with pytest.raises(LaunchError) as refused:
         build_launch(model="/etc", cell_args={}, controls={}, host=config, port=8000, base_env={})
     assert refused.value.name == "model" and str(tmp_path / "models") in str(refused.value)
+
+
+def test_a_spec_needing_the_reset_is_refused_when_every_host_able_binds_beyond_loopback() -> None:
+    needs_reset = {"controls": {**small_spec()["controls"], "enable_prefix_caching": True}}
+    assert make_experiment(**needs_reset).pk  # no host known yet: the start and the worker decide
+    make_host("exposed", hardware_id=CPU, bind_host="0.0.0.0")
+    before = Experiment.objects.count()
+    with pytest.raises(SpecError) as refused:
+        make_experiment(**needs_reset)
+    [error] = refused.value.errors
+    assert error.path == "controls.enable_prefix_caching" and "exposed binds 0.0.0.0" in error.message
+    assert "loopback" in error.message and Experiment.objects.count() == before
+    assert make_experiment(**needs_reset, engine={"reuse": False}).pk  # no reuse, no reset
+    make_host("local", hardware_id=CPU, bind_host="127.0.0.1")
+    assert make_experiment(**needs_reset).pk
