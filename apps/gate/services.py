@@ -41,7 +41,6 @@ class GateUnavailable(Exception):
 
 
 def _store_window(request: GateInput, base: Baseline, data: bytes) -> Any:
-    from apps.experiments.model_roots import model_path_error
     from apps.workloads.importers import check_size, parse_class_thresholds
     from apps.workloads.services import tokenizer_dir, trace_import, trace_store_bytes
 
@@ -54,10 +53,6 @@ def _store_window(request: GateInput, base: Baseline, data: bytes) -> Any:
         raise SpecError([FieldError("classes", str(exc))]) from None
     model = base.model if isinstance(base.model, dict) else {}
     controls = base.controls if isinstance(base.controls, dict) else {}
-    # Under the model roots before the tokenizer is read: outside them nothing is looked at.
-    outside = model_path_error(str(model.get("path") or ""))
-    if outside is not None:
-        raise SpecError([FieldError("model.path", outside)])
     try:
         tok = tokenizer_dir(str(model.get("path") or ""))
     except Exception as exc:  # no tokenizer there: name the field
@@ -148,6 +143,7 @@ def gate_check(request: GateInput) -> Baseline:
     """What can be checked before the window is read: the format, the repeats, B0 (the gate
     file, or a manifest this service issued and nobody revoked) and the split into classes. Raises SpecError (the user's
     field paths); the API answers these in the request, before it stores the window."""
+    from apps.experiments.model_roots import model_path_error
     from apps.workloads.importers import parse_class_thresholds
 
     if request.trace_format not in GATE_FORMATS:
@@ -162,6 +158,11 @@ def gate_check(request: GateInput) -> Baseline:
         manifest_issued(request.manifest_text)
     try:
         base = resolve_baseline(request)
+        # B0's model under the model roots, before anything reads it (the window's tokenizer).
+        model = base.model if isinstance(base.model, dict) else {}
+        outside = model_path_error(str(model.get("path") or ""))
+        if outside is not None:
+            raise SpecError([FieldError("model.path", outside)])
         _check_class_quality(base)
         if request.trace_format != "tailtune":
             try:

@@ -166,3 +166,24 @@ def test_the_roots_setting_takes_a_json_or_path_list_and_names_itself_when_bad(m
         monkeypatch.setenv("X_ROOTS", bad)
         with pytest.raises(ImproperEnv, match="X_ROOTS"):
             envpaths("X_ROOTS", [])
+
+
+@pytest.mark.django_db
+def test_the_gate_refuses_a_model_outside_the_roots_in_the_request(roots) -> None:  # type: ignore[no-untyped-def]
+    from apps.workloads.models import Trace
+    from tests.experiments.factories import UserFactory
+    from tests.gate.test_gate_api import api_for, gate_file, post_gate
+    from tests.runs.factories import make_host
+
+    (roots["outside"] / "secrets" / "tokenizer.json").write_text("{}")
+    make_host()
+    api = api_for(UserFactory(roles=["experimenter"]))
+    answers = []
+    for model_dir in (roots["outside"] / "secrets", roots["outside"] / "no-such-dir"):
+        response = post_gate(api, spec=gate_file(model_dir))
+        assert response.status_code == 400, response.content
+        [error] = response.json()["errors"]
+        assert error["field"].endswith("model.path")
+        answers.append(error["message"])
+    assert answers[0] == answers[1] and "model roots" in answers[0]
+    assert Experiment.objects.count() == 0 and Trace.objects.count() == 0
