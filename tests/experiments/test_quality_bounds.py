@@ -165,3 +165,15 @@ def test_experiment_import_refuses_the_chained_schema_and_saves_nothing(tmp_path
         call_command("experiment_import", str(path), "--owner", "erin", stdout=io.StringIO())
     assert f"{FIELD}:" in str(info.value) and "nothing saved" in str(info.value)
     assert Experiment.objects.count() == 0
+
+
+def test_checking_a_schema_fetches_and_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import urllib.request
+
+    reached: list[Any] = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: reached.append(a))
+    monkeypatch.setattr("builtins.open", lambda *a, **k: reached.append(a))
+    for ref in ("https://example.com/s.json", "file:///etc/hostname", "s.json"):
+        errors = errors_for({"allOf": [{"$ref": ref}]})
+        assert [path for path, _ in errors] == [FIELD] and "only local references" in errors[0][1]
+    assert reached == []
