@@ -293,7 +293,8 @@ else:
 # What every process must count alike (failed API authentications, apps/api/auth.py) lives in one
 # cache, never in a process's memory: Redis at TAILTUNE_CACHE_URL, else at a redis://
 # CELERY_BROKER_URL (its keys beside the broker's, under their own prefix), else a folder under
-# TAILTUNE_DATA that every process of this machine shares.
+# TAILTUNE_DATA that every process of this machine shares. TAILTUNE_CACHE_PREFIX keeps the keys of
+# services that share one Redis apart.
 _redis_broker = _broker if _broker.startswith(("redis://", "rediss://")) else ""
 _cache_url = envstr("TAILTUNE_CACHE_URL") or _redis_broker
 if _cache_url:
@@ -303,7 +304,7 @@ if _cache_url:
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": _cache_url,
-            "KEY_PREFIX": "tailtune",
+            "KEY_PREFIX": envstr("TAILTUNE_CACHE_PREFIX", "tailtune"),
             "OPTIONS": {"socket_connect_timeout": 5, "socket_timeout": 5},
         }
     }
@@ -312,6 +313,7 @@ else:
         "default": {
             "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
             "LOCATION": str(DATA_DIR / "cache"),
+            "KEY_PREFIX": envstr("TAILTUNE_CACHE_PREFIX", "tailtune"),
         }
     }
 

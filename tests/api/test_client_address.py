@@ -48,7 +48,8 @@ def test_two_processes_share_the_failure_count(settings) -> None:  # type: ignor
         "import django; django.setup(); from django.core.cache import cache; "
         "print(cache.get('tailtune:api-auth-failures:192.0.2.44'))"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    prefix = settings.CACHES["default"]["KEY_PREFIX"]  # this test process's own (tests/api/conftest.py)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "TAILTUNE_CACHE_PREFIX": prefix}
     out = subprocess.run(
         [sys.executable, "-c", read], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
