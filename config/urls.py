@@ -17,6 +17,9 @@ def healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok", content_type="text/plain")
 
 
+# A 400 shows the message of a value a view refused (config/params.py BadValue), naming its field.
+handler400 = "config.params.bad_request"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),

@@ -21,6 +21,7 @@ from apps.approvals.services import (
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.views import require_reader
+from config.params import BadValue, parse_id
 
 AUDIT_PAGE = 100
 
@@ -199,9 +200,10 @@ def _audit_page(request: HttpRequest, events, experiment: Experiment | None) -> 
     if actor:
         events = events.filter(actor__username=actor)
     if exp and experiment is None:
-        if not exp.isdigit():
-            raise Http404("experiment must be a number")
-        events = events.filter(experiment_id=int(exp))
+        experiment_id = parse_id(exp)
+        if experiment_id is None:
+            raise BadValue("experiment", "give an experiment's number (the digits 0-9, as in its URL)")
+        events = events.filter(experiment_id=experiment_id)
     page = Paginator(events.select_related("actor", "experiment"), AUDIT_PAGE).get_page(
         request.GET.get("page")
     )

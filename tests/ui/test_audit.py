@@ -20,7 +20,7 @@ def test_it_lists_every_event_newest_first_and_filters(client, viewer, author, a
     assert {e.experiment.name for e in by_action} == {"ui-small", "other"}
     by_experiment = client.get(f"/audit/?experiment={experiment.pk}").context["page"].object_list
     assert {e.experiment_id for e in by_experiment} == {experiment.pk}
-    assert client.get("/audit/?experiment=abc").status_code == 404
+    assert client.get("/audit/?experiment=abc").status_code == 400
     assert b"No audit events match" in client.get("/audit/?actor=nobody-here").content
 
 
@@ -30,3 +30,14 @@ def test_it_shows_one_experiments_events_only(client, viewer, author, experiment
     client.force_login(viewer)
     events = client.get(f"/experiments/{experiment.pk}/audit/").context["page"].object_list
     assert events and {e.experiment_id for e in events} == {experiment.pk}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["²", "١٢", "99999999999999999999999", "-1", "1\x00", "9" * 10_000])
+def test_it_refuses_an_experiment_filter_that_is_not_an_id(client, viewer, value) -> None:  # type: ignore[no-untyped-def]
+    # "²".isdigit() is true and int() of it raises; a 23-digit number overflows the database's bigint.
+    client.raise_request_exception = False
+    client.force_login(viewer)
+    response = client.get("/audit/", {"experiment": value})
+    assert response.status_code == 400, (value[:30], response.status_code)
+    assert b"<p class=\"refusal\">experiment: " in response.content  # the field, named
