@@ -1,15 +1,16 @@
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from apps.accounts.roles import EXPERIMENTER, VIEWER
+from config.secretfiles import create_secret_file
 
 
 class Command(BaseCommand):
@@ -34,13 +35,22 @@ class Command(BaseCommand):
         path = Path(options["password_file"] or Path(settings.DATA_DIR) / "first-admin-password")
         path.parent.mkdir(parents=True, exist_ok=True)
         password = secrets.token_urlsafe(12)
-        # Created 0600 before the secret is written, so it is never readable by others.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(password + "\n")
-        os.chmod(path, 0o600)
-        user = User.objects.create_superuser(options["username"], email="", password=password)
-        user.groups.add(*Group.objects.filter(name__in=(VIEWER, EXPERIMENTER)))
+        # A new file, born 0600 with the password in it; whatever is at the path already (an old
+        # password, a link to another file) is neither followed nor replaced (config/secretfiles.py).
+        try:
+            create_secret_file(path, password + "\n")
+        except FileExistsError:
+            raise CommandError(
+                f"{path} exists already: move it away (it may hold an earlier password) or give "
+                "--password-file a new path; no admin was created"
+            ) from None
+        try:
+            with transaction.atomic():
+                user = User.objects.create_superuser(options["username"], email="", password=password)
+                user.groups.add(*Group.objects.filter(name__in=(VIEWER, EXPERIMENTER)))
+        except BaseException:
+            path.unlink()  # no admin, so no password file that names one
+            raise
         self.stdout.write(
             f"Created the first admin {options['username']!r}; its password is in {path} (readable only by "
             "its owner). Approvers are added with manage.py user_add NAME --role approver."
