@@ -106,8 +106,8 @@ def main() -> None:
     python = sys.executable
     subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
     subprocess.run(
-        [python, "manage.py", "user_add", "bench", "--password", "bench-pass-123", "--role", "experimenter"],
-        cwd=ROOT, env=env, check=True, capture_output=True,
+        [python, "manage.py", "user_add", "bench", "--password-stdin", "--role", "experimenter"],
+        cwd=ROOT, env=env, check=True, capture_output=True, input="bench-pass-123\n", text=True,
     )  # fmt: skip
     subprocess.run(
         [python, "manage.py", "shell", "-c",

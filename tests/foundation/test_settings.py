@@ -58,10 +58,20 @@ def test_it_ships_a_compose_file_with_a_gpu_worker() -> None:
         [compose_cli, "-f", str(settings.BASE_DIR / "docker-compose.yml"), "config", "--quiet"],
         capture_output=True,
         text=True,
-        env={**os.environ, "SECRET_KEY": "compose-check"},
+        env={**os.environ, "SECRET_KEY": "compose-check", "POSTGRES_PASSWORD": "compose-check"},
         timeout=60,
     )
     assert check.returncode == 0, check.stderr
+    # No password is written in it: without one from the environment (or .env) nothing starts.
+    bare = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "POSTGRES_PASSWORD")}
+    refused = subprocess.run(
+        [compose_cli, "-f", str(settings.BASE_DIR / "docker-compose.yml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**bare, "SECRET_KEY": "compose-check"},
+        timeout=60,
+    )
+    assert refused.returncode != 0 and "set POSTGRES_PASSWORD" in refused.stderr
 
     compose = yaml.safe_load((settings.BASE_DIR / "docker-compose.yml").read_text())
     services = compose["services"]
@@ -99,16 +109,96 @@ def test_it_passes_the_deploy_check_under_the_documented_production_settings(tmp
     assert plain.returncode != 0 and "SECURE_HSTS_SECONDS" in plain.stdout + plain.stderr
 
 
+def test_hsts_preload_is_the_operators_choice_and_either_way_the_deploy_check_is_clean(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    production = {"DEBUG": "false", "TAILTUNE_HTTPS": "true", "SECRET_KEY": "k" * 20 + "Zq9!x" * 10}
+
+    def preload(**env: str) -> str:
+        clean = {
+            k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_ALLOW_ASYNC_UNSAFE")
+        }
+        clean.update(
+            TAILTUNE_DATA=str(tmp_path), DJANGO_SETTINGS_MODULE="config.settings", **production, **env
+        )
+        code = "from django.conf import settings; print(settings.SECURE_HSTS_PRELOAD, settings.SECURE_HSTS_SECONDS)"
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=settings.BASE_DIR,
+            env=clean,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    # Preloading binds every subdomain to HTTPS for months: off unless the operator asks for it.
+    assert preload() == "False 31536000"
+    assert preload(TAILTUNE_HSTS_PRELOAD="true") == "True 31536000"
+    on = _check_deploy(tmp_path, **production, TAILTUNE_HSTS_PRELOAD="true")
+    assert on.returncode == 0 and "no issues" in on.stdout, on.stdout + on.stderr
+
+
 @pytest.mark.django_db
-def test_it_validates_a_new_users_password_on_the_command_line() -> None:
+def test_it_asks_at_the_terminal_twice(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import getpass
+    import io
+
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.core.management.base import CommandError
 
-    with pytest.raises(CommandError, match="--password: .*too common"):
-        call_command("user_add", "mallory", "--password", "password123", "--role", "viewer")
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    answers = iter(["a long and rare phrase 7", "a long and rare phrase 8"])
+    monkeypatch.setattr(getpass, "getpass", lambda prompt: next(answers))
+    with pytest.raises(CommandError, match="the two entries differ"):
+        call_command("user_add", "mallory", "--role", "viewer", stdin=Terminal())
+    answers = iter(["a long and rare phrase 7"] * 2)
+    call_command("user_add", "mallory", "--role", "viewer", stdin=Terminal(), stdout=io.StringIO())
+    assert get_user_model().objects.get(username="mallory").check_password("a long and rare phrase 7")
+
+
+@pytest.mark.django_db
+def test_it_validates_a_new_users_password_read_from_standard_input() -> None:
+    import io
+
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    def user_add(line: str) -> None:
+        args = ("user_add", "mallory", "--password-stdin", "--role", "viewer")
+        call_command(*args, stdin=io.StringIO(line), stdout=io.StringIO())
+
+    with pytest.raises(CommandError, match="password: .*too common"):
+        user_add("password123\n")
     assert not get_user_model().objects.filter(username="mallory").exists()
-    call_command("user_add", "mallory", "--password", "a long and rare phrase 7", "--role", "viewer")
+    user_add("a long and rare phrase 7\n")
+    assert get_user_model().objects.get(username="mallory").check_password("a long and rare phrase 7")
+
+
+@pytest.mark.django_db
+def test_it_never_takes_a_password_from_the_command_line() -> None:
+    import io
+
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    # On the command line a password is in ps, /proc/<pid>/cmdline and the shell's history.
+    with pytest.raises(CommandError, match="--password: .*--password-stdin"):
+        call_command("user_add", "mallory", "--password", "a long and rare phrase 7", "--role", "viewer")
+    # Neither flag and no terminal to ask at: refused, naming the way that works.
+    with pytest.raises(CommandError, match="--password-stdin"):
+        call_command("user_add", "mallory", "--role", "viewer", stdin=io.StringIO("x\n"))
+    with pytest.raises(CommandError, match="no password"):
+        call_command("user_add", "mallory", "--password-stdin", "--role", "viewer", stdin=io.StringIO(""))
+    assert not get_user_model().objects.filter(username="mallory").exists()
 
 
 @pytest.mark.django_db
