@@ -79,8 +79,9 @@ def realtime_send_loop() -> str:
 
     Call it before the process starts any thread: threads inherit the class of the thread that
     creates them, so the loop and its batcher (which can hold the interpreter lock) share it.
-    Returns ``"realtime"``, or ``"normal"`` with why (not permitted: the worker lacks
-    CAP_SYS_NICE; or turned off with ``TAILTUNE_REPLAY_REALTIME=0``).
+    Returns ``"realtime"``, or ``"normal"`` with why (not permitted: the worker is not root and
+    has neither CAP_SYS_NICE nor an RLIMIT_RTPRIO of at least 1, which docker-compose.yml gives
+    its non-root worker; or turned off with ``TAILTUNE_REPLAY_REALTIME=0``).
     """
     if os.environ.get(REALTIME_ENV, "1") == "0":
         return f"normal ({REALTIME_ENV}=0)"
