@@ -49,18 +49,27 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def new_page(browser: Any, live_server: Any) -> Iterator[Any]:
-    """A fresh browser context per user (own cookies), closed after the test."""
+    """A fresh browser context per user (own cookies), closed after the test. Whatever the
+    Content-Security-Policy blocks on any of its pages fails the test: the pages run with it."""
     contexts = []
+    blocked: list[str] = []
+
+    def watch(message: Any) -> None:
+        if "Content Security Policy" in message.text:
+            blocked.append(f"{message.location.get('url', '')}: {message.text}")
 
     def make() -> Any:
         ctx = browser.new_context(viewport={"width": 1360, "height": 900}, base_url=live_server.url)
         ctx.set_default_timeout(20_000)
         contexts.append(ctx)
-        return ctx.new_page()
+        page = ctx.new_page()
+        page.on("console", watch)
+        return page
 
     yield make
     for ctx in contexts:
         ctx.close()
+    assert not blocked, "the Content-Security-Policy blocked what a page needs:\n" + "\n".join(blocked)
 
 
 def login(page: Any, username: str, password: str = PASSWORD) -> None:
