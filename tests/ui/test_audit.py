@@ -40,4 +40,4 @@ def test_it_refuses_an_experiment_filter_that_is_not_an_id(client, viewer, value
     client.force_login(viewer)
     response = client.get("/audit/", {"experiment": value})
     assert response.status_code == 400, (value[:30], response.status_code)
-    assert b"<p class=\"refusal\">experiment: " in response.content  # the field, named
+    assert b'<p class="refusal">experiment: ' in response.content  # the field, named
