@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ import pytest
 import yaml
 from django.conf import settings
 from django.db import connection
+from playwright.sync_api import expect
 
 from apps.approvals import manifest as mf
 from apps.experiments.models import Experiment
@@ -157,10 +159,10 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     erin.evaluate("window.__journeyMarker = 42")
     erin.wait_for_selector(".current-run", timeout=RUNS_TIMEOUT_MS)  # a run's live view appears
     shot(erin, "j1b-live-run")
-    erin.wait_for_function(
-        "document.querySelector('#progress-text') && /^\\s*2 \\/ 2/.test(document.querySelector('#progress-text').innerText)",
-        timeout=RUNS_TIMEOUT_MS,
-        polling=2000,
+    # Waited for by Playwright's own locator (wait_for_function would eval the predicate in the page,
+    # which the Content-Security-Policy refuses, as it should).
+    expect(erin.locator("#progress-text")).to_have_text(
+        re.compile(r"^\s*2\s*/\s*2"), use_inner_text=True, timeout=RUNS_TIMEOUT_MS
     )
     assert erin.evaluate("window.__journeyMarker") == 42
     shot(erin, "j2-runs-finished")
