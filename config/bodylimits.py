@@ -24,6 +24,8 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
+from config.params import declared_length
+
 API_PREFIX = "/api/"
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -77,8 +79,7 @@ class BodyLimitsMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        raw = str(request.META.get("CONTENT_LENGTH") or "")
-        length = int(raw) if raw.isascii() and raw.isdigit() else 0
+        length = declared_length(request.META.get("CONTENT_LENGTH"))
         cap, names = body_cap(str(request.META.get("CONTENT_TYPE") or ""))
         if length > cap:
             return too_large(request, f"the request body is {length} bytes; at most {cap} ({names})")

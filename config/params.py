@@ -8,6 +8,7 @@ A hostile value must be a refusal that names its field, never a 500:
 - ``RefuseNulCharacters`` answers 400 to a NUL character in the path, in a query parameter or in
   a page's form field: PostgreSQL's text cannot hold one, so the first query that compares it
   would raise. The API's JSON bodies are read by DRF, whose fields refuse NUL themselves.
+- ``declared_length`` reads a Content-Length header the same way, bounded before ``int()``.
 - ``BadValue`` is the 400 a view raises with a message that names the field; ``bad_request``
   (``handler400`` in config/urls.py) shows that message, and only that one: Django's own 400s
   (a suspicious host, a broken cookie) keep their generic page.
@@ -44,6 +45,16 @@ def parse_id(raw: str | None) -> int | None:
         return None
     value = int(raw)
     return value if 1 <= value <= MAX_ID else None
+
+
+def declared_length(raw: object) -> int:
+    """A request's declared Content-Length: 0 when absent or not ASCII digits (as Django reads it),
+    MAX_ID when longer than any bigint (``int()`` of 4,300 digits or more raises, and such a body
+    is past every limit anyway), else its value."""
+    text = str(raw or "")
+    if not (text.isascii() and text.isdigit()):
+        return 0
+    return int(text) if len(text) <= _MAX_ID_DIGITS else MAX_ID
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -30,6 +30,7 @@ from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, load_yaml
 from config.bodylimits import too_much_message
+from config.params import declared_length
 from config.uploadhandlers import too_large_message
 
 
@@ -40,8 +41,7 @@ class BodyTooLarge(APIException):
 
 def _declared_length(parser_context: Any) -> int:
     request = (parser_context or {}).get("request")
-    raw = str(request.META.get("CONTENT_LENGTH") or "") if request is not None else ""
-    return int(raw) if raw.isascii() and raw.isdigit() else 0
+    return declared_length(request.META.get("CONTENT_LENGTH")) if request is not None else 0
 
 
 def read_bounded(stream: Any, parser_context: Any, *, limit: int, what: str) -> bytes:
