@@ -276,3 +276,31 @@ def test_no_hostile_value_in_any_path_or_parameter_gets_a_500(site, quiet_refusa
     crashes = [line for w in walks for line in w.crashes]
     assert sent > 10_000, sent
     assert not crashes, f"{len(crashes)} of {sent} answers were 500:\n" + "\n".join(crashes[:80])
+
+
+def test_an_id_is_ascii_digits_within_the_bigint() -> None:
+    from config.params import MAX_ID, declared_length, parse_id
+
+    assert parse_id("42") == 42 and parse_id(str(MAX_ID)) == MAX_ID
+    for bad in (None, "", "0", "-1", "+1", " 1", "1 ", "²", "١٢", "1e3", "0x10", str(MAX_ID + 1), "9" * 5000):
+        assert parse_id(bad) is None, bad
+    assert declared_length("120") == 120 and declared_length("9" * 5000) == MAX_ID
+    assert declared_length(None) == declared_length("١٢") == declared_length("-5") == 0
+
+
+@pytest.mark.django_db
+def test_a_nul_character_is_a_400_that_names_its_field(site) -> None:  # type: ignore[no-untyped-def]
+    users, valid = site
+    page = Client()
+    page.force_login(users["experimenter"])
+    audit = page.get("/audit/", {"actor": "a\x00b"})
+    assert audit.status_code == 400 and b"actor: holds a NUL character" in audit.content
+    goodput = page.post(f"/experiments/{valid['pk']}/goodput/", {"cell": "C1\x00"})
+    assert goodput.status_code == 400 and b"cell: holds a NUL character" in goodput.content
+    _, plaintext = token_create(user=users["viewer"], name="nul")
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    records = api.get(f"/api/v1/runs/{valid['run_id']}/records", {"format": "\x00"})
+    assert records.status_code == 400
+    assert records.json() == {
+        "errors": [{"field": "format", "message": "holds a NUL character, which no field takes"}]
+    }
