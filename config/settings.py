@@ -43,7 +43,9 @@ def _secret_key() -> str:
     try:
         key = read_secret_file(path).strip()
     except OSError as exc:
-        raise ImproperEnv(f"{path}: cannot read the secret key ({exc.strerror}); it must be a plain file") from None
+        raise ImproperEnv(
+            f"{path}: cannot read the secret key ({exc.strerror}); it must be a plain file"
+        ) from None
     if not key:
         raise ImproperEnv(f"{path} is empty: remove it to have a new key made, or set SECRET_KEY")
     return key
