@@ -56,7 +56,8 @@ GATE_REQUEST = inline_serializer(
             help_text="the gate file (YAML/JSON): model, controls, engine, baseline, classes, workload",
         ),
         "baseline_manifest": serializers.CharField(
-            required=False, help_text="B0 as last approved: a rollback manifest this server issued (not revoked)"
+            required=False,
+            help_text="B0 as last approved: a rollback manifest this server issued (not revoked)",
         ),
         "baseline_args": serializers.CharField(
             required=False, help_text='JSON object, e.g. {"max_num_seqs": 64}'
