@@ -49,17 +49,18 @@ def test_the_broker_accepts_json_only() -> None:
     """Whoever can write to the broker queues ids the database describes, never code: the
     workers' app refuses a pickled message (docs/SECURITY.md, web <-> worker)."""
     from kombu.exceptions import ContentDisallowed
-    from kombu.serialization import dumps, loads
+    from kombu.serialization import dumps, loads, prepare_accept_content
 
     from workers.celery import app
 
     assert list(app.conf.accept_content) == ["json"]
     assert app.conf.task_serializer == "json" and app.conf.result_serializer == "json"
+    accept = prepare_accept_content(app.conf.accept_content)  # as the worker's consumer does
     content_type, encoding, body = dumps({"run": 1}, serializer="pickle")
     with pytest.raises(ContentDisallowed):
-        loads(body, content_type, encoding, accept=app.conf.accept_content)
+        loads(body, content_type, encoding, accept=accept)
     content_type, encoding, body = dumps({"run": 1}, serializer="json")
-    assert loads(body, content_type, encoding, accept=app.conf.accept_content) == {"run": 1}
+    assert loads(body, content_type, encoding, accept=accept) == {"run": 1}
 
 
 def test_it_ships_a_compose_file_with_a_gpu_worker() -> None:
