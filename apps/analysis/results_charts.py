@@ -7,13 +7,14 @@ the database and the request (apps/experiments/views.py ``experiment_results``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
 from apps.analysis import cell_charts, run_charts
 from apps.analysis.chart_style import UrlFor, class_colours
-from apps.analysis.report_types import StoredReport
+from apps.analysis.report_types import Comparison, JSONObject, StoredReport
 from apps.analysis.spread import arrival_spread
 
 # The server gauges drawn over time at the chosen point: the queue, then the KV cache.
@@ -43,6 +44,82 @@ def cost_rows(report: StoredReport) -> dict[str, Any] | None:
         for cell, entry in (costs.get("cells") or {}).items()
     ]
     return {**costs, "rows": rows}
+
+
+def pct(rel: float) -> str:
+    """0.083 -> '8.3%', 0.25 -> '25%'."""
+    return f"{rel * 100:.1f}%" if abs(rel) < 0.1 else f"{rel * 100:.0f}%"
+
+
+def noise_floor_text(floor: Mapping[str, Any] | None) -> str | None:
+    """A comparison's ``noise_floor`` (apps/analysis/paired.py) in words; None for a report made
+    before it (nothing is shown)."""
+    if not floor:
+        return None
+    repeats = int(floor.get("repeats") or 0)
+    if repeats < 2:
+        return "one repeat: nothing can be called material"
+    b0, aa, aa_rel = floor.get("b0_run_sd_rel"), floor.get("aa_cell"), floor.get("aa_run_sd_rel")
+    if b0 is not None:
+        control = f"; A/A cell {aa}: {pct(aa_rel)}" if aa and aa_rel is not None else ""
+        text = f"runs spread by {pct(b0)} (B0's {repeats} repeats{control})"
+    elif floor.get("note"):
+        text = str(floor["note"])
+    else:
+        text = f"B0's {repeats} repeats give no spread (a censored or unbounded value)"
+    used = floor.get("used_run_sd_rel")
+    if used is not None:
+        text += f"; the test allowed for {pct(used)}"
+    return text
+
+
+def comparison_rows(comparisons: Sequence[Comparison], *, mixture: str, rate: str) -> list[dict[str, Any]]:
+    """Each comparison at (mixture, rate) on its class's primary metric, with its noise floor in
+    words; [] for a report made before the noise floor (its page shows nothing extra)."""
+    rows = [c for c in comparisons if c["mixture"] == mixture and c["rate"] == rate]
+    if not any(c.get("noise_floor") for c in rows):
+        return []
+    out = []
+    for c in rows:
+        floor = c.get("noise_floor") or {}
+        metric = c.get("primary") or floor.get("metric")
+        v: Mapping[str, Any] = (c["metrics"].get(metric) or {}) if metric else {}
+        b0, diff = v.get("b0"), v.get("diff")
+        rel = diff / b0 if diff is not None and b0 and math.isfinite(b0) and math.isfinite(diff) else None
+        out.append(
+            {
+                "cell": c["cell"],
+                "class": c["class"],
+                "metric": metric,
+                "b0": b0,
+                "candidate": v.get("candidate"),
+                "diff": diff,
+                "diff_rel": pct(rel) if rel is not None else None,
+                "direction": v.get("direction"),
+                "material": bool(v.get("material")),
+                "note": v.get("note"),
+                "floor": noise_floor_text(floor),
+            }
+        )
+    return out
+
+
+def power_rows(power: Sequence[JSONObject]) -> list[dict[str, Any]]:
+    """The power table's rows, with the spread between runs in words where the report has it
+    (``run_sd_rel`` and ``repeats``: reports made since the run-level test)."""
+    rows = []
+    for p in power:
+        entry: dict[str, Any] = dict(p)
+        sd = p.get("run_sd_rel")
+        if "repeats" in p:
+            repeats = p.get("repeats")
+            entry["run_spread"] = (
+                f"{pct(float(sd))} over {repeats} repeats"
+                if isinstance(sd, (int, float))
+                else f"unknown ({repeats} repeat{'s' if repeats != 1 else ''})"
+            )
+        rows.append(entry)
+    return rows
 
 
 def results_figures(
@@ -124,6 +201,7 @@ def results_figures(
     uniform = cell_charts.uniform_vs_bursty(
         runs=report.get("runs", []), classes=class_names, cells=cells, url_for_cell=url_for_cell
     )
+    power = power_rows((report.get("statistics") or {}).get("power") or [])
     rehearsals = report.get("rehearsals") or {}
     rehearsal_figures = [
         (cell, entry, run_charts.rehearsal_timeline(measures=entry["measures"], class_names=class_names))
@@ -183,4 +261,9 @@ def results_figures(
             if a["mixture"] == mixture and a["rate"] == rate
         ],
         "decision_data": report.get("decision", {}),
+        "comparison_rows": comparison_rows(report.get("comparisons", []), mixture=mixture, rate=rate),
+        "power_rows": power,
+        # A report made since the run-level test states the spread between runs per row.
+        "power_run_level": any("run_spread" in p for p in power),
+        "power_target": next((p["target_rel"] for p in power if p.get("target_rel") is not None), None),
     }

@@ -16,11 +16,13 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from apps.accounts.roles import APPROVER, EXPERIMENTER, VIEWER, has_role
-from apps.analysis.compare import CompareOptions
+from apps.analysis.compare import CompareOptions, metric_kind
 from apps.analysis.family import primary_metrics
-from apps.analysis.inference import PlannedPoint, planned_power
+from apps.analysis.inference import planned_power
 from apps.analysis.models import Decision
+from apps.analysis.planned import DEFAULT_RUN_SD_REL, PlannedDesign, RunSpread, planned_design
 from apps.experiments.models import Experiment
+from apps.experiments.offers import hosts_able
 from apps.experiments.plan import expand_plan
 from apps.experiments.spec import RUN_OVERHEAD_S
 from apps.experiments.spec_types import NormalizedSpec
@@ -91,7 +93,7 @@ def experiment_list_rows(*, status: str = "") -> QuerySet[Experiment]:
     return qs
 
 
-# --- plan estimate (pure) --------------------------------------------------------
+# --- plan estimate ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -108,13 +110,24 @@ class PlanEstimate:
     starts: int = 0
     start_s: float = RUN_OVERHEAD_S
     # Per agreed (mixture, rate) and class: the smallest change of its primary metric the
-    # design finds with 80% power (apps/analysis/inference.planned_power).
-    power: tuple[PlannedPoint, ...] = ()
+    # design finds with 80% power, the larger of the request counts' limit and the run-level
+    # one at the spread between runs (apps/analysis/planned.py), and the repeats it would take
+    # to find the non-inferiority margin where it cannot.
+    power: tuple[PlannedDesign, ...] = ()
+    # The spread assumed where no earlier experiment measured one, and the change the verdict
+    # must be able to see (the non-inferiority margin, analysis.compare).
+    assumed_run_sd_rel: float = DEFAULT_RUN_SD_REL
+    target_rel: float = CompareOptions.noninferiority_margin_rel
     # The rates the figure used are provisional until B0's capacity probe freezes them.
     provisional_rates: bool = False
     # The rollback rehearsal of the proposed cell (None: recovery.rehearse is false): its
     # windows plus two server starts.
     rehearsal_s: float | None = None
+
+    @property
+    def short_of_target(self) -> list[PlannedDesign]:
+        """The points where the plan cannot find the non-inferiority margin with 80% power."""
+        return [p for p in self.power if not p.finds_target]
 
     @property
     def gpu_hours(self) -> float:
@@ -123,8 +136,54 @@ class PlanEstimate:
         ) / 3600.0
 
 
+# How many of the latest analysed experiments of the same model and hardware are read for a
+# class's measured spread between runs.
+SPREAD_LOOKBACK = 20
+
+
+def previous_run_spreads(spec: NormalizedSpec) -> dict[str, RunSpread]:
+    """Per class name of ``spec``: the spread between whole runs of its primary metric measured by
+    the last analysed experiment of the same model path on the hardware of a host able to run
+    the spec (its report's ``statistics.power`` ``run_sd_rel``, the largest over its agreed
+    points). A class no such experiment measured (a report made before the run-level test, a
+    single repeat, another primary metric) is left out: the estimate assumes a spread for it.
+    """
+    hardware = set(
+        hosts_able(max_model_len=spec["controls"]["max_model_len"])
+        .exclude(hardware_id="")
+        .values_list("hardware_id", flat=True)
+    )
+    if not hardware:
+        return {}
+    kinds = {name: metric_kind(metric) for name, metric in primary_metrics(spec["classes"]).items()}
+    # Only the power table of each report: a report can weigh megabytes.
+    rows = (
+        Experiment.objects.filter(
+            model_path=spec["model"]["path"], hardware_id__in=hardware, decision__isnull=False
+        )
+        .order_by("-decision__updated_at", "-pk")
+        .values_list("pk", "name", "hardware_id", "decision__report__statistics__power")[:SPREAD_LOOKBACK]
+    )
+    out: dict[str, RunSpread] = {}
+    for pk, name, hardware_id, power in rows:
+        measured: dict[str, float] = {}
+        for p in power if isinstance(power, list) else []:
+            if not isinstance(p, dict):
+                continue
+            cls, rel = p.get("class"), p.get("run_sd_rel")
+            if cls in kinds and cls not in out and isinstance(rel, (int, float)) and math.isfinite(rel):
+                if metric_kind(str(p.get("metric") or "")) == kinds[cls]:
+                    measured[cls] = max(float(rel), measured.get(cls, 0.0))
+        for cls, rel in measured.items():
+            out[cls] = RunSpread(rel, measured_in=f"{name} (#{pk}, hardware {hardware_id})")
+        if len(out) == len(kinds):
+            break
+    return out
+
+
 def plan_estimate(spec: NormalizedSpec) -> PlanEstimate:
-    """Runs and GPU time of a validated spec: runs x (warm-up + observation + drain + start/stop)."""
+    """Runs and GPU time of a validated spec: runs x (warm-up + observation + drain + start/stop),
+    and the power it states (the spread between runs looked up by ``previous_run_spreads``)."""
     w = spec["workload"]
     cells = [spec["baseline"]["id"]] + [c["id"] for c in spec["candidates"]]
     reuse = bool((spec.get("engine") or {}).get("reuse", True))
@@ -150,6 +209,16 @@ def plan_estimate(spec: NormalizedSpec) -> PlanEstimate:
         primary=primary_metrics(spec["classes"]),
         agreed_rates=analysis.get("agreed_rates") if analysis else None,
     )
+    design = planned_design(
+        power,
+        spreads=previous_run_spreads(spec),
+        repeats=int(w["repeats"]),
+        cells=len(cells),
+        candidates=len(spec["candidates"]),
+        alpha=compare_opts.family_alpha,
+        target_rel=compare_opts.noninferiority_margin_rel,
+        min_effect_rel=compare_opts.min_effect_rel,
+    )
     return PlanEstimate(
         runs=len(plan),
         cells=len(cells),
@@ -158,7 +227,8 @@ def plan_estimate(spec: NormalizedSpec) -> PlanEstimate:
         repeats=w["repeats"],
         seconds_per_run=per_run,
         starts=len(cells) * int(w["repeats"]) if reuse else len(plan),
-        power=tuple(power),
+        power=tuple(design),
+        target_rel=compare_opts.noninferiority_margin_rel,
         provisional_rates=bool(calibration and calibration.get("enabled")),
         rehearsal_s=per_run + 2 * RUN_OVERHEAD_S if not recovery or recovery.get("rehearse", True) else None,
     )
