@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,6 +312,7 @@ def judge(
     *,
     n_rep: int,
     options: CompareOptions,
+    fit: inference.RoundsFit | None = None,
     judged: bool = True,
     note: str | None = None,
 ) -> MetricVerdict:
@@ -322,6 +323,12 @@ def judge(
     +inf, B0's lower bound), for the worse test at its smallest (the mirror), so
     censored draws never support a claim. ``direction`` is "worse" (guard,
     uncorrected), else "same"; "better" is set by the gain family (family.py).
+
+    Every claim must also stand out from the spread between whole runs: ``fit`` is the
+    run-level model of the point (inference.rounds_fit), and each one-sided p-value is the
+    larger of the bootstrap's and the run-level test's (inference.rounds_compare), the
+    interval the hull of both. Without a fit (one repeat, or no two cells with every round
+    known) no claim stands: both run-level p-values are 1 and the interval is unbounded.
     """
     higher = HIGHER_IS_BETTER[metric]
     with np.errstate(invalid="ignore"):
@@ -336,18 +343,44 @@ def judge(
     boot_b, boot_w = h_better[1 + n_rep :], h_worse[1 + n_rep :]
     draws = int(boot_b.size)
     a2 = (1 - options.confidence) / 2
-    p_better = (1 + int(np.count_nonzero(boot_b >= 0))) / (draws + 1)
-    p_worse = (1 + int(np.count_nonzero(boot_w <= 0))) / (draws + 1)
+    p_better_boot = (1 + int(np.count_nonzero(boot_b >= 0))) / (draws + 1)
+    p_worse_boot = (1 + int(np.count_nonzero(boot_w <= 0))) / (draws + 1)
     harm_lo, harm_hi = _q(boot_w, a2), _q(boot_b, 1 - a2)
-    ci = [-harm_hi, -harm_lo] if higher else [harm_lo, harm_hi]
     with np.errstate(invalid="ignore"):
         diffs = cand.hi - base.hi
     point = float(diffs[0])
     b0, b0_lo = float(base.hi[0]), float(base.lo[0])
     reference = b0 if math.isfinite(b0) else b0_lo
+    # The run-level test on each repeat's own value, on the ends each claim is tested at.
+    reps = slice(1, 1 + n_rep)
+    by_better = by_worse = None
+    if fit is not None:
+        ends_better = (cand.hi[reps], base.hi[reps]) if higher else (cand.hi[reps], base.lo[reps])
+        ends_worse = (cand.hi[reps], base.hi[reps]) if higher else (cand.lo[reps], base.hi[reps])
+        by_better = inference.rounds_compare(
+            fit, *ends_better, higher_is_better=higher, confidence=options.confidence
+        )
+        by_worse = inference.rounds_compare(
+            fit, *ends_worse, higher_is_better=higher, confidence=options.confidence
+        )
+    p_better_rounds = by_better.p_better if by_better is not None else 1.0
+    p_worse_rounds = by_worse.p_worse if by_worse is not None else 1.0
+    p_better = max(p_better_boot, p_better_rounds)
+    p_worse = max(p_worse_boot, p_worse_rounds)
+    # The interval of candidate - B0 (harm for a lower-is-better metric): the hull of both.
+    round_lo = _in_units(by_worse.ci[0] if by_worse else -math.inf, fit, reference)
+    round_hi = _in_units(by_better.ci[1] if by_better else math.inf, fit, reference)
+    if higher:
+        # harm = B0 - candidate: its low end is minus the high end of candidate - B0.
+        harm_lo, harm_hi = min(harm_lo, -round_hi), max(harm_hi, -round_lo)
+    else:
+        harm_lo, harm_hi = min(harm_lo, round_lo), max(harm_hi, round_hi)
+    ci = [-harm_hi, -harm_lo] if higher else [harm_lo, harm_hi]
     threshold = material_threshold(metric, reference, options)
     improvement, harm = -float(h_better[0]), float(h_worse[0])
     worse = bool(judged and p_worse <= a2 and harm > threshold)
+    used = by_worse if by_worse is not None and math.isfinite(by_worse.se) else by_better
+    run_sd = used.sd if used is not None else (fit.sd if fit is not None else None)
     margin = options.noninferiority_margin_rel * abs(reference) if math.isfinite(reference) else math.nan
     noninferior = bool(judged and math.isfinite(margin) and harm_hi < margin) if not higher else None
     rep = diffs[1 : 1 + n_rep]
@@ -357,6 +390,8 @@ def judge(
     p_worse_repeats = inference.repeats_p_worse(
         (cand.hi if higher else cand.lo)[1 : 1 + n_rep], base.hi[1 : 1 + n_rep], higher_is_better=higher
     )
+    # The spread between runs that test allowed for (the gate shows it: apps/gate/verdict.py).
+    repeats_sd = inference.repeats_pooled_sd((cand.hi if higher else cand.lo)[reps], base.hi[reps])
     return {
         "b0": _num(b0),
         "candidate": _num(float(cand.hi[0])),
@@ -380,6 +415,15 @@ def judge(
         "p_better": float(round(p_better, 6)),
         "p_worse": float(round(p_worse, 6)),
         "p_worse_repeats": None if p_worse_repeats is None else float(round(p_worse_repeats, 6)),
+        "repeats_sd_rel": None if repeats_sd is None else _num(math.expm1(repeats_sd)),
+        "p_better_bootstrap": float(round(p_better_boot, 6)),
+        "p_worse_bootstrap": float(round(p_worse_boot, 6)),
+        "p_better_rounds": float(round(p_better_rounds, 6)),
+        "p_worse_rounds": float(round(p_worse_rounds, 6)),
+        "run_sd": _num(run_sd) if run_sd is not None else None,
+        "run_sd_rel": _relative(run_sd, fit),
+        "rounds_df": fit.df if fit is not None else None,
+        "rounds_scale": fit.scale if fit is not None else None,
         "draws": draws,
         "noninferior": noninferior,
         "noninferiority_margin": _num(margin),
@@ -389,6 +433,24 @@ def judge(
         "material": worse,
         "direction": "worse" if worse else "same",
     }
+
+
+def _in_units(bound: float, fit: inference.RoundsFit | None, reference: float) -> float:
+    """A run-level interval end (a log ratio, or a plain difference) as candidate - B0 in the metric's units."""
+    if fit is None or not math.isfinite(bound):
+        return bound
+    if fit.scale == "plain":
+        return bound
+    if not math.isfinite(reference):
+        return math.inf if bound > 0 else -math.inf
+    return reference * math.expm1(bound)
+
+
+def _relative(sd: float | None, fit: inference.RoundsFit | None) -> float | None:
+    """A log-scale run spread as a relative one (0.25 -> 0.284: one run 28% off another's scale)."""
+    if sd is None or fit is None or fit.scale != "log" or not math.isfinite(sd):
+        return None
+    return _num(math.expm1(sd))
 
 
 def b0_spread(rows: Rows, n_rep: int) -> float:
@@ -408,6 +470,11 @@ class GroupResult:
     levels: list[str]
     b0: dict[str, float]
     b0_se: dict[str, float]
+    # metric -> the run-level model (None: no spread between runs to estimate)
+    fits: dict[str, inference.RoundsFit | None] = field(default_factory=dict)  # over B0 and the pool
+    cell_fits: dict[str, dict[str, inference.RoundsFit | None]] = field(default_factory=dict)
+    b0_repeats: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> B0's per-repeat values
+    repeats: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # cell -> metric -> per repeat
 
 
 def compare_group(
@@ -421,13 +488,22 @@ def compare_group(
     base_hists: Sequence[GapHistogram | None],
     cand_hists: Mapping[str, Sequence[GapHistogram | None]],
     options: CompareOptions,
+    incomplete: str | None = None,
+    pool: Collection[str] | None = None,
 ) -> GroupResult:
     """Candidate − B0 for every candidate over the shared traffic of one (mixture, rate, class).
 
     1. The tail level judged: p99 when the pooled requests reach judgeable_n(0.99),
        else p95 (the p99 entries stay, marked not judged), else none.
     2. One pass over the replicates computes every side's metrics on the same draws.
-    3. Each metric is judged (judge); ITL is not judged below itl_min_repeats repeats.
+    3. The run-level model of each metric is fitted to every side's per-repeat values
+       (inference.rounds_fit): the spread between whole runs each claim must stand out from.
+       The fit pools B0, the ``pool`` candidates (all when None) and the one compared, so a
+       candidate outside the pool (one that cannot be adopted, whose runs early stopping may
+       skip) never changes another's verdict.
+    4. Each metric is judged (judge); ITL is not judged below itl_min_repeats repeats, nothing
+       below two repeats (no spread between runs to compare with), nothing when
+       ``incomplete`` says why (a candidate that finished fewer repeats than the design asks).
     """
     n = rs.total
     n_rep = rs.n_repeats
@@ -448,6 +524,27 @@ def compare_group(
             f"inter-token latency is resampled by repeat only: with {n_rep} repeats "
             f"(< {options.itl_min_repeats}) it is never called material"
         )
+    if n_rep < 2:
+        for m in rows[""]:
+            notes[m] = notes.get(m) or (
+                f"one repeat: the spread between whole runs cannot be estimated, so no {cls} "
+                "difference is called material"
+            )
+    if incomplete:
+        notes = {m: incomplete for m in rows[""]}
+    # The run-level model: B0, the ``pool`` cells and the one compared. Where a side's tail was
+    # never observed in a round, its lower bound stands in for it.
+    per_round = {
+        name: {m: np.where(np.isfinite(r.hi), r.hi, r.lo)[1 : 1 + n_rep] for m, r in by_metric.items()}
+        for name, by_metric in rows.items()
+    }
+    pooled = ["", *(c for c in cands if pool is None or c in pool)]
+
+    def fit_of(members: Sequence[str]) -> dict[str, inference.RoundsFit | None]:
+        return {m: inference.rounds_fit({name: per_round[name][m] for name in members}) for m in rows[""]}
+
+    fits = fit_of(pooled)
+    cell_fits = {cell: fits if cell in pooled else fit_of([*pooled, cell]) for cell in cands}
     out: dict[str, dict[str, MetricVerdict]] = {}
     for cell in cands:
         out[cell] = {
@@ -457,6 +554,7 @@ def compare_group(
                 rows[""][m],
                 n_rep=n_rep,
                 options=options,
+                fit=cell_fits[cell][m],
                 judged=notes.get(m) is None,
                 note=notes.get(m),
             )
@@ -467,6 +565,10 @@ def compare_group(
         levels=[level] if level else [],
         b0={m: float(r.hi[0]) for m, r in rows[""].items()},
         b0_se={m: b0_spread(r, n_rep) for m, r in rows[""].items()},
+        fits=fits,
+        cell_fits=cell_fits,
+        b0_repeats={m: r.hi[1 : 1 + n_rep] for m, r in rows[""].items()},
+        repeats={cell: {m: r.hi[1 : 1 + n_rep] for m, r in rows[cell].items()} for cell in cands},
     )
 
 

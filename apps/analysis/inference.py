@@ -8,6 +8,11 @@ docs/ANALYSIS.md ("How much the verdict can be trusted") states each rule and wh
 - ``holm``: family-wise control of the gains a retune may rest on;
 - ``share_breaks``: an exact binomial test of a contract limit;
 - ``repeats_p_worse``: whether a harm stands out from the run-to-run spread of the repeats;
+- ``repeats_pooled_sd``: that spread, the drift the gate allows for;
+- ``rounds_fit`` / ``rounds_compare``: the run-level model every comparison's verdict also
+  passes (cells x repeat rounds, the run the unit);
+- ``run_spread``: one config's spread between whole runs, the noise floor;
+- ``repeats_needed``: the repeats a design needs to find a change with the stated power;
 - ``detectable``: the smallest change the design finds with the stated power;
 - ``planned_power``: the same figure before any run, from the planned request counts.
 """
@@ -136,6 +141,23 @@ def repeats_p_worse(
     return float(student_t.sf(harm / se, df))
 
 
+def repeats_pooled_sd(
+    candidate: Sequence[float] | np.ndarray, baseline: Sequence[float] | np.ndarray
+) -> float | None:
+    """The spread between runs ``repeats_p_worse`` weighs a harm against, on the log scale: the
+    standard deviation of the repeats' log values about their side's mean, pooled over both sides
+    (df = the repeats less two). None where that test takes no log-scale spread: a side with
+    fewer than two repeats, or a value unknown, unbounded or not positive."""
+    c = np.asarray(candidate, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    both = np.concatenate([c, b])
+    if c.size < 2 or b.size < 2 or not (np.isfinite(both).all() and (both > 0).all()):
+        return None
+    c, b = np.log(c), np.log(b)
+    squares = float(((c - c.mean()) ** 2).sum()) + float(((b - b.mean()) ** 2).sum())
+    return math.sqrt(squares / (c.size + b.size - 2))
+
+
 def z(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
@@ -230,3 +252,186 @@ def planned_power(
         rel = detectable(se, alpha=alpha, family=family)
         out.append(PlannedPoint(mix, rate, name, n, level, metric.replace("_p99_", f"_{level}_"), rel))
     return out
+
+
+@dataclass(frozen=True)
+class RoundsFit:
+    """The run-level model of one metric at one (mixture, rate, class).
+
+    Each run (cell c, repeat round r) gives one value Y[c, r] of the metric (its p99 over that
+    run's requests, its goodput...). On the log scale (the plain one when a value is not
+    positive), Y[c, r] = cell effect + round effect + run noise: the round effect is what every
+    cell of that round shares (the round's trace, the host's state that hour) and cancels in a
+    paired difference; the run noise is the whole run faster or slower, plus the sampling noise
+    of its own requests, independent across runs with one spread ``sd`` for the cells of the
+    point. ``sd`` is the residual of that two-way fit, pooled over the cells with a finite value
+    in every round: (cells - 1) x (rounds - 1) degrees of freedom.
+    """
+
+    scale: str  # "log" | "plain"
+    rounds: int
+    cells: tuple[str, ...]
+    df: int
+    sd: float
+
+
+def _scale_of(values: Sequence[np.ndarray]) -> str:
+    return "log" if all(bool((v > 0).all()) for v in values) else "plain"
+
+
+def _on(scale: str, v: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(v) if scale == "log" else v
+
+
+def rounds_fit(values: Mapping[str, Sequence[float] | np.ndarray]) -> RoundsFit | None:
+    """Fit the run-level model to each cell's per-round values (every cell the same rounds).
+
+    Cells with an unknown or unbounded value in some round (a censored tail, a run that did not
+    finish) stay out of the pool. None without two such cells and two rounds: no spread between
+    runs can be estimated.
+    """
+    complete = {
+        c: np.asarray(v, dtype=float)
+        for c, v in values.items()
+        if len(v) >= 2 and bool(np.isfinite(np.asarray(v, dtype=float)).all())
+    }
+    lengths = {v.size for v in complete.values()}
+    if len(complete) < 2 or len(lengths) != 1:
+        return None
+    scale = _scale_of(list(complete.values()))
+    y = np.vstack([_on(scale, v) for v in complete.values()])
+    resid = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
+    cells, rounds = y.shape
+    df = (cells - 1) * (rounds - 1)
+    return RoundsFit(
+        scale=scale,
+        rounds=rounds,
+        cells=tuple(complete),
+        df=df,
+        sd=math.sqrt(float((resid**2).sum()) / df),
+    )
+
+
+@dataclass(frozen=True)
+class RoundsResult:
+    """One candidate against B0 under the run-level model (``rounds_compare``)."""
+
+    diff: float  # mean over rounds of candidate - B0, on the fit's scale (log: a log ratio)
+    sd: float  # the run noise used: the pool's, or this pair's own when that is larger
+    se: float
+    df: int
+    p_better: float
+    p_worse: float
+    ci: tuple[float, float]  # of ``diff``, two-sided at the given confidence
+
+
+def rounds_compare(
+    fit: RoundsFit,
+    candidate: Sequence[float] | np.ndarray,
+    baseline: Sequence[float] | np.ndarray,
+    *,
+    higher_is_better: bool,
+    confidence: float,
+) -> RoundsResult | None:
+    """Candidate against B0 round by round: Student's t on the mean paired difference.
+
+    The standard error of the mean difference over R rounds is sqrt(2 sd^2 / R); ``sd`` is the
+    pool's (``fit``) unless this pair's own differences spread more (their variance / 2), so a
+    candidate noisier than the pool is never judged by the pool's calm. The degrees of freedom
+    are the pool's. Pass the ends the claim is tested on (censored: a lower bound or +inf); a
+    value that is not finite supports neither claim (both p-values 1). None when the values do
+    not fit the model's scale or rounds.
+    """
+    c = np.asarray(candidate, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    if c.size != fit.rounds or b.size != fit.rounds or np.isnan(c).any() or np.isnan(b).any():
+        return None
+    if fit.scale == "log" and ((c <= 0).any() or (b <= 0).any()):
+        return None
+    if not (np.isfinite(c).all() and np.isfinite(b).all()):
+        return RoundsResult(math.nan, fit.sd, math.inf, fit.df, 1.0, 1.0, (-math.inf, math.inf))
+    d = _on(fit.scale, c) - _on(fit.scale, b)
+    diff = float(d.mean())
+    pair_sd = math.sqrt(float(d.var(ddof=1)) / 2) if d.size > 1 else 0.0
+    sd = max(fit.sd, pair_sd)
+    se = math.sqrt(2 * sd * sd / fit.rounds)
+    harm = -diff if higher_is_better else diff
+    if se == 0:
+        p_worse = 0.0 if harm > 0 else 1.0
+        p_better = 0.0 if harm < 0 else 1.0
+        return RoundsResult(diff, sd, se, fit.df, p_better, p_worse, (diff, diff))
+    tval = harm / se
+    half = float(student_t.ppf(1 - (1 - confidence) / 2, fit.df)) * se
+    return RoundsResult(
+        diff=diff,
+        sd=sd,
+        se=se,
+        df=fit.df,
+        p_better=float(student_t.cdf(tval, fit.df)),
+        p_worse=float(student_t.sf(tval, fit.df)),
+        ci=(diff - half, diff + half),
+    )
+
+
+def run_spread(values: Sequence[float] | np.ndarray) -> float | None:
+    """One config's spread between whole runs: the standard deviation of its repeats' log values.
+
+    None below two finite positive values (one repeat has no spread to show).
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size < 2:
+        return None
+    return float(np.log(v).std(ddof=1))
+
+
+def pair_spread(
+    candidate: Sequence[float] | np.ndarray, baseline: Sequence[float] | np.ndarray
+) -> float | None:
+    """The run spread shown by an A/A pair (a cell identical to B0): SD of the per-round log
+    differences over sqrt(2), each run's own share. None below two rounds with both known."""
+    c = np.asarray(candidate, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    ok = np.isfinite(c) & np.isfinite(b) & (c > 0) & (b > 0)
+    if int(ok.sum()) < 2:
+        return None
+    return float((np.log(c[ok]) - np.log(b[ok])).std(ddof=1) / math.sqrt(2))
+
+
+def rounds_detectable(
+    sd: float, *, rounds: int, df: int, alpha: float, family: int, power: float = POWER
+) -> float:
+    """Smallest true change (on the log scale) the run-level test finds with ``power``.
+
+    (t(1 - alpha/m, df) + t(power, df)) x sqrt(2 sd^2 / R): the strictest Holm step, Student's t
+    with the fit's degrees of freedom. inf where no spread can be estimated.
+    """
+    if not math.isfinite(sd) or rounds < 2 or df < 1:
+        return math.inf
+    crit = float(student_t.ppf(1 - alpha / max(1, family), df)) + float(student_t.ppf(power, df))
+    return crit * math.sqrt(2 * sd * sd / rounds)
+
+
+def repeats_needed(
+    sd: float,
+    change_rel: float,
+    *,
+    cells: int,
+    alpha: float,
+    family: int,
+    power: float = POWER,
+    most: int = 200,
+) -> int | None:
+    """Fewest repeat rounds with which the run-level test finds a change of ``change_rel``
+    (0.4 = 40% lower or higher) of a metric whose runs spread by ``sd`` (log scale), at the
+    strictest Holm step, with ``cells`` cells in the pool. None when even ``most`` rounds do not.
+    """
+    if not math.isfinite(sd) or not 0 < change_rel < 1:
+        return None
+    target = abs(math.log(1 - change_rel))
+    for r in range(2, most + 1):
+        df = max(1, (max(2, cells) - 1) * (r - 1))
+        if rounds_detectable(sd, rounds=r, df=df, alpha=alpha, family=family, power=power) <= target:
+            return r
+    return None

@@ -14,8 +14,9 @@ no comparison; this module
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +65,7 @@ def judge_sweep(
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[list[Comparison], Decision, Statistics]:
     """(comparisons, decision, statistics) of the sweep."""
-    d, table, groups, done = sweep.d, sweep.table, sweep.groups, sweep.done
-    run_by_key, token_hists, cell_ids = sweep.run_by_key, sweep.token_hists, sweep.cell_ids
+    table, groups, done, cell_ids = sweep.table, sweep.groups, sweep.done, sweep.cell_ids
     baseline, class_names, combos, repeats = sweep.baseline, sweep.class_names, sweep.combos, sweep.repeats
     empty = np.zeros(0, dtype=np.int64)
     agreed_pairs = {(m, r) for m, r, _ in agreed}
@@ -100,48 +100,73 @@ def judge_sweep(
         b0_failures=b0_failures,
     )
     draws = inference.family_resamples(options.resamples, family_m, options.family_alpha)
+    # A/A control cells: candidates that run B0's own arguments on B0's engine. Their pairing with
+    # B0 shows the spread between whole runs directly (the noise floor).
+    b0_spec = next((c for c in cells if c["cell_id"] == baseline), {})
+    aa_cells = [
+        c["cell_id"]
+        for c in cells
+        if c["cell_id"] != baseline
+        and (c.get("args") or {}) == (b0_spec.get("args") or {})
+        and c.get("engine") == b0_spec.get("engine")
+    ]
 
     def compare_all(seed: int) -> tuple[list[Comparison], dict[tuple[str, str, str], Any]]:
         comps: list[Comparison] = []
         own: dict[tuple[str, str, str], Any] = {}
         for mix, rate, name, base_runs, frames in groups_in:
             sizes = [int(f.size) for f in frames]
-            cands = {}
-            cand_h = {}
-            for cell in cell_ids:
-                runs_of = [done.get((cell, mix, rate, rep)) for rep, _ in base_runs]
-                if cell == baseline or all(c is None for c in runs_of):
-                    continue
-                cands[cell] = [
-                    compare.align(f, groups.get((c["key"], name)) if c else None, table.index)
-                    for f, c in zip(frames, runs_of, strict=True)
-                ]
-                cand_h[cell] = [token_hists.get((c["key"], name)) if c else None for c in runs_of]
-            result = compare.compare_group(
-                d,
-                rs=compare.Resampling(sizes, draws, compare.group_seed(seed, f"{mix}|{rate}|{name}")),
-                cls=name,
-                base_aligned=[
-                    compare.align(f, groups.get((br["key"], name)), table.index)
-                    for f, (_, br) in zip(frames, base_runs, strict=True)
-                ],
-                cands=cands,
-                obs_s=[run_by_key[br["key"]]["window"]["observation_s"] for _, br in base_runs],
-                base_hists=[token_hists.get((br["key"], name)) for _, br in base_runs],
-                cand_hists=cand_h,
+            # Candidates that finished every round B0 did share one resampling and the run-level
+            # fit; one that finished fewer is compared on its own rounds only (a run that did not
+            # finish is absent, never a zero) and called material in nothing.
+            runs_by_cell = {
+                cell: [done.get((cell, mix, rate, rep)) for rep, _ in base_runs]
+                for cell in cell_ids
+                if cell != baseline
+            }
+            complete = [c for c, rs_ in runs_by_cell.items() if all(r is not None for r in rs_)]
+            partial = [
+                c for c, rs_ in runs_by_cell.items() if any(r is not None for r in rs_) and c not in complete
+            ]
+            on = functools.partial(
+                _compare_on,
+                sweep=sweep,
+                group=(mix, rate, name, base_runs, frames),
+                draws=draws,
+                seed=seed,
                 options=options,
+                pool=eligible,
             )
+            result = on(keep=[True] * len(base_runs), cells_in=complete, incomplete=None)
             own[(mix, rate, name)] = (sum(sizes), result)
-            for cell in cands:
+            results = {cell: (result, sizes) for cell in complete}
+            for cell in partial:
+                keep = [r is not None for r in runs_by_cell[cell]]
+                note = (
+                    f"{cell} finished {sum(keep)} of {len(keep)} repeats: compared with B0 on those "
+                    "runs only, and no difference is called material"
+                )
+                one = on(keep=keep, cells_in=[cell], incomplete=note)
+                results[cell] = (one, [s for s, k in zip(sizes, keep, strict=True) if k])
+            for cell in cell_ids:
+                if cell not in results:
+                    continue
+                res, used = results[cell]
                 comps.append(
                     {
                         "cell": cell,
                         "mixture": mix,
                         "rate": rate,
                         "class": name,
-                        "requests": sizes,
-                        "level": result.levels[0] if result.levels else None,
-                        "metrics": result.metrics[cell],
+                        "requests": used,
+                        "level": res.levels[0] if res.levels else None,
+                        "metrics": res.metrics[cell],
+                        "noise_floor": _noise_floor(
+                            res,
+                            cell,
+                            family.at_level(primary.get(name, "ttft_p99_ms"), level_of(res)),
+                            aa_cells,
+                        ),
                     }
                 )
         return comps, own
@@ -202,6 +227,99 @@ def judge_sweep(
     return comparisons, decision, statistics
 
 
+Group = tuple[str, str, str, list[tuple[int, Mapping[str, Any]]], list[np.ndarray]]
+
+
+def _compare_on(
+    *,
+    sweep: Sweep,
+    group: Group,
+    keep: Sequence[bool],
+    cells_in: Sequence[str],
+    draws: int,
+    seed: int,
+    options: compare.CompareOptions,
+    incomplete: str | None,
+    pool: Collection[str],
+) -> compare.GroupResult:
+    """compare_group of ``cells_in`` against B0 over B0's rounds where ``keep`` is true.
+
+    The draws are seeded by the point, plus the cell when only some rounds are kept, so the
+    complete candidates always share one resampling."""
+    mix, rate, name, base_runs, frames = group
+    kept = [i for i, k in enumerate(keep) if k]
+    fr = [frames[i] for i in kept]
+    brs = [base_runs[i] for i in kept]
+    key = f"{mix}|{rate}|{name}" if len(kept) == len(keep) else f"{mix}|{rate}|{name}|{'|'.join(cells_in)}"
+    cands = {}
+    cand_h = {}
+    for cell in cells_in:
+        runs_of = [sweep.done.get((cell, mix, rate, rep)) for rep, _ in brs]
+        cands[cell] = [
+            compare.align(f, sweep.groups.get((c["key"], name)) if c else None, sweep.table.index)
+            for f, c in zip(fr, runs_of, strict=True)
+        ]
+        cand_h[cell] = [sweep.token_hists.get((c["key"], name)) if c else None for c in runs_of]
+    return compare.compare_group(
+        sweep.d,
+        rs=compare.Resampling([int(f.size) for f in fr], draws, compare.group_seed(seed, key)),
+        cls=name,
+        base_aligned=[
+            compare.align(f, sweep.groups.get((br["key"], name)), sweep.table.index)
+            for f, (_, br) in zip(fr, brs, strict=True)
+        ],
+        cands=cands,
+        obs_s=[sweep.run_by_key[br["key"]]["window"]["observation_s"] for _, br in brs],
+        base_hists=[sweep.token_hists.get((br["key"], name)) for _, br in brs],
+        cand_hists=cand_h,
+        options=options,
+        incomplete=incomplete,
+        pool=pool,
+    )
+
+
+def level_of(result: compare.GroupResult) -> str | None:
+    return result.levels[0] if result.levels else None
+
+
+def _rel(sd: float | None) -> float | None:
+    return None if sd is None or not math.isfinite(sd) else round(math.expm1(sd), 6)
+
+
+def _noise_floor(
+    result: compare.GroupResult, cell: str, metric: str | None, aa_cells: Sequence[str]
+) -> dict[str, Any]:
+    """The spread between whole runs of the class's primary metric, shown beside its comparison.
+
+    ``b0_run_sd_rel``: B0's own repeats (the SD of their log values, as a relative change);
+    ``aa_run_sd_rel``: an A/A control cell's rounds paired with B0's, where the spec has one;
+    ``pooled_run_sd_rel``: the run-level model's (every complete cell of the point);
+    ``used_run_sd_rel``: what this comparison's run-level test allowed for (the pool's, or the
+    pair's own when larger). Relative: 0.2 means one run's value is typically 20% off another's.
+    """
+    repeats = len(next(iter(result.b0_repeats.values()), []))
+    floor: dict[str, Any] = {"metric": metric, "repeats": repeats}
+    if metric is None or metric not in result.b0_repeats:
+        floor["note"] = "not enough requests to judge the primary metric"
+        return floor
+    floor["b0_run_sd_rel"] = _rel(inference.run_spread(result.b0_repeats[metric]))
+    aa = next((a for a in aa_cells if a in result.repeats), None)
+    floor["aa_cell"] = aa
+    floor["aa_run_sd_rel"] = (
+        _rel(inference.pair_spread(result.repeats[aa][metric], result.b0_repeats[metric])) if aa else None
+    )
+    fit = result.cell_fits.get(cell, result.fits).get(metric)
+    floor["pooled_run_sd_rel"] = _rel(fit.sd) if fit is not None and fit.scale == "log" else None
+    floor["df"] = fit.df if fit is not None else None
+    verdict = result.metrics.get(cell, {}).get(metric)
+    floor["used_run_sd_rel"] = verdict.get("run_sd_rel") if verdict else None
+    if repeats < 2:
+        floor["note"] = (
+            "one repeat: the spread between runs cannot be estimated, so nothing is called material"
+        )
+    return floor
+
+
 def _power(
     b0_own: Mapping[tuple[str, str, str], Any],
     primary: Mapping[str, str],
@@ -211,11 +329,20 @@ def _power(
 ) -> list[dict[str, Any]]:
     """Per agreed (mixture, rate) and class: the smallest change of the primary metric found with 80% power.
 
-    SE of the difference = sqrt(2) x B0's own bootstrap spread (a candidate as noisy
-    as B0); detectable = (z(1 - alpha/m) + z(0.8)) x SE (inference.detectable). A
-    change below the material threshold is never called one, so the larger counts.
+    Two limits, the larger counts (a claim must pass both tests):
+
+    - within runs: SE of the difference = sqrt(2) x B0's own bootstrap spread (a candidate as
+      noisy as B0); (z(1 - alpha/m) + z(0.8)) x SE (inference.detectable);
+    - between runs: the run-level model's spread (inference.rounds_detectable): Student's t
+      with the fit's degrees of freedom over sqrt(2 sd^2 / R).
+
+    A change below the material threshold is never called one. ``target_rel`` is the change the
+    verdict must be able to see, the non-inferiority margin (the largest harm it lets pass
+    unseen); where the design cannot find it with 80% power, ``repeats_needed`` says how many
+    repeat rounds at the measured run spread would, and ``note`` says so in words.
     """
     out = []
+    target = options.noninferiority_margin_rel
     for (mix, rate, name), (n, result) in sorted(b0_own.items()):
         if (mix, rate) not in agreed_pairs:
             continue
@@ -229,14 +356,57 @@ def _power(
         b0 = result.b0[metric]
         se = math.sqrt(2.0) * result.b0_se[metric]
         mde = inference.detectable(se, alpha=options.family_alpha, family=family_m)
-        effect = max(mde, compare.material_threshold(metric, b0, options))
+        repeats = len(result.b0_repeats.get(metric, []))
+        fit = result.fits.get(metric)
+        run_sd = fit.sd if fit is not None and fit.scale == "log" else None
+        if run_sd is not None and fit is not None:
+            between = inference.rounds_detectable(
+                run_sd, rounds=fit.rounds, df=fit.df, alpha=options.family_alpha, family=family_m
+            )
+            # A log-scale change b is a relative decrease of 1 - e^-b (repeats_needed's target).
+            between_rel = -math.expm1(-between) if math.isfinite(between) else math.inf
+        else:
+            between_rel = math.inf
+        within_rel = mde / b0 if math.isfinite(b0) and b0 > 0 else math.inf
+        effect_rel = max(within_rel, between_rel)
+        floor = compare.material_threshold(metric, b0, options)
+        effect = max(effect_rel * b0 if math.isfinite(b0) else math.inf, floor)
         entry.update(
             b0=b0,
             se_diff_ms=se,
+            run_sd_rel=_rel(run_sd),
+            run_df=fit.df if fit is not None else None,
+            repeats=repeats,
             detectable_ms=effect,
-            detectable_rel=effect / b0 if math.isfinite(b0) and b0 > 0 else None,
+            detectable_rel=effect / b0 if math.isfinite(b0) and b0 > 0 and math.isfinite(effect) else None,
             power=inference.POWER,
             family=family_m,
+            target_rel=target,
         )
+        if entry["detectable_rel"] is None or entry["detectable_rel"] > target:
+            cells_in_pool = len(fit.cells) if fit is not None else 2
+            need = (
+                inference.repeats_needed(
+                    run_sd, target, cells=cells_in_pool, alpha=options.family_alpha, family=family_m
+                )
+                if run_sd is not None
+                else None
+            )
+            entry["repeats_needed"] = need
+            if run_sd is None:
+                entry["note"] = (
+                    f"the spread between runs is unknown ({repeats} repeat{'s' if repeats != 1 else ''}): "
+                    f"this design cannot show that a {target:.0%} change of {name} {metric} is found"
+                )
+            elif need is None:
+                entry["note"] = (
+                    f"runs spread by {math.expm1(run_sd):.0%}: no number of repeats up to 200 finds a "
+                    f"{target:.0%} change of {name} {metric} with 80% power"
+                )
+            else:
+                entry["note"] = (
+                    f"runs spread by {math.expm1(run_sd):.0%}: finding a {target:.0%} change of {name} "
+                    f"{metric} with 80% power takes {need} repeats (this design has {repeats})"
+                )
         out.append(entry)
     return out

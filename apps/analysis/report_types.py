@@ -84,6 +84,17 @@ class MetricVerdict(TypedDict):
     worse: bool
     material: bool
     direction: str  # "better" | "same" | "worse"
+    # The run-level test (compare.judge; absent from reports made before it).
+    p_better_bootstrap: NotRequired[float]
+    p_worse_bootstrap: NotRequired[float]
+    p_better_rounds: NotRequired[float]
+    p_worse_rounds: NotRequired[float]
+    run_sd: NotRequired[float | None]
+    run_sd_rel: NotRequired[float | None]
+    rounds_df: NotRequired[int | None]
+    rounds_scale: NotRequired[str | None]
+    # The repeats' pooled spread the gate's test allowed for, relative (0.18: runs 18% apart).
+    repeats_sd_rel: NotRequired[float | None]
     # Set by family.apply on the gain family's members.
     in_family: NotRequired[bool]
     p_better_adj: NotRequired[float]
@@ -103,6 +114,8 @@ Comparison = TypedDict(
         "requests": list[int],
         "level": str | None,
         "metrics": dict[str, MetricVerdict],
+        # The spread between whole runs of the class's primary metric (paired._noise_floor).
+        "noise_floor": NotRequired[JSONObject],
         "primary": NotRequired[str | None],
         "repairs": NotRequired[list[str]],
     },

@@ -18,7 +18,10 @@ The model of one run (a (cell, mixture, rate, repeat) replay):
   2,000 ms x effects (TTFT a quarter of it); a candidate's ``long_factor``
   scales the long class's latencies (0.6 = 40% better everywhere, p99 included);
 - ``host_sigma``: a whole run slower or faster (the host busy elsewhere for its
-  length): one log-normal factor per run, drawn afresh for every cell and repeat.
+  length): one log-normal factor per run, drawn afresh for every cell and repeat;
+- ``round_sigma``: a whole repeat round slower or faster for every cell alike (the
+  round's own trace, the host's state that hour): one log-normal factor per
+  (mixture, repeat), shared by the cells.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Design:
     near_limit: bool = False  # contracts at B0's true p99: B0 breaks them by chance
     observation_s: float = 60.0
     host_sigma: float = 0.0  # log-sigma of a factor on a whole run; 0 = every run on an idle host
+    round_sigma: float = 0.0  # log-sigma of a factor on a whole round, shared by its cells
 
 
 def _true_p99(base_ms: float) -> float:
@@ -123,6 +127,8 @@ def result_set(design: Design, seed: int) -> dict[str, Any]:
             is_short = np.arange(n) < round(n * design.short_share)
             rng.shuffle(is_short)
             request_effect = np.exp(REQUEST_SIGMA * rng.standard_normal(n))
+            if design.round_sigma > 0:
+                request_effect = request_effect * math.exp(design.round_sigma * rng.standard_normal())
             for cell in cell_ids:
                 key = f"{cell}|{mix}|{rep}"
                 run_noise = np.exp(RUN_SIGMA * _noise(rng, n, design.phi))
