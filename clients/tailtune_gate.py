@@ -236,6 +236,25 @@ def case_line(case: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def drift_line(verdict: Mapping[str, Any]) -> str | None:
+    """The drift between runs the gate allowed for, over its judged cases: each case's message
+    says its own; this names the widest (``runs spread by up to 35% between repeats ...``)."""
+    judged = [
+        c
+        for c in verdict.get("cases") or []
+        if c.get("repeats_sd_rel") is not None and c["outcome"] != "skipped"
+    ]
+    if not judged:
+        return None
+    widest = max(judged, key=lambda c: float(c["repeats_sd_rel"]))
+    b0_n, cand_n = widest.get("repeats") or ["?", "?"]
+    return (
+        f"drift allowed for: runs spread by up to {float(widest['repeats_sd_rel']):.0%} between repeats "
+        f"({widest['class']} {widest['metric']}, {b0_n} runs of B0 and {cand_n} of the candidate); "
+        "a regression had to stand out from that"
+    )
+
+
 def render_junit(verdict: Mapping[str, Any]) -> str:
     """One test case per class × metric; a regression is a failure, an unjudged metric skipped,
     and an inconclusive gate one erroring case that says why."""
@@ -259,6 +278,9 @@ def render_junit(verdict: Mapping[str, Any]) -> str:
         lines.append(
             f"      <property name={quoteattr(key)} value={quoteattr(str(verdict.get(key) or ''))}/>"
         )
+    drift = drift_line(verdict)
+    if drift:
+        lines.append(f'      <property name="drift" value={quoteattr(drift)}/>')
     lines.append("    </properties>")
     if errors:
         why = "; ".join(verdict.get("reasons") or []) or "inconclusive"
@@ -310,6 +332,9 @@ def render_markdown(verdict: Mapping[str, Any]) -> str:
         out.append(f"- {reason}")
     if verdict.get("reasons"):
         out.append("")
+    drift = drift_line(verdict)
+    if drift:
+        out += [drift[0].upper() + drift[1:] + ".", ""]
     cases = verdict.get("cases") or []
     if cases:
         out.append("| class | metric | B0 | candidate | diff [interval] | outcome |")
@@ -381,6 +406,9 @@ def finish(verdict: Mapping[str, Any], opts: argparse.Namespace, say: Callable[[
     say(f"gate: {verdict.get('verdict')} (exit {code}) {verdict.get('url') or ''}".rstrip())
     for reason in verdict.get("reasons") or []:
         say(f"  {reason}")
+    drift = drift_line(verdict)
+    if drift:
+        say(f"  {drift}")
     for case in verdict.get("cases") or []:
         if case["outcome"] == "fail":
             say(f"  FAIL {case_line(case)}")

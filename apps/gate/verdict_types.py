@@ -38,6 +38,13 @@ class CaseValues(TypedDict, total=False):
     b0_unanswered: Unanswered
     candidate_above: float | None
     candidate_unanswered: Unanswered
+    # The drift between runs the gate allowed for (verdict._drift): the repeats' pooled spread
+    # (0.18: runs 18% apart), [B0's, the candidate's] repeats, and the smallest worsening (relative
+    # to B0) the repeats' one-sided test at ``stand_out_alpha`` calls significant, before Holm.
+    repeats_sd_rel: float | None
+    repeats: list[int]
+    stand_out_rel: float | None
+    stand_out_alpha: float
 
 
 _CaseName = TypedDict("_CaseName", {"class": str, "metric": str, "unit": str, "confidence": float})
