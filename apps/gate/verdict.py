@@ -17,7 +17,7 @@ candidate against B0 at every agreed (mixture, rate):
    threshold and its p-value is rejected by Holm's step-down over every judged
    (class, metric, point) of the candidate. That p-value is the larger of two
    one-sided tests, each valid alone, so their maximum is too: the bootstrap's
-   (``p_worse``: requests drawn within runs) and the repeats' own (
+   (``p_worse_bootstrap``: requests drawn within runs) and the repeats' own (
    ``p_worse_repeats``: each run one observation, so a run that was slow as a
    whole, the host busy elsewhere, is weighed against the spread between
    repeats; apps/analysis/inference.repeats_p_worse). Measured on this CPU host,
@@ -25,16 +25,25 @@ candidate against B0 at every agreed (mixture, rate):
    on a busier stretch.
 3. **pass** (exit 0) otherwise.
 
+Each judged case shows the drift it allowed for (``_drift``): the spread between runs the
+repeats' test weighed the harm against, and the smallest worsening that test alone would call
+significant; a regression must stand out from that.
+
 Every class × metric is one case (the JUnit test cases): "fail", "pass" or
 "skipped" (not judged: too few requests for that tail).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from scipy.stats import t as student_t
+
+from apps.analysis import inference
+from apps.analysis.compare import HIGHER_IS_BETTER
 from apps.analysis.report_types import StoredReport
 from apps.gate.verdict_types import CaseValues, GateCase, GateVerdict, Outcome, Unanswered, Verdict
 
@@ -163,6 +172,7 @@ def gate_verdict(
             unjudged_classes.append(name)
         for metric in metrics:
             shown: CaseValues | None = None
+            drift: str | None = None
             messages = []
             outcome: Outcome = "pass"
             judged_any = False
@@ -174,6 +184,8 @@ def gate_verdict(
                 is_worse = (c["mixture"], c["rate"], name, metric) in worse
                 if shown is None or is_worse:  # the first point, or the one that failed
                     shown = _case_values(v, unanswered[(baseline, name)], unanswered[(candidate, name)])
+                    shown.update(_drift(v, metric, family_alpha))
+                    drift = _drift_message(shown, metric) if v.get("judged") else None
                 if v.get("judged"):
                     judged_any = True
                 else:
@@ -182,9 +194,11 @@ def gate_verdict(
                     outcome = "fail"
                     messages.append(
                         f"materially worse than B0 at {point} (p={_p_worse(v):.6g}: bootstrap "
-                        f"{v.get('p_worse')}, across repeats {v.get('p_worse_repeats')}; Holm over the "
+                        f"{v.get('p_worse_bootstrap', v.get('p_worse'))}, across repeats {v.get('p_worse_repeats')}; Holm over the "
                         f"family at {family_alpha:g}; material above {v.get('threshold')})"
                     )
+            if drift:
+                messages.append(drift)
             kept_by_b0 = (name, metric) not in b0_broken
             broken = cand_broken.get((name, metric))
             contract_key = next((k for k, case_name in CONTRACT_CASE.items() if case_name == metric), None)
@@ -263,6 +277,49 @@ def _case_values(v: Mapping[str, Any], b0_unanswered: Unanswered, cand_unanswere
     return out
 
 
+def _drift(v: Mapping[str, Any], metric: str, alpha: float) -> CaseValues:
+    """The drift between runs a point's repeats' test allowed for: their pooled spread (compare.judge's
+    ``repeats_sd_rel``; a report from before it: from the repeats' values), how many repeats each
+    side had, and the smallest worsening of the candidate's runs over B0's (geometric means) that
+    test alone calls significant at ``alpha``, before Holm. Nothing where it took no spread."""
+    b0_reps = [float(x) for x in v.get("b0_repeats") or [] if x is not None]
+    cand_reps = [float(x) for x in v.get("candidate_repeats") or [] if x is not None]
+    if "repeats_sd_rel" in v:
+        rel = v["repeats_sd_rel"]
+    else:
+        sd = inference.repeats_pooled_sd(cand_reps, b0_reps)
+        rel = None if sd is None else math.expm1(sd)
+    if rel is None or len(b0_reps) < 2 or len(cand_reps) < 2:
+        return {}
+    se = math.log1p(float(rel)) * math.sqrt(1 / len(b0_reps) + 1 / len(cand_reps))
+    bar = float(student_t.ppf(1 - alpha, len(b0_reps) + len(cand_reps) - 2)) * se
+    # Lower is better: the candidate's runs exp(bar) times B0's; higher (goodput): that much less.
+    stand_out = -math.expm1(-bar) if HIGHER_IS_BETTER.get(metric, False) else math.expm1(bar)
+    return {
+        "repeats_sd_rel": round(float(rel), 4),
+        "repeats": [len(b0_reps), len(cand_reps)],
+        "stand_out_rel": round(stand_out, 4),
+        "stand_out_alpha": alpha,
+    }
+
+
+def _drift_message(case: CaseValues, metric: str) -> str | None:
+    """``runs spread by 18% between repeats (2 of B0, 2 of the candidate): ...`` (``_drift``)."""
+    spread, bar = case.get("repeats_sd_rel"), case.get("stand_out_rel")
+    if spread is None or bar is None:
+        return None
+    b0_n, cand_n = case.get("repeats") or [0, 0]
+    runs = f"between repeats ({b0_n} of B0, {cand_n} of the candidate)"
+    if round(spread, 2) == 0:
+        return f"runs did not differ {runs}"
+    change = f"-{bar:.0%}" if HIGHER_IS_BETTER.get(metric, False) else f"+{bar:.0%}"
+    return (
+        f"runs spread by {spread:.0%} {runs}: a regression must stand out from that, and one of "
+        f"about {change} or less cannot (the repeats' one-sided test at "
+        f"{case.get('stand_out_alpha', 0.05):g}, before Holm)"
+    )
+
+
 def _unanswered(report: StoredReport) -> dict[tuple[str, str], Unanswered]:
     """Per (cell, class), over its done runs: requests offered, unfinished at the drain deadline,
     and failed otherwise (rejected, errors, timeouts, not sent): those with no latency to rank."""
@@ -313,10 +370,14 @@ def _p_worse(v: Mapping[str, Any]) -> float:
     repeat): nothing then shows the harm is more than a slow run, so no regression is claimed.
     A report analysed before the repeats' test existed has no such key and keeps its verdict.
     """
+    # The bootstrap's own p-value: the report's p_worse already holds the verdict's run-level test
+    # (cells x rounds, R - 1 degrees of freedom with two cells), which the gate replaces with the
+    # two-sample test of the repeats (2R - 2: with the gate's two repeats, 2 rather than 1).
+    boot = float(v.get("p_worse_bootstrap", v["p_worse"]))
     if "p_worse_repeats" not in v:
-        return float(v["p_worse"])
+        return boot
     repeats = v["p_worse_repeats"]
-    return max(float(v["p_worse"]), 1.0 if repeats is None else float(repeats))
+    return max(boot, 1.0 if repeats is None else float(repeats))
 
 
 def _holm_worse(comps: Sequence[Mapping[str, Any]], alpha: float) -> set[tuple[str, str, str, str]]:
