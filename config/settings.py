@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "apps.audit",
     "apps.accounts",
     "apps.api",
     "apps.experiments",

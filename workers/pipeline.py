@@ -48,7 +48,6 @@ from django.utils import timezone
 from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.experiments.generation import request_sampling
 from apps.experiments.models import Experiment, ServerConfig
-from apps.runs.gauges import latest_gauges
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
@@ -56,6 +55,7 @@ from apps.runs.scheduling import reuse_enabled, run_claim_next
 from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
 from apps.workloads.services import tokenizer_dir, trace_load
 from workers.engine.confirm import local_hardware_id
+from workers.engine.gauges import latest_gauges
 from workers.engine.idle import idle_check as _idle_check
 from workers.engine.idle import not_idle_reason
 from workers.engine.launcher import HostConfig, LaunchError

@@ -68,7 +68,7 @@ def host_pull() -> str:
 @shared_task(name="tailtune.analyse_experiment", acks_late=True)
 def analyse_experiment(*, experiment_pk: int) -> str:
     from apps.analysis.services import experiment_analyse
-    from apps.approvals.audit import audit_record
+    from apps.audit.services import audit_record
     from apps.experiments.models import Experiment
     from apps.runs.models import Run
     from apps.runs.rehearsal import rehearsal_due

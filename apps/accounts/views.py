@@ -13,7 +13,7 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.models import ApiToken
 from apps.accounts.tokens import SCOPES, TokenError, role_scopes, token_create, token_days, token_revoke
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 
 
 class TokenForm(forms.Form):

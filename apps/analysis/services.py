@@ -32,7 +32,7 @@ from apps.analysis.report import build_report
 from apps.analysis.report_types import RecoveryCheck, RehearsalEntry, Report, StoredReport
 from apps.analysis.server import COUNTERS, GAUGES
 from apps.analysis.validators import ValidatorBudget
-from apps.approvals.models import AuditEvent
+from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.experiments.recovery import recovery_options
 from apps.runs.engine_time import engine_time_summary

@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 from apps.accounts.models import ApiToken
 from apps.accounts.roles import VIEWER, has_role
 from apps.accounts.tokens import READ
-from apps.approvals.audit import bind_token, unbind_token
+from apps.audit.services import bind_token, unbind_token
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, load_yaml

@@ -29,7 +29,7 @@ from apps.accounts.roles import EXPERIMENTER
 from apps.accounts.tokens import READ, RUN
 from apps.api.auth import TokenAuthentication
 from apps.api.base import SPEC_ERRORS, ApiView, _clean_text, _errors, upload_resource, upload_too_large
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.models import TraceUpload
 from apps.experiments.spec import SpecError
 from apps.gate.build import MIN_REPEATS, GateInput

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from apps.accounts.roles import EXPERIMENTER
 from apps.accounts.tokens import RUN
 from apps.api.base import SPEC_ERRORS, ApiView, _clean_text, upload_resource, upload_too_large
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.spec import MAX_TOKENS
 
 TRACE_UPLOAD = inline_serializer(

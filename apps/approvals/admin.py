@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from apps.accounts.readonly import ReadOnlyAdmin
-from apps.approvals.models import Approval, AuditEvent, Revocation, RollbackManifest
+from apps.approvals.models import Approval, Revocation, RollbackManifest
 
 
 @admin.register(Approval)
@@ -19,9 +19,3 @@ class RevocationAdmin(ReadOnlyAdmin):
 @admin.register(RollbackManifest)
 class RollbackManifestAdmin(ReadOnlyAdmin):
     list_display = ("experiment", "sha256", "created_at")
-
-
-@admin.register(AuditEvent)
-class AuditEventAdmin(ReadOnlyAdmin):
-    list_display = ("at", "actor", "experiment", "action", "target")
-    list_filter = ("action",)

@@ -1,4 +1,4 @@
-"""Approvals, the rollback manifest they freeze, and the audit trail."""
+"""Approvals and the rollback manifest they freeze (the audit trail is apps/audit)."""
 
 from __future__ import annotations
 
@@ -93,26 +93,3 @@ class RollbackManifest(models.Model):
         if not stored:
             stored = mf.render(mf.document(self.content, self.sha256), fmt)
         return stored, hashlib.sha256(stored).hexdigest()
-
-
-class AuditEvent(models.Model):
-    """Who changed what, when: one row for every state change."""
-
-    at = models.DateTimeField(auto_now_add=True, db_index=True)
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    experiment = models.ForeignKey(
-        "experiments.Experiment",
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="audit_events",
-    )
-    action = models.CharField(max_length=64, db_index=True)
-    target = models.CharField(max_length=200, blank=True)
-    detail = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        ordering = ["-at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M} {self.action} {self.target}"

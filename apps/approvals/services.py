@@ -12,7 +12,6 @@ from django.utils import timezone
 from apps.accounts.roles import APPROVER, has_role
 from apps.analysis.models import Decision
 from apps.approvals import manifest as mf
-from apps.approvals.audit import audit_record
 from apps.approvals.manifest_types import (
     ApprovedCandidate,
     BaselineRecord,
@@ -23,6 +22,7 @@ from apps.approvals.manifest_types import (
     ScenarioEvidence,
 )
 from apps.approvals.models import Approval, Revocation, RollbackManifest
+from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.runs.models import Run

@@ -10,7 +10,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
-from apps.approvals.models import AuditEvent, RollbackManifest
+from apps.approvals.models import RollbackManifest
 from apps.approvals.services import (
     ApprovalError,
     approval_revoke,
@@ -18,6 +18,7 @@ from apps.approvals.services import (
     experiment_reject,
     scenario_evidence,
 )
+from apps.audit.models import AuditEvent
 from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.views import require_reader

@@ -26,8 +26,8 @@ from apps.experiments.offers import hosts_able
 from apps.experiments.plan import expand_plan
 from apps.experiments.spec import RUN_OVERHEAD_S
 from apps.experiments.spec_types import NormalizedSpec
-from apps.runs.gauges import GAUGE_NAMES
 from apps.runs.models import MetricSample, RequestRecord, Run
+from workers.engine.gauges import GAUGE_NAMES
 
 LIVE_RECORD_LIMIT = 5000
 LOG_TAIL_LINES = 40
@@ -35,7 +35,7 @@ HISTOGRAM_BUCKETS = 40
 NS_PER_MS = 1_000_000
 
 # The live gauges, under the names vLLM has used for them across releases.
-# GAUGE_NAMES: apps/runs/gauges.py (the worker publishes the same gauges while a run goes).
+# GAUGE_NAMES: workers/engine/gauges.py (the worker publishes the same gauges while a run goes).
 
 
 # --- access ------------------------------------------------------------------

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.model_roots import model_roots_known
 from apps.experiments.models import Experiment, RequestClass, ServerConfig, Workload
 from apps.experiments.offers import spec_bind_errors, spec_offer_errors

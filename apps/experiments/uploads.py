@@ -27,7 +27,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.models import TraceUpload
 from apps.experiments.services import experiment_create_with_trace, spec_limits
 from apps.experiments.spec import SpecError, validate_spec

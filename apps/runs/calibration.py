@@ -46,7 +46,7 @@ from django.utils import timezone
 
 from apps.analysis.columns import RecordTable
 from apps.analysis.metrics import Contract, class_metrics, derive, run_window
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, ServerConfig, Workload
 from apps.runs import dispatch
 from apps.runs.capacity import capacity_of, frozen_rates, next_rate, probe_passed

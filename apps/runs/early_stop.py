@@ -27,7 +27,7 @@ from django.utils import timezone
 from apps.analysis.early_stop import doomed, unusable
 from apps.analysis.report import ReportOptions, agreed_combos, sweep_combos
 from apps.analysis.services import runs_over_limit
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.models import Experiment
 from apps.experiments.spec_types import StoredSpec
 from apps.runs.models import Run

@@ -32,8 +32,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.approvals.audit import audit_record
-from apps.approvals.models import AuditEvent
+from apps.audit.models import AuditEvent
+from apps.audit.services import audit_record
 from apps.experiments.models import Experiment
 from apps.runs import dispatch
 from apps.runs.models import Host, Run

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.analysis.rehearsal import REHEARSAL_QUEUED
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, RunsRefused, ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.experiments.spec import RUN_OVERHEAD_S

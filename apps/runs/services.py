@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, RunsRefused, Workload
 from apps.runs import dispatch
 from apps.runs.hosts import HEARTBEAT_TIMEOUT

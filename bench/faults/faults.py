@@ -182,7 +182,7 @@ def vllm_left() -> list[int]:
 
 def repairs(exp: Any) -> str:
     """What the reconciler repaired on the experiment (audit log), in order."""
-    from apps.approvals.models import AuditEvent
+    from apps.audit.models import AuditEvent
 
     found = [
         str(e.detail.get("repair"))

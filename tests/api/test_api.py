@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from apps.accounts.models import ApiToken
 from apps.accounts.tokens import token_create
-from apps.approvals.models import AuditEvent
+from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.experiments.spec import dump_spec
 from apps.runs.models import RequestRecord, Run

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from apps.approvals.models import AuditEvent
 from apps.approvals.services import approval_revoke, experiment_approve
+from apps.audit.models import AuditEvent
 from apps.runs.services import experiment_cancel, experiment_mark_analysed, experiment_start
 from tests.experiments.factories import UserFactory, make_experiment
 from tests.runs.factories import make_host

@@ -6,8 +6,9 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 
 from apps.approvals import manifest as mf
-from apps.approvals.models import Approval, AuditEvent, RollbackManifest
+from apps.approvals.models import Approval, RollbackManifest
 from apps.approvals.services import ApprovalError, experiment_approve, experiment_reject
+from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.runs.models import Run
 from tests.experiments.factories import UserFactory

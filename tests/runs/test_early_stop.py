@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from apps.analysis.services import experiment_analyse, experiment_report_build
-from apps.approvals.models import AuditEvent
+from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.gate.verdict import gate_verdict
 from apps.runs.early_stop import experiment_skip_after_invalid, experiment_skip_doomed

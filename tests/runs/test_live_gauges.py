@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from apps.experiments import selectors
-from apps.runs.gauges import latest_gauges
 from apps.runs.models import Run
 from tests.experiments.factories import make_experiment
+from workers.engine.gauges import latest_gauges
 from workers.pipeline import _Watcher
 
 

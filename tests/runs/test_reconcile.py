@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from apps.approvals.models import AuditEvent
+from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.models import Run

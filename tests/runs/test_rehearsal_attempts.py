@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from apps.analysis.report_types import Report
 from apps.approvals.manifest_types import ManifestContent
-from apps.approvals.models import AuditEvent
 from apps.approvals.services import approval_revoke, experiment_approve
+from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.models import RequestRecord, Run

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from tests.experiments.factories import make_experiment
 
 

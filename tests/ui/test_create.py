@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from apps.approvals.models import AuditEvent
+from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment, TraceUpload
 from apps.experiments.uploads import trace_upload_import
 from apps.runs.dispatch import IMPORT_TRACE

@@ -8,7 +8,7 @@ import pytest
 
 from apps.analysis.models import Decision
 from apps.analysis.rehearsal import rehearsal_measures
-from apps.approvals.models import AuditEvent
+from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.runs.models import Run
 from tests.analysis.test_rehearsal_measures import CLASSES, rec

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from apps.runs.gauges import latest_gauges
+from workers.engine.gauges import latest_gauges
 from workers.engine.scrape import parse_metrics
 
 KV_TOLERANCE = 0.005  # KV use is a fraction (0-1): half a percentage point

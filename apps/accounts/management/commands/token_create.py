@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.accounts.tokens import SCOPES, TokenError, token_create
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 
 
 class Command(BaseCommand):

@@ -34,7 +34,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from django.utils import timezone
 
-from apps.approvals.audit import audit_record
+from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, RunsRefused
 from apps.runs.models import MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow

@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextvars import ContextVar, Token
 from typing import Any
 
-from apps.approvals.models import AuditEvent
+from apps.audit.models import AuditEvent
 
 # The API token a request acts through (apps/api/base.py binds it per request): every audit
 # event written meanwhile names it, so a change made by a CI job says which token made it.
