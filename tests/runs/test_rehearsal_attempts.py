@@ -24,6 +24,7 @@ from apps.experiments.models import Experiment
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.models import RequestRecord, Run
 from apps.runs.rehearsal import RehearsalError, rehearsal_due, rehearsal_start
+from tests.analysis.factories import analysis_spec
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment
 from tests.runs.factories import make_host
@@ -88,8 +89,9 @@ def rehearsed_once(monkeypatch, author):  # type: ignore[no-untyped-def]
     """The decision proposes C1; the analysis queued its rehearsal, which B0 did not recover from."""
     hold_tasks(monkeypatch, HOST_PULL, ANALYSE_EXPERIMENT)
     make_host()
-    # Enough requests per run for C1's lower TTFT to be a material, family-wise significant gain.
-    experiment = analysed(make_experiment(owner=author, name="rehearsed"), per_run=200)
+    # Enough requests per run, and three repeats (one has no spread between runs to weigh a
+    # gain against), for C1's lower TTFT to be a material, family-wise significant gain.
+    experiment = analysed(make_experiment(owner=author, name="rehearsed", **analysis_spec(3)), per_run=200)
     assert experiment.decision.chosen_cell == "C1"
     Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
     first = rehearsal_due(experiment_id=experiment.pk, chosen_cell="C1")
