@@ -92,12 +92,15 @@ def test_it_calls_a_candidate_above_a_censored_b0s_lower_bound_the_same():
     draws = 2000
     base = _rows([np.inf] * (1 + 3 + draws), [1000.0] * (1 + 3 + draws))
     cand = _rows([1500.0] * (1 + 3 + draws))
-    v = judge("e2e_p99_ms", cand, base, n_rep=3, options=CompareOptions())
+    fit = inference.rounds_fit({"B0": [1000.0] * 3, "C1": [1500.0] * 3})  # B0's bounds stand in
+    v = judge("e2e_p99_ms", cand, base, n_rep=3, options=CompareOptions(), fit=fit)
     assert v["direction"] == "same" and not v["worse"]
     assert v["p_better"] == 1.0, "a candidate above B0's lower bound is no evidence of a gain"
     assert v["b0_censored"] and v["b0_above"] == 1000.0
     # And one observed below B0's bound is a gain worth testing.
-    below = judge("e2e_p99_ms", _rows([800.0] * (1 + 3 + draws)), base, n_rep=3, options=CompareOptions())
+    below = judge(
+        "e2e_p99_ms", _rows([800.0] * (1 + 3 + draws)), base, n_rep=3, options=CompareOptions(), fit=fit
+    )
     assert below["p_better"] < 0.001 and below["improvement"] == 200.0
 
 
@@ -251,3 +254,140 @@ def test_it_reports_the_repeats_worse_test_beside_the_bootstrap():
     cand = Rows(hi=np.array([3.0, 3.0, 3.1]), lo=np.array([3.0, 3.0, 3.1]))
     out = judge("ttft_p99_ms", cand, rows, n_rep=2, options=CompareOptions())
     assert out["p_worse_repeats"] is not None and out["p_worse_repeats"] < 0.01
+
+
+# The run-level model (inference.rounds_fit and what reads it). A 2 x 3 table worked by hand: on
+# the log scale A = [0, 1, 2] and B = [1, 1, 4]. Cell means 1 and 2, round means 0.5, 1 and 3,
+# grand mean 1.5; the residuals are A [0, 0.5, -0.5] and B [0, -0.5, 0.5], so the residual sum of
+# squares is 1 over (2 - 1) x (3 - 1) = 2 degrees of freedom: sd = sqrt(1/2).
+LOG_A = [0.0, 1.0, 2.0]
+LOG_B = [1.0, 1.0, 4.0]
+RUNS_A = np.exp(LOG_A)
+RUNS_B = np.exp(LOG_B)
+
+
+def _t2_cdf(t: float) -> float:
+    """Student's t with 2 degrees of freedom has a closed form: 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 0.5 + t / (2 * (2 + t * t) ** 0.5)
+
+
+def _t2_ppf(p: float) -> float:
+    return (2 * p - 1) / (2 * p * (1 - p)) ** 0.5
+
+
+def test_it_fits_cells_and_rounds_and_pools_the_run_noise():
+    fit = inference.rounds_fit({"A": RUNS_A, "B": RUNS_B})
+    assert fit is not None
+    assert (fit.scale, fit.rounds, fit.cells, fit.df) == ("log", 3, ("A", "B"), 2)
+    assert fit.sd == pytest.approx(0.5**0.5)
+    # A round shared by every cell is the round effect: it leaves the fit unchanged.
+    shifted = inference.rounds_fit({"A": RUNS_A * [1.0, 3.0, 0.5], "B": RUNS_B * [1.0, 3.0, 0.5]})
+    assert shifted is not None and shifted.sd == pytest.approx(fit.sd)
+    # A zero puts the fit on the plain scale: the same table read as plain values.
+    plain = inference.rounds_fit({"A": LOG_A, "B": LOG_B})
+    assert plain is not None and plain.scale == "plain" and plain.sd == pytest.approx(0.5**0.5)
+
+
+def test_it_leaves_censored_and_missing_rounds_out_of_the_fit():
+    with_censored = inference.rounds_fit({"A": RUNS_A, "B": RUNS_B, "C": [1.0, np.inf, 2.0]})
+    assert with_censored is not None and with_censored.cells == ("A", "B") and with_censored.df == 2
+    assert inference.rounds_fit({"A": RUNS_A, "B": RUNS_B, "C": [1.0, np.nan, 2.0]}).cells == ("A", "B")
+    # One complete cell, or one round: no spread between runs to estimate.
+    assert inference.rounds_fit({"A": RUNS_A, "B": [1.0, np.inf, 2.0]}) is None
+    assert inference.rounds_fit({"A": [1.0], "B": [2.0]}) is None
+    assert inference.rounds_fit({"A": RUNS_A, "B": RUNS_B[:2]}) is None
+
+
+def test_it_compares_a_candidate_with_b0_round_by_round():
+    fit = inference.rounds_fit({"A": RUNS_A, "B": RUNS_B})
+    assert fit is not None
+    # B - A per round: [1, 0, 2], mean 1; its own sd (variance 1, over 2) equals the pool's, so
+    # SE = sqrt(2 x 1/2 / 3) = 1/sqrt(3) and t = sqrt(3) on 2 degrees of freedom.
+    out = inference.rounds_compare(fit, RUNS_B, RUNS_A, higher_is_better=False, confidence=0.95)
+    assert out is not None
+    assert out.diff == pytest.approx(1.0) and out.se == pytest.approx(3**-0.5) and out.df == 2
+    assert out.p_worse == pytest.approx(1 - _t2_cdf(3**0.5))  # 0.1127
+    assert out.p_better == pytest.approx(_t2_cdf(3**0.5))
+    half = _t2_ppf(0.975) * 3**-0.5  # 4.3027 x 0.5774
+    assert out.ci == pytest.approx((1.0 - half, 1.0 + half))
+    # Higher is better (goodput): the same difference is a gain.
+    up = inference.rounds_compare(fit, RUNS_B, RUNS_A, higher_is_better=True, confidence=0.95)
+    assert up is not None and up.p_better == pytest.approx(out.p_worse)
+
+
+def test_it_judges_a_pair_noisier_than_the_pool_by_its_own_spread():
+    calm = inference.RoundsFit(scale="log", rounds=3, cells=("A", "B"), df=2, sd=0.1)
+    out = inference.rounds_compare(calm, RUNS_B, RUNS_A, higher_is_better=False, confidence=0.95)
+    assert (
+        out is not None
+        and out.sd == pytest.approx(0.5**0.5)
+        and out.p_worse == pytest.approx(0.1127, abs=1e-4)
+    )
+    # No spread anywhere (a pool and a pair that never vary): the sign of the difference decides.
+    still = inference.RoundsFit(scale="log", rounds=3, cells=("A", "B"), df=2, sd=0.0)
+    same = inference.rounds_compare(
+        still, [2.0, 2.0, 2.0], [1.0, 1.0, 1.0], higher_is_better=False, confidence=0.95
+    )
+    assert same is not None and (same.p_worse, same.p_better) == (0.0, 1.0)
+
+
+def test_it_lets_an_unbounded_run_support_no_claim_and_refuses_what_does_not_fit():
+    fit = inference.rounds_fit({"A": RUNS_A, "B": RUNS_B})
+    assert fit is not None
+    out = inference.rounds_compare(fit, [1.0, np.inf, 2.0], RUNS_A, higher_is_better=False, confidence=0.95)
+    assert out is not None and (out.p_better, out.p_worse) == (1.0, 1.0)
+    assert out.ci == (-np.inf, np.inf)
+    assert (
+        inference.rounds_compare(fit, RUNS_B[:2], RUNS_A[:2], higher_is_better=False, confidence=0.95) is None
+    )
+    assert (
+        inference.rounds_compare(fit, [0.0, 1.0, 2.0], RUNS_A, higher_is_better=False, confidence=0.95)
+        is None
+    )
+    assert (
+        inference.rounds_compare(fit, [np.nan, 1.0, 2.0], RUNS_A, higher_is_better=False, confidence=0.95)
+        is None
+    )
+
+
+def test_it_measures_the_spread_between_whole_runs():
+    assert inference.run_spread(RUNS_A) == pytest.approx(1.0)  # SD of [0, 1, 2]
+    # Unbounded, zero and unknown values are no run's value; one repeat has no spread.
+    assert inference.run_spread([1.0, np.inf, 0.0, np.e, np.nan]) == pytest.approx(0.5**0.5)
+    assert inference.run_spread([5.0]) is None
+    assert inference.run_spread([5.0, np.inf]) is None
+    # An A/A pair: the SD of the per-round log differences [1, 0, 2] over sqrt(2).
+    assert inference.pair_spread(RUNS_B, RUNS_A) == pytest.approx(0.5**0.5)
+    assert inference.pair_spread([2.0, np.inf, 3.0], [1.0, 1.0, np.nan]) is None
+
+
+def test_it_states_the_smallest_change_the_run_level_test_finds():
+    # (t(0.95, 2) + t(0.8, 2)) x sqrt(2 x 0.5^2 / 3) = (2.9200 + 1.0607) x 0.4082 = 1.6251.
+    crit = _t2_ppf(0.95) + _t2_ppf(0.8)
+    got = inference.rounds_detectable(0.5, rounds=3, df=2, alpha=0.05, family=1)
+    assert got == pytest.approx(crit * (2 * 0.25 / 3) ** 0.5)
+    assert got == pytest.approx(1.6251, abs=1e-4)
+    assert inference.rounds_detectable(0.5, rounds=1, df=2, alpha=0.05, family=1) == np.inf
+    assert inference.rounds_detectable(0.5, rounds=3, df=0, alpha=0.05, family=1) == np.inf
+    assert inference.rounds_detectable(np.inf, rounds=3, df=2, alpha=0.05, family=1) == np.inf
+    # A larger family asks for a stricter level: a larger change.
+    assert inference.rounds_detectable(0.5, rounds=3, df=2, alpha=0.05, family=6) > got
+
+
+def test_it_counts_the_repeats_a_change_needs():
+    # A 40% change is |ln 0.6| = 0.511 on the log scale. Runs spread by 0.1, two cells: two rounds
+    # (df 1) reach (t(0.95, 1) + t(0.8, 1)) x 0.1 = (6.314 + 1.376) x 0.1 = 0.769, too little;
+    # three rounds (df 2) reach 3.981 x 0.0816 = 0.325.
+    assert inference.repeats_needed(0.1, 0.4, cells=2, alpha=0.05, family=1) == 3
+    # Runs spread by 0.25, four cells, a family of six (alpha 0.05 / 6): six rounds (df 15) reach
+    # (t(0.99167, 15) + t(0.8, 15)) x 0.25 x sqrt(2/6) = (2.694 + 0.866) x 0.1443 = 0.514, just short
+    # of 0.511; seven (df 18) reach (2.639 + 0.862) x 0.1336 = 0.468.
+    assert inference.repeats_needed(0.25, 0.4, cells=4, alpha=0.05, family=6) == 7
+    assert inference.rounds_detectable(0.25, rounds=6, df=15, alpha=0.05, family=6) == pytest.approx(
+        0.5138, abs=1e-4
+    )
+    # Unknown spread, a change outside (0, 1), or more than 200 rounds: no number.
+    assert inference.repeats_needed(np.inf, 0.4, cells=4, alpha=0.05, family=6) is None
+    assert inference.repeats_needed(0.25, 0.0, cells=4, alpha=0.05, family=6) is None
+    assert inference.repeats_needed(0.25, 1.0, cells=4, alpha=0.05, family=6) is None
+    assert inference.repeats_needed(5.0, 0.4, cells=4, alpha=0.05, family=6) is None
