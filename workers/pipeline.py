@@ -45,7 +45,6 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.experiments.generation import request_sampling
 from apps.experiments.models import Experiment, ServerConfig
 from apps.runs.hosts import host_register_local
@@ -63,6 +62,7 @@ from workers.engine.procs import proc_info
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
 from workers.quality import sweep_probe
 from workers.rehearsal import rehearsal_execute
+from workers.replay.config import ReplayConfig
 from workers.replay.run import processes_for, run_replay
 from workers.slot import ServerSlot
 
@@ -282,7 +282,7 @@ def _execute_claimed(
         if slot.server is None:
             Host.objects.filter(pk=host.pk).update(server_pids=[], worker_pid=None, worker_pid_start=None)
         host_release(host=host, run=run)
-        if not run.scenario:
+        if run.kind == Run.Kind.SWEEP:
             try:
                 from apps.runs.early_stop import experiment_skip_after_invalid, experiment_skip_doomed
 
@@ -299,7 +299,7 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
     Run.objects.filter(pk=run.pk).update(log_path=str(log_path))
     stop = threading.Event()
     model = str(tokenizer_dir(experiment.model_path))
-    if run.scenario == REHEARSAL_SCENARIO:
+    if run.kind == Run.Kind.REHEARSAL:
         slot.close()  # a rehearsal starts two servers of its own; one candidate at a time
         if run.cell.engine:
             _finish(run.pk, Run.Status.FAILED, "refused before start: a rollback rehearsal of a candidate "
@@ -319,7 +319,7 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
                 watcher=watcher,
             )
     else:
-        reuse = not run.scenario and reuse_enabled(experiment)
+        reuse = run.kind == Run.Kind.SWEEP and reuse_enabled(experiment)
         key = (run.experiment_id, run.cell_id, run.repeat)
         kept = slot.take(key) if reuse else None
         if kept is None:
@@ -472,10 +472,7 @@ def _with_server(
         watcher.scraper, watcher.log_path = scraper, server.log_path
         watcher.origin = time.monotonic()
         workload = run.experiment.workload
-        result = run_replay(
-            requests,
-            isolated=True,
-            processes=processes_for(requests),
+        config = ReplayConfig(
             base_url=server.base_url,
             model=server.served_model_name,
             run_id=str(run.run_id),
@@ -483,11 +480,12 @@ def _with_server(
             observation_s=run.observation_seconds,
             drain_deadline_s=run.drain_deadline_seconds,
             max_dispatch_lag_ms=workload.max_dispatch_lag_ms,
-            on_batch=on_batch,
-            stop=stop,
             extra_body=request_sampling(run.experiment.generation),
             output_mode=workload.output_mode,
+            processes=processes_for(requests),
+            isolated=True,
         )
+        result = run_replay(requests, config, on_batch=on_batch, stop=stop)
         scraper.stop_during()
         try:
             scraper.scrape("after")

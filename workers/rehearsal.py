@@ -54,6 +54,7 @@ from apps.workloads.services import trace_load
 from workers.engine.launcher import HostConfig
 from workers.engine.scrape import Scraper
 from workers.engine.server import EngineError, EngineFailed, EngineServer, read_tail
+from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 
 log = logging.getLogger(__name__)
@@ -357,9 +358,7 @@ def _replay(
     switcher.start()
     watcher.origin = time.monotonic() + ORIGIN_LEAD_S
     try:
-        result = run_replay(
-            requests,
-            isolated=True,
+        config = ReplayConfig(
             base_url=router or candidate.base_url,
             model=candidate.served_model_name,
             run_id=str(run.run_id),
@@ -367,11 +366,9 @@ def _replay(
             observation_s=run.observation_seconds,
             drain_deadline_s=run.drain_deadline_seconds,
             max_dispatch_lag_ms=run.experiment.workload.max_dispatch_lag_ms,
-            on_batch=on_batch,
-            stop=stop,
-            origin_ns=origin_ns,
             extra_body=request_sampling(run.experiment.generation),
             output_mode=run.experiment.workload.output_mode,
+            isolated=True,
             rehearsal={
                 "switch_at_s": switch_s,
                 "cut_after_s": run.drain_deadline_seconds,
@@ -380,6 +377,7 @@ def _replay(
                 "backend_header": route.backend_header if route is not None else None,
             },
         )
+        result = run_replay(requests, config, on_batch=on_batch, stop=stop, origin_ns=origin_ns)
     finally:
         done.set()
         if switcher.is_alive() and cold and not b0_up.is_set():

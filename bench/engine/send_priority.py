@@ -4,7 +4,7 @@ The gate's starved candidate (``max_num_seqs: 1``) under the gate test's traffic
 was when this was measured (40 s of the shipped Azure conversation trace from 208 s, every
 request, ~5.6 req/s, sizes capped to the 2,048-token context as the importer caps them; the test
 now replays the first 20 s) keeps the CPU engine busy through the whole run. This replays that
-window through the worker's path (a child process, ``run_replay(isolated=True)``) in
+window through the worker's path (a child process, ``ReplayConfig(isolated=True)``) in
 alternating order, the child in the normal class (``TAILTUNE_REPLAY_REALTIME=0``) and in the
 real-time class, against one server, and records:
 
@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 from bench.engine.common import ENGINE_DIR, MODEL, write_report  # noqa: E402
 from workers.engine.launcher import cpu_engine_host  # noqa: E402
 from workers.engine.server import EngineServer  # noqa: E402
+from workers.replay.config import ReplayConfig  # noqa: E402
 from workers.replay.run import run_replay  # noqa: E402
 from workers.replay.runtime import REALTIME_ENV  # noqa: E402
 
@@ -106,8 +107,7 @@ def main() -> None:
                     ),
                 ]
                 started = time.monotonic()
-                result = run_replay(
-                    requests,
+                config = ReplayConfig(
                     base_url=server.base_url,
                     model=str(MODEL),
                     run_id=f"bench-{round_}-{realtime}",
@@ -117,6 +117,7 @@ def main() -> None:
                     max_dispatch_lag_ms=5000,
                     isolated=True,
                 )
+                result = run_replay(requests, config)
                 # Let the server drain before the next arm, with the probes still watching.
                 while time.monotonic() - started < span:
                     time.sleep(1)

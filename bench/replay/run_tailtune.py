@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 
 
@@ -76,8 +77,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     before = resource.getrusage(resource.RUSAGE_SELF)
     wall = time.perf_counter()
-    result = run_replay(
-        requests,
+    config = ReplayConfig(
         base_url=args.base_url,
         model=args.model,
         run_id="bench",
@@ -88,6 +88,7 @@ def main() -> None:
         processes=args.processes,
         isolated=not args.in_process,
     )
+    result = run_replay(requests, config)
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

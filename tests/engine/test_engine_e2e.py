@@ -17,10 +17,12 @@ import httpx
 import pytest
 
 from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
+from tests.waiting import wait_for
 from workers.engine import procs
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.scrape import Scraper, counter_delta, gauge_series
 from workers.engine.server import EngineFailed, EngineServer
+from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 
 pytestmark = ENGINE_MARKS
@@ -154,23 +156,32 @@ def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(
                 replay = pool.submit(
                     run_replay,
                     burst,
-                    base_url=server.base_url,
-                    model="tiny",
-                    run_id="preempt",
-                    warmup_s=0.0,
-                    observation_s=1.0,
-                    drain_deadline_s=240.0,
-                    max_dispatch_lag_ms=1000.0,
-                    extra_body={"temperature": 0.0},
-                    isolated=True,
+                    ReplayConfig(
+                        base_url=server.base_url,
+                        model="tiny",
+                        run_id="preempt",
+                        warmup_s=0.0,
+                        observation_s=1.0,
+                        drain_deadline_s=240.0,
+                        max_dispatch_lag_ms=1000.0,
+                        extra_body={"temperature": 0.0},
+                        isolated=True,
+                    ),
                 )
+
                 # Besides the background thread's timed scrapes (which a loaded machine can
                 # delay past a short burst), scrape while the burst is surely in flight.
-                while not replay.done():
+                # Preempted requests go back to waiting: keep looking until one runs (or all ended).
+                def running_seen() -> bool:
                     rows = scraper.scrape("during")
-                    if any(r["name"] == "vllm:num_requests_running" and r["value"] > 0 for r in rows):
-                        break
-                    time.sleep(0.1)  # preempted requests go back to waiting: keep looking until one runs
+                    return any(r["name"] == "vllm:num_requests_running" and r["value"] > 0 for r in rows)
+
+                wait_for(
+                    lambda: replay.done() or running_seen(),
+                    600,
+                    interval_s=0.1,
+                    what="the burst seen running",
+                )
                 long_runs = replay.result().records
             scraper.stop_during()
             scraper.scrape("after")
@@ -216,9 +227,7 @@ def test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill(
         assert server.failure() is None
         api_server = next(p for p in procs.tree(server.pgid) if p.ppid == server.pgid)
         os.kill(api_server.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while server.failure() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(server.failure, 30, interval_s=0.2, what="the killed server noticed")
         with pytest.raises(EngineFailed) as info:
             server.check_alive()
         assert "killed by SIGKILL" in info.value.reason

@@ -9,9 +9,14 @@ import pytest
 
 from tests.replay.helpers import make_requests
 from tests.replay.mockserver import Behaviour, MockConfig, MockServer
+from tests.waiting import wait_for
 from workers.replay.client import ReplayResult, request_body
+from workers.replay.config import ReplayConfig
 from workers.replay.records import RequestRecord
 from workers.replay.run import run_replay
+
+# run_replay's own keywords: the caller's hooks, not the replay's configuration.
+HOOKS = ("on_batch", "on_progress", "stop", "origin_ns")
 
 
 def _replay(requests: list[dict[str, Any]], base_url: str, **overrides: Any) -> ReplayResult:
@@ -26,18 +31,14 @@ def _replay(requests: list[dict[str, Any]], base_url: str, **overrides: Any) -> 
         "max_dispatch_lag_ms": 1000.0,
         "batch_interval_s": 0.05,
     }
+    hooks = {name: overrides.pop(name) for name in HOOKS if name in overrides}
     options.update(overrides)
-    return run_replay(requests, **options)
+    return run_replay(requests, ReplayConfig(**options), **hooks)
 
 
-def _wait_for(predicate: Any, timeout_s: float = 5.0) -> bool:
+def _wait_disconnected(entry: Any) -> None:
     # The server notices a disconnect on its own thread, a moment after the client closes.
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
+    wait_for(lambda: entry.disconnected, 5, interval_s=0.01, what="the server saw the client disconnect")
 
 
 def test_it_counts_tokens_from_usage_when_a_chunk_carries_several(mock_config: MockConfig) -> None:
@@ -94,7 +95,7 @@ def test_it_marks_a_cancelled_request_and_the_server_sees_the_disconnect(mock_co
         result = _replay(requests, server.base_url)
         entry = server.entry(1)
         assert entry is not None
-        assert _wait_for(lambda: entry.disconnected)
+        _wait_disconnected(entry)
         finished = server.entry(0)
     record = result.records[1]
     assert record.cancelled and not record.ok and not record.unfinished
@@ -113,7 +114,7 @@ def test_it_marks_a_stream_open_at_the_drain_deadline_unfinished_and_closes_it(
         result = _replay(requests, server.base_url, observation_s=0.05, drain_deadline_s=0.3)
         entry = server.entry(1)
         assert entry is not None
-        assert _wait_for(lambda: entry.disconnected)
+        _wait_disconnected(entry)
     slow = result.records[1]
     assert slow.unfinished and not slow.ok and not slow.cancelled
     # What arrived before the deadline is kept: the first token, not all 20.

@@ -10,10 +10,11 @@ import pytest
 
 from tests.replay.helpers import make_requests
 from tests.replay.mockserver import MockServer
+from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 from workers.replay.shard import ReplayProcessError
 
-OPTIONS = {
+OPTIONS: dict[str, Any] = {
     "model": "mock",
     "run_id": "run-iso",
     "warmup_s": 0.0,
@@ -24,15 +25,17 @@ OPTIONS = {
 }
 
 
+def _config(base_url: str, observation_s: float, **overrides: Any) -> ReplayConfig:
+    return ReplayConfig(base_url=base_url, observation_s=observation_s, **{**OPTIONS, **overrides})
+
+
 def test_it_returns_every_record_once_through_batches(mock_server: MockServer) -> None:
     requests = make_requests(20, spacing_s=0.01, output_tokens=5)
     batches: list[list[int]] = []
     result = run_replay(
         requests,
-        base_url=mock_server.base_url,
-        observation_s=0.5,
+        _config(mock_server.base_url, 0.5),
         on_batch=lambda batch: batches.append([r.index for r in batch]),
-        **OPTIONS,
     )
     seen = [i for batch in batches for i in batch]
     assert sorted(seen) == list(range(20))
@@ -45,12 +48,12 @@ def test_the_result_says_the_send_loops_scheduling_class(
     mock_server: MockServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     requests = make_requests(4, spacing_s=0.01, output_tokens=2)
-    result = run_replay(requests, base_url=mock_server.base_url, observation_s=0.1, **OPTIONS)
+    result = run_replay(requests, _config(mock_server.base_url, 0.1))
     # As the child reported it (test_runtime.py checks the report against the kernel).
     assert result.send_priority == "realtime" or str(result.send_priority).startswith("normal (")
     assert result.summary()["send_priority"] == result.send_priority
     monkeypatch.setenv("TAILTUNE_REPLAY_REALTIME", "0")
-    result = run_replay(requests, base_url=mock_server.base_url, observation_s=0.1, **OPTIONS)
+    result = run_replay(requests, _config(mock_server.base_url, 0.1))
     assert result.send_priority == "normal (TAILTUNE_REPLAY_REALTIME=0)"
 
 
@@ -59,7 +62,7 @@ def test_it_stops_when_asked(mock_server: MockServer) -> None:
     stop = threading.Event()
     threading.Timer(0.5, stop.set).start()
     started = time.monotonic()
-    result = run_replay(requests, base_url=mock_server.base_url, observation_s=10.0, stop=stop, **OPTIONS)
+    result = run_replay(requests, _config(mock_server.base_url, 10.0), stop=stop)
     assert time.monotonic() - started < 8.0
     assert result.stopped
     assert len(result.records) == 200  # the unsent ones are records too
@@ -69,9 +72,7 @@ def test_it_stops_when_asked(mock_server: MockServer) -> None:
 def test_every_request_carries_the_sampling_fields_and_the_result_says_which(mock_server: MockServer) -> None:
     requests = make_requests(6, spacing_s=0.01, output_tokens=3)
     sampling = {"seed": 5, "temperature": 0.0, "top_p": 0.9}
-    result = run_replay(
-        requests, base_url=mock_server.base_url, observation_s=0.2, extra_body=sampling, **OPTIONS
-    )
+    result = run_replay(requests, _config(mock_server.base_url, 0.2, extra_body=sampling))
     assert result.sent == 6 and result.extra_body == sampling
     assert [e.sampling for e in mock_server.log] == [sampling] * 6
 
@@ -90,9 +91,7 @@ def test_a_child_that_dies_fails_the_run_with_its_exit_code(
 
     monkeypatch.setattr("workers.replay.shard.subprocess.Popen", popen_that_dies)
     with pytest.raises(ReplayProcessError, match="exit 3"):
-        run_replay(
-            make_requests(5, output_tokens=2), base_url=mock_server.base_url, observation_s=0.1, **OPTIONS
-        )
+        run_replay(make_requests(5, output_tokens=2), _config(mock_server.base_url, 0.1))
 
 
 def test_records_of_a_process_that_died_are_marked_not_sent(
@@ -111,13 +110,8 @@ def test_records_of_a_process_that_died_are_marked_not_sent(
         return real_popen(args, **kwargs)
 
     monkeypatch.setattr("workers.replay.shard.subprocess.Popen", second_dies)
-    options = {**OPTIONS, "isolated": False}
     result = run_replay(
-        make_requests(6, output_tokens=2),
-        base_url=mock_server.base_url,
-        observation_s=0.2,
-        processes=2,
-        **options,
+        make_requests(6, output_tokens=2), _config(mock_server.base_url, 0.2, processes=2, isolated=False)
     )
     lost = [r for r in result.records if not r.sent]
     assert sorted(r.index for r in lost) == [1, 3, 5]
@@ -151,10 +145,8 @@ def test_a_child_that_never_gets_ready_fails_the_run_instead_of_hanging_it(
     with pytest.raises(ReplayProcessError, match="not ready within 0.5 s"):
         run_replay(
             make_requests(4, output_tokens=2),
-            base_url=mock_server.base_url,
-            observation_s=0.1,
+            _config(mock_server.base_url, 0.1),
             on_batch=lambda batch: batches.extend(r.index for r in batch if not r.sent),
-            **OPTIONS,
         )
     assert time.monotonic() - started < 30
     assert sorted(batches) == [0, 1, 2, 3]

@@ -9,13 +9,13 @@ from tests.replay.helpers import make_requests
 from tests.replay.mockserver import Behaviour, MockConfig, MockServer
 from tests.support_router import running_router
 from workers.engine.launcher import free_port
+from workers.replay.config import ReplayConfig
 from workers.replay.rehearsal import CUT_ERROR
 from workers.replay.run import run_replay
 
 
-def _replay(requests, base_url, rehearsal, **kw):
-    return run_replay(
-        requests,
+def _replay(requests, base_url, rehearsal, origin_ns=None, **kw):
+    config = ReplayConfig(
         base_url=base_url,
         model="mock",
         run_id="rh",
@@ -26,6 +26,7 @@ def _replay(requests, base_url, rehearsal, **kw):
         rehearsal=rehearsal,
         **kw,
     )
+    return run_replay(requests, config, origin_ns=origin_ns)
 
 
 def test_switch_routes_new_requests_to_b0_and_cuts_open_streams_at_the_deadline():

@@ -12,6 +12,7 @@ from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.server import EngineServer
 from workers.quality import run_probe
+from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 
 pytestmark = ENGINE_MARKS
@@ -50,14 +51,16 @@ def test_it_replays_a_trace_with_exact_token_counts(tmp_path: Path) -> None:
         # In its own process, as a worker runs it.
         result = run_replay(
             requests,
-            base_url=server.base_url,
-            model="tiny",
-            run_id="engine",
-            warmup_s=0.0,
-            observation_s=1.6,
-            drain_deadline_s=120.0,
-            max_dispatch_lag_ms=1000.0,
-            isolated=True,
+            ReplayConfig(
+                base_url=server.base_url,
+                model="tiny",
+                run_id="engine",
+                warmup_s=0.0,
+                observation_s=1.6,
+                drain_deadline_s=120.0,
+                max_dispatch_lag_ms=1000.0,
+                isolated=True,
+            ),
         )
         # The same server, the quality probe twice: B0 against itself must agree fully.
         probe_requests = [{**r, "output_tokens": 12} for r in _trace(4)]
@@ -68,15 +71,17 @@ def test_it_replays_a_trace_with_exact_token_counts(tmp_path: Path) -> None:
         capped = [{**r, "output_tokens": 200} for r in _trace(8)]
         natural = run_replay(
             capped,
-            base_url=server.base_url,
-            model="tiny",
-            run_id="engine-natural",
-            warmup_s=0.0,
-            observation_s=1.6,
-            drain_deadline_s=120.0,
-            max_dispatch_lag_ms=1000.0,
-            extra_body={"temperature": 0.0},
-            output_mode="natural",
+            ReplayConfig(
+                base_url=server.base_url,
+                model="tiny",
+                run_id="engine-natural",
+                warmup_s=0.0,
+                observation_s=1.6,
+                drain_deadline_s=120.0,
+                max_dispatch_lag_ms=1000.0,
+                extra_body={"temperature": 0.0},
+                output_mode="natural",
+            ),
         )
     for record in result.records:
         if record.index == 5:

@@ -13,6 +13,7 @@ import pytest
 from tests.replay.helpers import make_requests
 from tests.replay.mockserver import MockServer
 from workers.replay import rawhttp
+from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 from workers.replay.runtime import burst_size, quiet_interpreter
 
@@ -42,9 +43,8 @@ def test_a_burst_goes_out_on_connections_opened_before_it_was_due(mock_server: M
         for i, r in enumerate(make_requests(50, output_tokens=3))
     ]
     origin = time.perf_counter_ns() + 500_000_000
-    result = run_replay(
-        requests, base_url=mock_server.base_url, observation_s=1.0, origin_ns=origin, **OPTIONS
-    )
+    config = ReplayConfig(base_url=mock_server.base_url, observation_s=1.0, **OPTIONS)
+    result = run_replay(requests, config, origin_ns=origin)
     assert result.ok == 50, [r.error for r in result.records if not r.ok]
     assert not any("spare connections" in note for note in result.notes), result.notes
     due = {r.index: origin + r.planned_ns for r in result.records}
@@ -75,9 +75,8 @@ def test_a_send_that_waits_on_a_connect_counts_the_wait_as_lag(
 
     monkeypatch.setattr(rawhttp.Pool, "_open", open_slowly)
     monkeypatch.setattr(rawhttp.Pool, "warm", no_spares)
-    result = run_replay(
-        make_requests(1, output_tokens=2), base_url=mock_server.base_url, observation_s=0.1, **OPTIONS
-    )
+    config = ReplayConfig(base_url=mock_server.base_url, observation_s=0.1, **OPTIONS)
+    result = run_replay(make_requests(1, output_tokens=2), config)
     record = result.records[0]
     assert record.ok, record.error
     assert record.sent_ns is not None and record.sent_ns - record.planned_ns >= 300_000_000

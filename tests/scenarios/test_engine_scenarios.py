@@ -49,6 +49,7 @@ from workers.engine.launcher import cpu_engine_host
 from workers.engine.scrape import Scraper
 from workers.engine.server import EngineServer
 from workers.pipeline import run_execute
+from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 
 ENGINE_DIR = Path(settings.ENGINE_DIR)
@@ -148,13 +149,15 @@ def _replay(
         with witness:
             result = run_replay(
                 [r.to_json() for r in trace.requests],
-                base_url=server.base_url,
-                model=server.served_model_name,
-                run_id=run_id,
-                warmup_s=meta["warmup_s"],
-                observation_s=meta["observation_s"],
-                drain_deadline_s=meta["drain_deadline_s"],
-                max_dispatch_lag_ms=1000,
+                ReplayConfig(
+                    base_url=server.base_url,
+                    model=server.served_model_name,
+                    run_id=run_id,
+                    warmup_s=meta["warmup_s"],
+                    observation_s=meta["observation_s"],
+                    drain_deadline_s=meta["drain_deadline_s"],
+                    max_dispatch_lag_ms=1000,
+                ),
             )
         scraper.stop_during()
         scraper.scrape("after")

@@ -19,8 +19,8 @@ Either way, requests sent before the switch keep streaming until
 then closes the ones still open and records them as **cut** (``cut`` and
 ``unfinished``: they never ended, and were ended on purpose).
 
-Pure client code: no Django. The options arrive as one JSON mapping (it
-crosses into the replay's own process)::
+Pure client code: no Django. The options arrive as one JSON mapping
+(:class:`workers.replay.config.RehearsalOptions`; it crosses into the replay's own process)::
 
     {"switch_at_s": 30.0, "cut_after_s": 15.0,
      "b0_url": "http://127.0.0.1:8102",        # own client; None with a router
@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 from workers.replay import rawhttp
 from workers.replay.client import _Replay, perf_ns
+from workers.replay.config import RehearsalOptions
 from workers.replay.records import RequestRecord
 
 CUT_ERROR = "cut at the drain deadline after the switch"
@@ -70,7 +71,7 @@ class RehearsalReplay(_Replay):
     """An open-loop replay whose backend changes at the switch (see the module docstring)."""
 
     def __init__(
-        self, requests: Sequence[dict[str, Any]], *, rehearsal: dict[str, Any], **kwargs: Any
+        self, requests: Sequence[dict[str, Any]], *, rehearsal: RehearsalOptions, **kwargs: Any
     ) -> None:
         super().__init__(requests, **kwargs)
         self.switch_ns = round(float(rehearsal["switch_at_s"]) * 1e9)

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from workers.replay.client import ENDPOINTS
+from workers.replay.config import ReplayConfig
 from workers.replay.records import RequestRecord
 from workers.replay.run import run_replay
 from workers.replay.summary import class_summary, format_table
@@ -104,8 +105,7 @@ class Command(BaseCommand):
             f"warm-up {warmup_s:g} s, observation {observation_s:g} s, drain {drain_s:g} s"
         )
         with out:
-            result = run_replay(
-                requests,
+            config = ReplayConfig(
                 base_url=options["base_url"],
                 model=options["model"],
                 run_id=run_id,
@@ -113,7 +113,6 @@ class Command(BaseCommand):
                 observation_s=observation_s,
                 drain_deadline_s=drain_s,
                 max_dispatch_lag_ms=tolerance_ms,
-                on_batch=write,
                 endpoint=options["endpoint"],
                 max_concurrency=options["max_concurrency"],
                 read_timeout_s=options["read_timeout"],
@@ -122,6 +121,7 @@ class Command(BaseCommand):
                 # stall the send loop.
                 isolated=True,
             )
+            result = run_replay(requests, config, on_batch=write)
         lag = result.dispatch_lag_p99_ms
         self.stdout.write(
             f"run {run_id}: {result.sent}/{result.planned_requests} sent, {result.ok} ok, {result.errors} errors, "
