@@ -406,7 +406,7 @@ def _power(
             else:
                 entry["note"] = (
                     f"runs spread by {math.expm1(run_sd):.0%}: finding a {target:.0%} change of {name} "
-                    f"{metric} with 80% power takes {need} repeats (this design has {repeats})"
+                    f"{metric} with 80% power takes at least {need} repeats (this design has {repeats})"
                 )
         out.append(entry)
     return out

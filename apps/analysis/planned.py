@@ -182,4 +182,4 @@ def _note(
         head = f"runs spread by {spread.rel:.0%} ({source})"
     if need is None:
         return f"{head}; no number of repeats up to {MOST_REPEATS} finds {what} with 80% power"
-    return f"{head}; finding {what} with 80% power takes {need} repeats (this plan has {repeats})"
+    return f"{head}; finding {what} with 80% power takes at least {need} repeats (this plan has {repeats})"

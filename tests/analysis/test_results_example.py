@@ -28,11 +28,13 @@ def test_the_example_results_import_and_reach_a_decision(admin_user) -> None:  #
     out = io.StringIO()
     call_command("results_import", "--experiment", str(experiment.pk), str(EXAMPLE), stdout=out)
     text = out.getvalue()
-    assert "for 4 runs" in text and "decision: " in text, text
+    assert "for 6 runs" in text and "decision: " in text, text
     experiment.refresh_from_db()
     assert experiment.status == "analysed"
     decision = experiment.decision
-    assert decision.outcome in ("retain", "retune") and decision.outcome in text
+    # Three repeats of 180 s: enough for the run-level test (df 2) to prove C1's gain on the short
+    # class and its non-inferiority on the long one (the browser approval test builds on this).
+    assert (decision.outcome, decision.chosen_cell) == ("retune", "C1") and "retune C1" in text
     assert decision.checks["validity"]["invalid_cells"] == []
     assert RequestRecord.objects.filter(run__experiment=experiment).count() > 400
 
@@ -44,7 +46,7 @@ def test_a_run_without_its_run_json_is_named_with_what_it_lacks(admin_user, tmp_
     out = io.StringIO()
     call_command("results_import", "--experiment", str(experiment.pk), str(tmp_path), stdout=out)
     text = out.getvalue()
-    assert "no decision yet: 2 runs cannot be analysed" in text
+    assert "no decision yet: 4 runs cannot be analysed" in text
     assert "run C1~80-20~near~1" in text and "run.json needs status, trace_sha256, hardware_id" in text
     experiment.refresh_from_db()
     assert experiment.status == "planned"

@@ -2,7 +2,7 @@
 
 The full journey (test_journey.py) runs a sweep on the CPU engine too short to prove a gain, so
 its decision keeps B0. Here the decision is a real retune: the shipped results of two cells
-measured elsewhere (examples/results/, imported with ``results_import`` as a team would) make
+(three repeats, enough for the run-level test) measured elsewhere (examples/results/, imported with ``results_import`` as a team would) make
 the analysis propose C1. A second user approves C1 on the page (check 4 was not rehearsed, so
 with a typed override), downloads both manifest files, and finds B0's record as it ran with C1
 as an overlay beside it, whose digests match what the page shows.

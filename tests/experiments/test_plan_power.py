@@ -66,7 +66,7 @@ def test_without_an_earlier_experiment_it_assumes_the_stated_spread_and_names_th
     # At three repeats a 25% spread hides a 25% change: the plan says how many repeats would find it.
     assert not short.finds_target and short in estimate.short_of_target
     assert short.repeats_needed is not None and short.repeats_needed > 3
-    assert f"takes {short.repeats_needed} repeats (this plan has 3)" in (short.note or "")
+    assert f"takes at least {short.repeats_needed} repeats (this plan has 3)" in (short.note or "")
     assert "assumed" in (short.note or "")
     # That many repeats do find it, one fewer does not.
     enough = {p.cls: p for p in selectors.plan_estimate(_spec(repeats=short.repeats_needed)).power}
