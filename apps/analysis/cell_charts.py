@@ -78,86 +78,26 @@ def latency_by_cell(
     names = [c["name"] for c in classes]
     colours = class_colours(names)
     rows = {(a["cell"], a["class"]): a for a in aggregates if a["mixture"] == mixture and a["rate"] == rate}
-    data: list[dict[str, Any]] = []
     offsets = {name: (i - (len(names) - 1) / 2) * 0.18 for i, name in enumerate(names)}
+    data: list[dict[str, Any]] = []
     for name in names:
         for q in ("p50", "p95", "p99"):
-            xs, ys, text, symbols, custom = [], [], [], [], []
-            err_plus, err_minus = [], []
-            for i, cell in enumerate(cells):
-                a = rows.get((cell, name))
-                if a is None:
-                    continue
-                value, censored = _value(a["pooled"][key].get(q))
-                if value is None:
-                    continue
-                xs.append(i + offsets[name])
-                ys.append(value)
-                symbols.append(QUANTILE_SYMBOLS[q] + ("-open" if censored else ""))
-                n = a["pooled"]["counts"]["offered"]
-                text.append(
-                    f"{cell} · {name} · {q} {'above ' if censored else ''}{value:,.1f} ms"
-                    f"<br>{n} requests, repeats {', '.join(str(r) for r in a['repeats'])}"
-                )
-                custom.append(url_for_cell(cell=cell, mixture=mixture, rate=rate))
-                if q == "p99":
-                    reps = [v for v in a["variation"][head]["repeats"] if v is not None]
-                    err_plus.append(max(0.0, max(reps) - value) if reps else 0.0)
-                    err_minus.append(max(0.0, value - min(reps)) if reps else 0.0)
-            if not xs:
-                continue
-            trace: dict[str, Any] = {
-                "type": "scatter",
-                "mode": "markers",
-                "name": f"{name} {q}",
-                "legendgroup": name,
-                "x": xs,
-                "y": ys,
-                "text": text,
-                "hoverinfo": "text",
-                "customdata": custom,
-                "marker": {
-                    "color": colours[name],
-                    "symbol": symbols,
-                    "size": QUANTILE_SIZES[q],
-                    "line": {"width": 1, "color": colours[name]},
-                },
-            }
-            if q == "p99":
-                trace["error_y"] = {
-                    "type": "data",
-                    "symmetric": False,
-                    "array": err_plus,
-                    "arrayminus": err_minus,
-                    "color": colours[name],
-                    "thickness": 1.5,
-                    "width": 4,
-                }
-            data.append(trace)
-    shapes = _baseline_band(cells, baseline)
-    top = 0.0
-    for trace in data:
-        plus = (trace.get("error_y") or {}).get("array") or [0.0] * len(trace["y"])
-        top = max([top] + [y + e for y, e in zip(trace["y"], plus, strict=True)])
-    off_scale = []
-    for c in classes:
-        limit = (c.get("contract") or c).get(limit_key)
-        # A limit far above the data would flatten every point against the axis: name it instead.
-        if limit is not None and top and limit > 1.5 * top:
-            off_scale.append(f"{c['name']} {limit:,.0f} ms")
-        elif limit is not None:
-            shapes.append(
-                {
-                    "type": "line",
-                    "xref": "paper",
-                    "yref": "y",
-                    "x0": 0,
-                    "x1": 1,
-                    "y0": limit,
-                    "y1": limit,
-                    "line": {"color": colours[c["name"]], "dash": "dash", "width": 1},
-                }
+            trace = _quantile_trace(
+                rows=rows,
+                cells=cells,
+                name=name,
+                q=q,
+                key=key,
+                head=head,
+                offset=offsets[name],
+                colour=colours[name],
+                place=(mixture, rate),
+                url_for_cell=url_for_cell,
             )
+            if trace is not None:
+                data.append(trace)
+    shapes = _baseline_band(cells, baseline)
+    off_scale = _contract_lines(shapes, data=data, classes=classes, colours=colours, limit_key=limit_key)
     layout = base_layout(
         f"{label} per cell — {mixture} @ {rate}",
         "cell (B0 shaded)",
@@ -189,6 +129,112 @@ def latency_by_cell(
         # Said under the axis, where it cannot cover the key above the plot.
         layout["xaxis"]["title"]["text"] += " · contract above the chart: " + ", ".join(off_scale)
     return {"data": data, "layout": layout}
+
+
+def _quantile_trace(
+    *,
+    rows: Mapping[tuple[str, str], Aggregate],
+    cells: Sequence[str],
+    name: str,
+    q: str,
+    key: str,
+    head: str,
+    offset: float,
+    colour: str,
+    place: tuple[str, str],
+    url_for_cell: UrlFor,
+) -> dict[str, Any] | None:
+    """One class's markers for quantile ``q`` across the cells (p99 with its repeat whiskers);
+    None when no cell has a value."""
+    mixture, rate = place
+    xs, ys, text, symbols, custom = [], [], [], [], []
+    err_plus, err_minus = [], []
+    for i, cell in enumerate(cells):
+        a = rows.get((cell, name))
+        if a is None:
+            continue
+        value, censored = _value(a["pooled"][key].get(q))
+        if value is None:
+            continue
+        xs.append(i + offset)
+        ys.append(value)
+        symbols.append(QUANTILE_SYMBOLS[q] + ("-open" if censored else ""))
+        n = a["pooled"]["counts"]["offered"]
+        text.append(
+            f"{cell} · {name} · {q} {'above ' if censored else ''}{value:,.1f} ms"
+            f"<br>{n} requests, repeats {', '.join(str(r) for r in a['repeats'])}"
+        )
+        custom.append(url_for_cell(cell=cell, mixture=mixture, rate=rate))
+        if q == "p99":
+            reps = [v for v in a["variation"][head]["repeats"] if v is not None]
+            err_plus.append(max(0.0, max(reps) - value) if reps else 0.0)
+            err_minus.append(max(0.0, value - min(reps)) if reps else 0.0)
+    if not xs:
+        return None
+    trace: dict[str, Any] = {
+        "type": "scatter",
+        "mode": "markers",
+        "name": f"{name} {q}",
+        "legendgroup": name,
+        "x": xs,
+        "y": ys,
+        "text": text,
+        "hoverinfo": "text",
+        "customdata": custom,
+        "marker": {
+            "color": colour,
+            "symbol": symbols,
+            "size": QUANTILE_SIZES[q],
+            "line": {"width": 1, "color": colour},
+        },
+    }
+    if q == "p99":
+        trace["error_y"] = {
+            "type": "data",
+            "symmetric": False,
+            "array": err_plus,
+            "arrayminus": err_minus,
+            "color": colour,
+            "thickness": 1.5,
+            "width": 4,
+        }
+    return trace
+
+
+def _contract_lines(
+    shapes: list[dict[str, Any]],
+    *,
+    data: Sequence[Mapping[str, Any]],
+    classes: Sequence[Mapping[str, Any]],
+    colours: Mapping[str, str],
+    limit_key: str,
+) -> list[str]:
+    """Append each class's contract limit to ``shapes`` as a dashed line; returns the limits
+    too far above the highest point of ``data`` (whiskers included) to draw, in words."""
+    top = 0.0
+    for trace in data:
+        plus = (trace.get("error_y") or {}).get("array") or [0.0] * len(trace["y"])
+        top = max([top] + [y + e for y, e in zip(trace["y"], plus, strict=True)])
+    off_scale = []
+    for c in classes:
+        limit = (c.get("contract") or c).get(limit_key)
+        # A limit far above the data would flatten every point against the axis: name it instead.
+        if limit is not None and top and limit > 1.5 * top:
+            off_scale.append(f"{c['name']} {limit:,.0f} ms")
+        elif limit is not None:
+            shapes.append(
+                {
+                    "type": "line",
+                    "xref": "paper",
+                    "yref": "y",
+                    "x0": 0,
+                    "x1": 1,
+                    "y0": limit,
+                    "y1": limit,
+                    "line": {"color": colours[c["name"]], "dash": "dash", "width": 1},
+                }
+            )
+    return off_scale
 
 
 def combo_label(mixture: str, rate: str) -> str:
