@@ -137,11 +137,75 @@ def results_figures(
     """
     cells = [c["cell_id"] for c in report.get("cells", [])]
     baseline = report.get("baseline", cells[0] if cells else "")
-    classes = report.get("classes", [])
-    class_names = [c["name"] for c in classes]
+    class_names = [c["name"] for c in report.get("classes", [])]
     combos = report_combos(report)
     if chosen not in combos:
         chosen = combos[-1] if combos else ("", "")
+    mixture, rate = chosen
+    power = power_rows((report.get("statistics") or {}).get("power") or [])
+    rehearsals = report.get("rehearsals") or {}
+    return {
+        "rehearsals": rehearsals,
+        "rehearsal_figures": [
+            (cell, entry, run_charts.rehearsal_timeline(measures=entry["measures"], class_names=class_names))
+            for cell, entry in sorted(rehearsals.items())
+            if entry.get("measures")
+        ],
+        "rehearsal_cells": [c for c in cells if c != baseline],
+        "report": report,
+        "cells": cells,
+        "baseline": baseline,
+        "class_names": class_names,
+        "class_colours": class_colours(class_names),
+        "combos": [
+            {
+                "mixture": m,
+                "rate": r,
+                "active": (m, r) == chosen,
+                "query": urlencode({"mixture": m, "rate": r}),
+            }
+            for m, r in combos
+        ],
+        "mixture": mixture,
+        "rate": rate,
+        **_figures(
+            report,
+            cells=cells,
+            baseline=baseline,
+            combos=combos,
+            chosen=chosen,
+            url_for_cell=url_for_cell,
+            url_for_run=url_for_run,
+        ),
+        "spread": arrival_spread(runs=report.get("runs", []), classes=class_names, cells=cells),
+        "findings": report.get("findings", []),
+        "costs": cost_rows(report),
+        "natural": report.get("output_mode") == "natural",
+        **_tables(report, mixture=mixture, rate=rate),
+        "decision_data": report.get("decision", {}),
+        "comparison_rows": comparison_rows(report.get("comparisons", []), mixture=mixture, rate=rate),
+        "power_rows": power,
+        # A report made since the run-level test states the spread between runs per row.
+        "power_run_level": any("run_spread" in p for p in power),
+        "power_target": next((p["target_rel"] for p in power if p.get("target_rel") is not None), None),
+    }
+
+
+def _figures(
+    report: StoredReport,
+    *,
+    cells: list[str],
+    baseline: str,
+    combos: Sequence[tuple[str, str]],
+    chosen: tuple[str, str],
+    url_for_cell: UrlFor,
+    url_for_run: Callable[[str], str],
+) -> dict[str, Any]:
+    """The results page's figures at the point ``chosen``: latency per cell (one per metric), the
+    goodput and acceptance heat maps, the paired differences, the gauges over time, preemptions
+    and uniform against bursty arrivals."""
+    classes = report.get("classes", [])
+    class_names = [c["name"] for c in classes]
     mixture, rate = chosen
     figures: list[tuple[str, dict[str, Any]]] = []
     if combos:
@@ -168,14 +232,6 @@ def results_figures(
         combos=combos,
         url_for_cell=url_for_cell,
     )
-    diffs = cell_charts.paired_diffs(
-        comparisons=report.get("comparisons", []),
-        cells=cells,
-        classes=class_names,
-        mixture=mixture,
-        rate=rate,
-        url_for_cell=url_for_cell,
-    )
     combo_runs = [
         r
         for r in report.get("runs", [])
@@ -195,51 +251,32 @@ def results_figures(
         )
         for gauge, what, y_title, unit, scale in GAUGE_FIGURES
     )
-    preempt = run_charts.preemptions_by_cell(
-        runs=report.get("runs", []), cells=cells, baseline=baseline, url_for_run=url_for_run
-    )
-    uniform = cell_charts.uniform_vs_bursty(
-        runs=report.get("runs", []), classes=class_names, cells=cells, url_for_cell=url_for_cell
-    )
-    power = power_rows((report.get("statistics") or {}).get("power") or [])
-    rehearsals = report.get("rehearsals") or {}
-    rehearsal_figures = [
-        (cell, entry, run_charts.rehearsal_timeline(measures=entry["measures"], class_names=class_names))
-        for cell, entry in sorted(rehearsals.items())
-        if entry.get("measures")
-    ]
     return {
-        "rehearsals": rehearsals,
-        "rehearsal_figures": rehearsal_figures,
-        "rehearsal_cells": [c for c in cells if c != baseline],
-        "report": report,
-        "cells": cells,
-        "baseline": baseline,
-        "class_names": class_names,
-        "class_colours": class_colours(class_names),
-        "combos": [
-            {
-                "mixture": m,
-                "rate": r,
-                "active": (m, r) == chosen,
-                "query": urlencode({"mixture": m, "rate": r}),
-            }
-            for m, r in combos
-        ],
-        "mixture": mixture,
-        "rate": rate,
         "latency_figures": figures,
         "heat_goodput": heat_goodput,
         "heat_accepted": heat_accepted,
-        "diffs": diffs,
+        "diffs": cell_charts.paired_diffs(
+            comparisons=report.get("comparisons", []),
+            cells=cells,
+            classes=class_names,
+            mixture=mixture,
+            rate=rate,
+            url_for_cell=url_for_cell,
+        ),
         "queue": queue,
         "kv": kv,
-        "preempt": preempt,
-        "uniform": uniform,
-        "spread": arrival_spread(runs=report.get("runs", []), classes=class_names, cells=cells),
-        "findings": report.get("findings", []),
-        "costs": cost_rows(report),
-        "natural": report.get("output_mode") == "natural",
+        "preempt": run_charts.preemptions_by_cell(
+            runs=report.get("runs", []), cells=cells, baseline=baseline, url_for_run=url_for_run
+        ),
+        "uniform": cell_charts.uniform_vs_bursty(
+            runs=report.get("runs", []), classes=class_names, cells=cells, url_for_cell=url_for_cell
+        ),
+    }
+
+
+def _tables(report: StoredReport, *, mixture: str, rate: str) -> dict[str, Any]:
+    """The stop reasons per cell and class, and at (mixture, rate) the output strata and tails."""
+    return {
         "stop_rows": [
             {"cell": cell, "class": cls, "reasons": sorted(counts.items())}
             for cell, by_class in (report.get("stop_reasons") or {}).items()
@@ -260,10 +297,4 @@ def results_figures(
             for a in report.get("aggregates", [])
             if a["mixture"] == mixture and a["rate"] == rate
         ],
-        "decision_data": report.get("decision", {}),
-        "comparison_rows": comparison_rows(report.get("comparisons", []), mixture=mixture, rate=rate),
-        "power_rows": power,
-        # A report made since the run-level test states the spread between runs per row.
-        "power_run_level": any("run_spread" in p for p in power),
-        "power_target": next((p["target_rel"] for p in power if p.get("target_rel") is not None), None),
     }
