@@ -237,16 +237,42 @@ def scenario_sizing(
         "measured": bool(ctx.decode_step_ms),
         "derived": {},
     }
-    step_s = float(ctx.decode_step_ms) / 1000.0 if ctx.decode_step_ms else None
-    fallback = FALLBACK_OF.get(name, FALLBACK)
-    overload = float(p.get("overload") or 1.0)
+    sizer = _Sizer(
+        ctx=ctx,
+        out=out,
+        derived=how["derived"],
+        step_s=float(ctx.decode_step_ms) / 1000.0 if ctx.decode_step_ms else None,
+        fallback=FALLBACK_OF.get(name, FALLBACK),
+        overload=float(p.get("overload") or 1.0),
+    )
     short, _ = short_long(ctx.classes)
-
-    def fixed(key: str) -> None:
-        out[key] = fallback[key]
-        how["derived"][key] = _derived(out[key], "fixed fallback: B0's decode pace was not measured")
-
     if kind == "long_burst" and out["burst_size"] is None:
+        sizer.long_burst()
+    elif kind == "priority_flood":
+        sizer.priority_flood(int(short["input_tokens"]))
+    elif kind == "decode_pressure" and out["output_tokens"] is None:
+        sizer.decode_pressure(short)
+    return out, how
+
+
+@dataclass
+class _Sizer:
+    """The steps of ``scenario_sizing``: each fills one scenario's sizes left to derivation in
+    ``out`` and says how in ``derived``."""
+
+    ctx: ScenarioContext
+    out: dict[str, Any]
+    derived: dict[str, Any]
+    step_s: float | None  # B0's decode step in seconds; None: not measured
+    fallback: Mapping[str, int]
+    overload: float
+
+    def fixed(self, key: str) -> None:
+        self.out[key] = self.fallback[key]
+        self.derived[key] = _derived(self.out[key], "fixed fallback: B0's decode pace was not measured")
+
+    def long_burst(self) -> None:
+        ctx, out, step_s, overload = self.ctx, self.out, self.step_s, self.overload
         in_long, out_long = long_lengths(ctx, out)
         running = _running_bound(ctx, in_long)
         window = float(out["observation_s"]) - float(out["burst_at_s"]) + float(out["drain_deadline_s"])
@@ -254,7 +280,7 @@ def scenario_sizing(
             rounds = math.ceil(overload * window / (out_long * step_s))
             n = min(MAX_DERIVED_REQUESTS, max(running + 1, running * rounds))
             out["burst_size"] = n
-            how["derived"]["burst_size"] = _derived(
+            self.derived["burst_size"] = _derived(
                 n,
                 "running x ceil(overload x (observation_s - burst_at_s + drain_deadline_s) / "
                 "(long_output_tokens x decode_step_ms))",
@@ -264,64 +290,74 @@ def scenario_sizing(
                 capped=n == MAX_DERIVED_REQUESTS,
             )
         else:
-            fixed("burst_size")
-    elif kind == "priority_flood":
-        inp = int(short["input_tokens"])
+            self.fixed("burst_size")
+
+    def priority_flood(self, inp: int) -> None:
+        """``inp``: the short class's input tokens (the backlog's and the flood's prompt)."""
+        ctx, out = self.ctx, self.out
         # Admission needs only the prompt in the KV cache, so the prompt bounds how many start.
         starting = _running_bound(ctx, inp)
         if out["backlog_output_tokens"] is None:
-            room = ctx.max_model_len - inp
-            # The first wave must fit the KV cache whole: preemption would reorder
-            # the backlog by itself, and the check is about the policy's order.
-            if ctx.kv_capacity_tokens and ctx.max_num_seqs and starting:
-                kv_room = int(ctx.kv_capacity_tokens) // starting - inp
-                if kv_room >= MIN_BACKLOG_OUTPUT_TOKENS:
-                    room = min(room, kv_room)
-            flood_end = float(out["flood_at_s"]) + int(out["flood"]) / float(out["flood_rps"])
-            if step_s:
-                want = math.ceil(overload * flood_end / step_s)
-                tokens = max(1, min(room, want))
-                out["backlog_output_tokens"] = tokens
-                how["derived"]["backlog_output_tokens"] = _derived(
-                    tokens,
-                    "ceil(overload x (flood_at_s + flood / flood_rps) / decode_step_ms), at most "
-                    "max_model_len - input and what lets the first wave fit the KV cache",
-                    flood_end_s=round(flood_end, 6),
-                    room=room,
-                    capped=want > room,
-                )
-            else:
-                fixed("backlog_output_tokens")
+            self._backlog_output_tokens(inp, starting)
         if out["flood_output_tokens"] is None:
-            if step_s:
-                lead = max(FALLBACK["flood_output_tokens"], math.ceil(overload * FLOOD_LEAD_S / step_s))
+            if self.step_s:
+                lead = max(
+                    FALLBACK["flood_output_tokens"], math.ceil(self.overload * FLOOD_LEAD_S / self.step_s)
+                )
                 flood_tokens = min(ctx.max_model_len - inp, lead)
                 out["flood_output_tokens"] = flood_tokens
-                how["derived"]["flood_output_tokens"] = _derived(
+                self.derived["flood_output_tokens"] = _derived(
                     flood_tokens,
                     "max(16, ceil(overload x 0.1 s / decode_step_ms)): the flood decodes long enough "
                     "that the backlog's next first tokens trail its own",
                 )
             else:
-                fixed("flood_output_tokens")
+                self.fixed("flood_output_tokens")
         if out["backlog"] is None:
             if starting and ctx.max_num_seqs:
                 n = min(MAX_DERIVED_REQUESTS, 3 * starting)
                 out["backlog"] = n
-                how["derived"]["backlog"] = _derived(
+                self.derived["backlog"] = _derived(
                     n, "3 x the sequences that can run at once", running=starting
                 )
             else:
-                fixed("backlog")
-    elif kind == "decode_pressure" and out["output_tokens"] is None:
+                self.fixed("backlog")
+
+    def _backlog_output_tokens(self, inp: int, starting: int | None) -> None:
+        ctx, out = self.ctx, self.out
+        room = ctx.max_model_len - inp
+        # The first wave must fit the KV cache whole: preemption would reorder
+        # the backlog by itself, and the check is about the policy's order.
+        if ctx.kv_capacity_tokens and ctx.max_num_seqs and starting:
+            kv_room = int(ctx.kv_capacity_tokens) // starting - inp
+            if kv_room >= MIN_BACKLOG_OUTPUT_TOKENS:
+                room = min(room, kv_room)
+        flood_end = float(out["flood_at_s"]) + int(out["flood"]) / float(out["flood_rps"])
+        if self.step_s:
+            want = math.ceil(self.overload * flood_end / self.step_s)
+            tokens = max(1, min(room, want))
+            out["backlog_output_tokens"] = tokens
+            self.derived["backlog_output_tokens"] = _derived(
+                tokens,
+                "ceil(overload x (flood_at_s + flood / flood_rps) / decode_step_ms), at most "
+                "max_model_len - input and what lets the first wave fit the KV cache",
+                flood_end_s=round(flood_end, 6),
+                room=room,
+                capped=want > room,
+            )
+        else:
+            self.fixed("backlog_output_tokens")
+
+    def decode_pressure(self, short: Mapping[str, Any]) -> None:
+        ctx, out = self.ctx, self.out
         inp = out["input_tokens"] or int(short["input_tokens"])
         room = ctx.max_model_len - inp
         base = max(int(short["output_tokens"]) * 4, min(512, room))
-        if step_s:
-            want = math.ceil(overload * float(out["ramp_s"]) / step_s)
+        if self.step_s:
+            want = math.ceil(self.overload * float(out["ramp_s"]) / self.step_s)
             tokens = max(1, min(room, max(base, want)))
             out["output_tokens"] = tokens
-            how["derived"]["output_tokens"] = _derived(
+            self.derived["output_tokens"] = _derived(
                 tokens,
                 "max(4 x short output or min(512, room), ceil(overload x ramp_s / decode_step_ms)), "
                 "at most max_model_len - input",
@@ -329,8 +365,7 @@ def scenario_sizing(
             )
         else:
             out["output_tokens"] = base
-            how["derived"]["output_tokens"] = _derived(base, "4 x short output, at least min(512, room)")
-    return out, how
+            self.derived["output_tokens"] = _derived(base, "4 x short output, at least min(512, room)")
 
 
 def scenario_windows(name: str, params: Mapping[str, Any] | None = None) -> dict[str, float]:
