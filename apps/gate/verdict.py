@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from scipy.stats import t as student_t
@@ -115,124 +116,41 @@ def gate_verdict(
         )
         return {"verdict": "inconclusive", "exit_code": EXIT["inconclusive"], "reasons": [why], "cases": []}
     baseline = str(report.get("baseline"))
-    cells = [c["cell_id"] for c in report.get("cells") or [] if c["cell_id"] != baseline]
-    if candidate is None:
-        if len(cells) != 1:
-            raise ValueError(f"name the candidate: the experiment has {len(cells)} ({', '.join(cells)})")
-        candidate = cells[0]
-    elif candidate not in cells:
-        raise ValueError(f"no candidate {candidate!r} (the experiment has {', '.join(cells) or 'none'})")
+    candidate = _the_candidate(report, baseline, candidate)
     checks = report.get("checks") or {}
-    validity = checks.get("validity") or {}
-    acceptance = checks.get("acceptance") or {}
-    reasons: list[str] = []
-    if status not in ("analysed", "approved", "rejected", "revoked"):
-        reasons.append(f"the experiment is {status}" + (f": {status_reason}" if status_reason else ""))
-    for p in validity.get("problems") or []:
-        if p.get("cell") in (baseline, candidate):
-            where = "/".join(str(p[k]) for k in ("mixture", "rate", "repeat") if k in p)
-            detail = {k: v for k, v in p.items() if k not in ("cell", "problem", "mixture", "rate", "repeat")}
-            extra = f" {detail}" if detail else ""
-            reasons.append(f"{p['cell']} {where}: {p['problem']}{extra}".replace("  ", " "))
+    reasons = _invalid(checks.get("validity") or {}, status, status_reason, cells=(baseline, candidate))
     # The tuning decision's own "inconclusive" (B0 breaks a contract and the candidates that keep
     # it are worse elsewhere, say) answers another question; only data that is not valid makes
     # the gate's answer unknown, and validity names every such run above.
-
-    b0_broken = _contract_failures(acceptance, baseline)
-    cand_broken = _contract_failures(acceptance, candidate)
+    acceptance = checks.get("acceptance") or {}
     names = [str(c["name"]) for c in report.get("classes") or []]
     comps = [c for c in report.get("comparisons") or [] if c.get("cell") == candidate]
     by_class: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for c in comps:
         by_class[str(c["class"])].append(c)
-    confidence = ((report.get("options") or {}).get("compare") or {}).get("confidence", 0.95)
-
-    family_alpha = float(((report.get("options") or {}).get("compare") or {}).get("family_alpha", 0.05))
-    worse = _holm_worse(comps, family_alpha)
-
-    unanswered = _unanswered(report)
-    error_rates = _error_rates(report)
+    compare = (report.get("options") or {}).get("compare") or {}
+    family_alpha = float(compare.get("family_alpha", 0.05))
+    judge = _Judge(
+        baseline=baseline,
+        candidate=candidate,
+        b0_broken=_contract_failures(acceptance, baseline),
+        cand_broken=_contract_failures(acceptance, candidate),
+        confidence=compare.get("confidence", 0.95),
+        family_alpha=family_alpha,
+        worse=_holm_worse(comps, family_alpha),
+        unanswered=_unanswered(report),
+        error_rates=_error_rates(report),
+    )
     cases: list[GateCase] = []
     unjudged_classes = []
     for name in names:
         entries = by_class.get(name, [])
-        metrics: list[str] = []
-        for c in entries:
-            for m in c.get("metrics") or {}:
-                if m not in NOT_CASES and m not in metrics:
-                    metrics.append(m)
-        if "error_rate" not in metrics:
-            metrics.append("error_rate")
-        if (name, "quality") in cand_broken:
-            metrics.append("quality")  # check 2's quality contract (apps/analysis/quality.py)
         judged_latency = any(
             v.get("judged") for c in entries for m, v in (c.get("metrics") or {}).items() if m.endswith("_ms")
         )
         if entries and not judged_latency:
             unjudged_classes.append(name)
-        for metric in metrics:
-            shown: CaseValues | None = None
-            drift: str | None = None
-            messages = []
-            outcome: Outcome = "pass"
-            judged_any = False
-            for c in entries:
-                v = (c.get("metrics") or {}).get(metric)
-                if v is None:
-                    continue
-                point = f"{c['mixture']}/{c['rate']}"
-                is_worse = (c["mixture"], c["rate"], name, metric) in worse
-                if shown is None or is_worse:  # the first point, or the one that failed
-                    shown = _case_values(v, unanswered[(baseline, name)], unanswered[(candidate, name)])
-                    shown.update(_drift(v, metric, family_alpha))
-                    drift = _drift_message(shown, metric) if v.get("judged") else None
-                if v.get("judged"):
-                    judged_any = True
-                else:
-                    messages.append(str(v.get("note") or "not judged"))
-                if is_worse:
-                    outcome = "fail"
-                    messages.append(
-                        f"materially worse than B0 at {point} (p={_p_worse(v):.6g}: bootstrap "
-                        f"{v.get('p_worse_bootstrap', v.get('p_worse'))}, across repeats {v.get('p_worse_repeats')}; Holm over the "
-                        f"family at {family_alpha:g}; material above {v.get('threshold')})"
-                    )
-            if drift:
-                messages.append(drift)
-            kept_by_b0 = (name, metric) not in b0_broken
-            broken = cand_broken.get((name, metric))
-            contract_key = next((k for k, case_name in CONTRACT_CASE.items() if case_name == metric), None)
-            if broken and kept_by_b0:
-                outcome = "fail"
-                messages.append(
-                    f"breaks the {CONTRACT_NAME.get(contract_key or '', metric)} contract that B0 keeps "
-                    f"(at {', '.join(broken)})"
-                )
-            elif broken:
-                messages.append("breaks its contract, as B0 does (not a regression)")
-            if shown is None and metric == "error_rate":
-                # A contract with no paired difference: show each side's pooled error rate.
-                shown = {
-                    "b0": error_rates.get((baseline, name)),
-                    "candidate": error_rates.get((candidate, name)),
-                    "diff": None,
-                    "ci": None,
-                }
-            if outcome == "pass" and not judged_any and not broken:
-                outcome = "skipped" if metric != "error_rate" else "pass"
-                if metric == "error_rate":
-                    messages.append("the contract is judged, not the difference")
-            cases.append(
-                {
-                    "class": name,
-                    "metric": metric,
-                    "unit": _unit(metric),
-                    "confidence": confidence,
-                    **(shown or {}),
-                    "outcome": outcome,
-                    "message": "; ".join(dict.fromkeys(messages)) or None,
-                }
-            )
+        cases += [judge.case(name, metric, entries) for metric in judge.metrics(name, entries)]
     if not comps and not reasons:
         reasons.append(f"no comparison of {candidate} with {baseline}")
     # Invalid data answers nothing; on valid data a regression found stands even if another
@@ -257,6 +175,131 @@ def gate_verdict(
         "reasons": reasons,
         "cases": cases,
     }
+
+
+def _the_candidate(report: StoredReport, baseline: str, candidate: str | None) -> str:
+    """The candidate named, or the report's only one; ValueError when that is not one."""
+    cells = [c["cell_id"] for c in report.get("cells") or [] if c["cell_id"] != baseline]
+    if candidate is None:
+        if len(cells) != 1:
+            raise ValueError(f"name the candidate: the experiment has {len(cells)} ({', '.join(cells)})")
+        candidate = cells[0]
+    elif candidate not in cells:
+        raise ValueError(f"no candidate {candidate!r} (the experiment has {', '.join(cells) or 'none'})")
+    return candidate
+
+
+def _invalid(
+    validity: Mapping[str, Any], status: str, status_reason: str, *, cells: tuple[str, str]
+) -> list[str]:
+    """Why the data cannot answer: the experiment did not finish, or a run of B0 or the
+    candidate (``cells``) is not valid."""
+    reasons: list[str] = []
+    if status not in ("analysed", "approved", "rejected", "revoked"):
+        reasons.append(f"the experiment is {status}" + (f": {status_reason}" if status_reason else ""))
+    for p in validity.get("problems") or []:
+        if p.get("cell") in cells:
+            where = "/".join(str(p[k]) for k in ("mixture", "rate", "repeat") if k in p)
+            detail = {k: v for k, v in p.items() if k not in ("cell", "problem", "mixture", "rate", "repeat")}
+            extra = f" {detail}" if detail else ""
+            reasons.append(f"{p['cell']} {where}: {p['problem']}{extra}".replace("  ", " "))
+    return reasons
+
+
+@dataclass(frozen=True)
+class _Judge:
+    """What judging one class x metric case of the candidate needs from the whole report."""
+
+    baseline: str
+    candidate: str
+    # (class, case) -> the points where the cell breaks that contract (_contract_failures).
+    b0_broken: Mapping[tuple[str, str], list[str]]
+    cand_broken: Mapping[tuple[str, str], list[str]]
+    confidence: float
+    family_alpha: float
+    # (mixture, rate, class, metric) found materially worse, family-wise (_holm_worse).
+    worse: set[tuple[str, str, str, str]]
+    # Per (cell, class); a defaultdict (_unanswered): a class with no done run has zeros.
+    unanswered: dict[tuple[str, str], Unanswered]
+    error_rates: dict[tuple[str, str], float]
+
+    def metrics(self, name: str, entries: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The class's cases: every metric its comparisons measured, the error rate, and the
+        quality contract when the candidate breaks it."""
+        metrics: list[str] = []
+        for c in entries:
+            for m in c.get("metrics") or {}:
+                if m not in NOT_CASES and m not in metrics:
+                    metrics.append(m)
+        if "error_rate" not in metrics:
+            metrics.append("error_rate")
+        if (name, "quality") in self.cand_broken:
+            metrics.append("quality")  # check 2's quality contract (apps/analysis/quality.py)
+        return metrics
+
+    def case(self, name: str, metric: str, entries: Sequence[Mapping[str, Any]]) -> GateCase:
+        """Class ``name``'s case on ``metric``, over its comparisons ``entries`` (one a point)."""
+        baseline, candidate, family_alpha = self.baseline, self.candidate, self.family_alpha
+        shown: CaseValues | None = None
+        drift: str | None = None
+        messages = []
+        outcome: Outcome = "pass"
+        judged_any = False
+        for c in entries:
+            v = (c.get("metrics") or {}).get(metric)
+            if v is None:
+                continue
+            point = f"{c['mixture']}/{c['rate']}"
+            is_worse = (c["mixture"], c["rate"], name, metric) in self.worse
+            if shown is None or is_worse:  # the first point, or the one that failed
+                shown = _case_values(v, self.unanswered[(baseline, name)], self.unanswered[(candidate, name)])
+                shown.update(_drift(v, metric, family_alpha))
+                drift = _drift_message(shown, metric) if v.get("judged") else None
+            if v.get("judged"):
+                judged_any = True
+            else:
+                messages.append(str(v.get("note") or "not judged"))
+            if is_worse:
+                outcome = "fail"
+                messages.append(
+                    f"materially worse than B0 at {point} (p={_p_worse(v):.6g}: bootstrap "
+                    f"{v.get('p_worse_bootstrap', v.get('p_worse'))}, across repeats {v.get('p_worse_repeats')}; Holm over the "
+                    f"family at {family_alpha:g}; material above {v.get('threshold')})"
+                )
+        if drift:
+            messages.append(drift)
+        kept_by_b0 = (name, metric) not in self.b0_broken
+        broken = self.cand_broken.get((name, metric))
+        contract_key = next((k for k, case_name in CONTRACT_CASE.items() if case_name == metric), None)
+        if broken and kept_by_b0:
+            outcome = "fail"
+            messages.append(
+                f"breaks the {CONTRACT_NAME.get(contract_key or '', metric)} contract that B0 keeps "
+                f"(at {', '.join(broken)})"
+            )
+        elif broken:
+            messages.append("breaks its contract, as B0 does (not a regression)")
+        if shown is None and metric == "error_rate":
+            # A contract with no paired difference: show each side's pooled error rate.
+            shown = {
+                "b0": self.error_rates.get((baseline, name)),
+                "candidate": self.error_rates.get((candidate, name)),
+                "diff": None,
+                "ci": None,
+            }
+        if outcome == "pass" and not judged_any and not broken:
+            outcome = "skipped" if metric != "error_rate" else "pass"
+            if metric == "error_rate":
+                messages.append("the contract is judged, not the difference")
+        return {
+            "class": name,
+            "metric": metric,
+            "unit": _unit(metric),
+            "confidence": self.confidence,
+            **(shown or {}),
+            "outcome": outcome,
+            "message": "; ".join(dict.fromkeys(messages)) or None,
+        }
 
 
 def _case_values(v: Mapping[str, Any], b0_unanswered: Unanswered, cand_unanswered: Unanswered) -> CaseValues:
