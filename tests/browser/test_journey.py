@@ -22,8 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -33,23 +31,25 @@ from playwright.sync_api import expect
 
 from apps.approvals import manifest as mf
 from apps.experiments.models import Experiment
+from apps.runs.hosts import hosts_alive
 from tests.browser.conftest import login, shot
 from tests.browser.test_pages import CLASS_FIELDS
+from tests.engine_support import MODEL, engine_missing
 from tests.experiments.factories import UserFactory
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.engine, pytest.mark.django_db(transaction=True)]
 
-ENGINE_DIR = Path(settings.ENGINE_DIR)
-MODEL = ENGINE_DIR / "models" / "tiny-llama"
+# The worker's host: this process's own, so no other test's worker can pass for it.
+HOST = f"journey-{os.getpid()}"
 RUNS_TIMEOUT_MS = 15 * 60 * 1000  # two short runs on two shared cores, server start included
 ANALYSIS_TIMEOUT_S = 5 * 60
 
 
 def _missing() -> str | None:
-    if not (
-        (ENGINE_DIR / "venv" / ".tailtune-engine-stamp").is_file() and (MODEL / "model.safetensors").is_file()
-    ):
-        return "CPU engine not built: run `make engine`"
+    missing = engine_missing()
+    if missing:
+        return missing
     if _worker_database_url() is None:
         return "the worker process must share the test database: Postgres, or SQLite in a file"
     return None
@@ -74,7 +74,7 @@ def worker(roles, tmp_path):  # type: ignore[no-untyped-def]
     env = dict(os.environ)
     env["DATABASE_URL"] = str(_worker_database_url())
     env.setdefault("SECRET_KEY", "journey")
-    env["TAILTUNE_HOST"] = f"journey-{os.getpid()}"
+    env["TAILTUNE_HOST"] = HOST
     # Its own default queue: a task another test left on the shared broker is never its to take.
     env["TAILTUNE_DEFAULT_QUEUE"] = f"journey-default-{os.getpid()}"
     log = open(tmp_path / "worker.log", "wb")
@@ -93,7 +93,7 @@ def worker(roles, tmp_path):  # type: ignore[no-untyped-def]
         proc.kill()
 
 
-def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # type: ignore[no-untyped-def]
+def test_it_runs_the_whole_journey_in_the_browser(new_page, worker, tmp_path) -> None:  # type: ignore[no-untyped-def]
     UserFactory(username="erin", roles=["experimenter", "approver"])
     UserFactory(username="ada", roles=["approver"])
     UserFactory(username="vera", roles=["viewer"])
@@ -143,14 +143,18 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     erin.wait_for_selector("#start")
     experiment = Experiment.objects.get(name="journey")
 
-    # The worker registers its host with a heartbeat; start once it is there.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        from apps.runs.hosts import hosts_alive
+    # The worker registers its host with a heartbeat; start once it is there (a Start with no host
+    # would leave the experiment waiting for one, and the test would only time out much later).
+    def host_ready() -> bool:
+        return HOST in [h.name for h in hosts_alive(max_model_len=experiment.max_model_len)]
 
-        if hosts_alive():
-            break
-        time.sleep(1)
+    log = tmp_path / "worker.log"
+    wait_for(
+        host_ready,
+        120,
+        interval_s=1,
+        what=lambda: f"host {HOST} alive; its worker said:\n{log.read_text()[-3000:]}",
+    )
     erin.click("#start")
     erin.wait_for_selector("#live[data-live-url]")
     shot(erin, "j1-started")
@@ -167,13 +171,13 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
     assert erin.evaluate("window.__journeyMarker") == 42
     shot(erin, "j2-runs-finished")
 
-    deadline = time.monotonic() + ANALYSIS_TIMEOUT_S
-    while time.monotonic() < deadline:
-        experiment.refresh_from_db()
-        if experiment.status == "analysed":
-            break
-        time.sleep(3)
-    assert experiment.status == "analysed", experiment.status_reason
+    wait_for(
+        lambda: Experiment.objects.get(pk=experiment.pk).status == "analysed",
+        ANALYSIS_TIMEOUT_S,
+        interval_s=3,
+        what=lambda: f"analysed (status reason: {Experiment.objects.get(pk=experiment.pk).status_reason})",
+    )
+    experiment.refresh_from_db()
     # The open experiment page turns analysed by itself: badge, decision, a link to the results,
     # without a navigation (the marker set before the runs survives).
     erin.wait_for_selector("#experiment-status.status-analysed", timeout=30_000)
@@ -193,18 +197,23 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker) -> None:  # 
         erin.select_option("#rehearse-form select[name=cell]", "C1")
         erin.click("#rehearse-form button[type=submit]")
         erin.wait_for_selector("#experiment-status")
-        deadline = time.monotonic() + RUNS_TIMEOUT_MS / 1000
-        while time.monotonic() < deadline:
-            experiment.refresh_from_db()
-            if (
-                experiment.status == "analysed"
+        wait_for(
+            lambda: (
+                Experiment.objects.get(pk=experiment.pk).status == "analysed"
                 and experiment.runs.filter(
-                    scenario="rehearsal", status__in=["done", "failed", "invalid"]
+                    kind="rehearsal", status__in=["done", "failed", "invalid"]
                 ).exists()
-            ):
-                break
-            time.sleep(3)
-    rehearsal = experiment.runs.get(scenario="rehearsal")
+            ),
+            RUNS_TIMEOUT_MS / 1000,
+            interval_s=3,
+            what=lambda: (
+                "the rehearsal ended and the experiment analysed: "
+                f"{list(experiment.runs.filter(kind='rehearsal').values_list('status', 'reason'))}, "
+                f"{Experiment.objects.get(pk=experiment.pk).status_reason}"
+            ),
+        )
+        experiment.refresh_from_db()
+    rehearsal = experiment.runs.get(kind="rehearsal")
     assert rehearsal.status == "done", (rehearsal.reason, rehearsal.log_tail[-2000:])
     assert experiment.status == "analysed", experiment.status_reason
     erin.goto(f"/experiments/{experiment.pk}/results/#rehearsal")

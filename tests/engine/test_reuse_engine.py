@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 import httpx
@@ -28,6 +27,7 @@ from apps.runs.services import experiment_freeze_and_enqueue
 from tests.dispatch_support import hold_tasks
 from tests.engine_support import ENGINE_MARKS
 from tests.experiments.factories import UserFactory, small_spec
+from tests.waiting import wait_for
 from workers import pipeline
 from workers.engine.idle import KV_TOLERANCE, STEADY_S, gauges_now, not_idle_reason
 from workers.pipeline import host_pull
@@ -119,13 +119,18 @@ def test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_
         busy.append(feeder)
         try:
             with httpx.Client(timeout=120) as client:
-                deadline = time.monotonic() + 600
-                while time.monotonic() < deadline and feeder.poll() is None:
+
+                def fed() -> bool:
                     gauges = gauges_now(client, base_url)
-                    if (gauges["running"] or 0) + (gauges["waiting"] or 0) >= 1:
-                        seen.update(gauges)
-                        break
-                    time.sleep(0.05)
+                    if (gauges["running"] or 0) + (gauges["waiting"] or 0) < 1:
+                        return False
+                    seen.update(gauges)
+                    return True
+
+                # A feeder that ended early leaves the server idle: the assertions below say so.
+                wait_for(
+                    lambda: feeder.poll() is not None or fed(), 600, interval_s=0.05, what="the feeder's load"
+                )
             checks.append(real(base_url, kv_idle=kv_idle, **kwargs))
             # Still fed after the check: its reads can only have found the server at work.
             seen["fed_through_check"] = feeder.poll() is None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.waiting import wait_for
 from workers.engine.scrape import (
     Scraper,
     counter_delta,
@@ -143,9 +144,7 @@ def test_it_scrapes_over_http_in_a_background_thread_and_records_errors():
     scraper = Scraper("http://engine:8000/", interval_s=0.05, client=client)
     scraper.scrape("before")
     scraper.start_during()
-    deadline = time.monotonic() + 30
-    while calls["n"] < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: calls["n"] >= 5, 30, interval_s=0.01, what="five scrapes")
     scraper.stop_during()
     scraper.scrape("after")
     phases = [s["phase"] for s in scraper.samples if s["name"] == "vllm:num_preemptions_total"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_for
 from workers.engine import procs
 from workers.engine.launcher import HostConfig
 from workers.engine.server import EngineFailed, EngineInvalid, EngineServer
@@ -36,11 +37,13 @@ def fake_server(tmp_path: Path, mode: str = "ok", **kw) -> EngineServer:
     )
 
 
-def wait_gone(pids, timeout=20.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while procs.alive_pids(pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return procs.alive_pids(pids)
+def wait_gone(pids: list[int], timeout_s: float = 20.0) -> None:
+    wait_for(
+        lambda: not procs.alive_pids(pids),
+        timeout_s,
+        interval_s=0.1,
+        what=lambda: f"processes gone (still alive: {procs.alive_pids(pids)})",
+    )
 
 
 def test_it_starts_tracks_and_stops_the_whole_process_tree(tmp_path):
@@ -121,13 +124,11 @@ def test_it_detects_a_server_that_dies_mid_run(tmp_path):
         server.start()
         main = next(p for p in procs.tree(server.pgid) if p.ppid == server.pgid)
         os.kill(main.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        while server.failure() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(server.failure, 20, interval_s=0.1, what="the killed server noticed")
         with pytest.raises(EngineFailed, match="killed by SIGKILL"):
             server.check_alive()
         # The guard took the orphaned child down with it.
-        assert wait_gone(server.tracked_pids()) == []
+        wait_gone(server.tracked_pids())
 
 
 WORKER = """
@@ -153,7 +154,7 @@ def test_it_leaves_no_process_behind_when_the_worker_is_killed(tmp_path):
         assert len(procs.alive_pids(pids)) == 3
         worker.kill()  # SIGKILL: no cleanup code of the worker runs
         worker.wait()
-        assert wait_gone(pids) == []
+        wait_gone(pids)
     finally:
         worker.kill()
         worker.wait()

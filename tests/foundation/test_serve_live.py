@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from django.conf import settings
 
+from tests.waiting import wait_for
 from workers.engine.launcher import free_port
 
 
@@ -35,13 +35,9 @@ def _children(pid: int) -> list[tuple[int, str]]:
 
 
 def _wait(predicate, timeout_s: float, what: str, log: Path):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"{what} within {timeout_s} s; serve said:\n{log.read_text()[-4000:]}")
+    return wait_for(
+        predicate, timeout_s, interval_s=0.25, what=lambda: f"{what}; serve said:\n{log.read_text()[-4000:]}"
+    )
 
 
 def _answers(url: str) -> int | None:

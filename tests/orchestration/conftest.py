@@ -6,9 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,7 @@ from django.conf import settings
 from django.db import connection
 
 from apps.runs.models import Host
-
-ENGINE_PYTHON = Path(settings.ENGINE_DIR) / "venv" / "bin" / "python"
-MODEL_DIR = Path(settings.ENGINE_DIR) / "models" / "tiny-llama"
-
-requires_engine = pytest.mark.skipif(
-    not (ENGINE_PYTHON.exists() and MODEL_DIR.exists()),
-    reason="the CPU engine is not built: run `make engine` (make test does)",
-)
+from tests.waiting import wait_for
 
 
 def test_database_url() -> str:
@@ -93,16 +85,6 @@ class Workers:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.5) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")
 
 
 @pytest.fixture

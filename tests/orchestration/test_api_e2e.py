@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import time
+from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
 from apps.accounts.tokens import token_create
+from tests.engine_support import ENGINE_MARKS
 from tests.experiments.factories import SMALL_SPEC, UserFactory
-from tests.orchestration.conftest import Workers, requires_engine
+from tests.orchestration.conftest import Workers
+from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.engine, requires_engine, pytest.mark.django_db(transaction=True)]
+pytestmark = [*ENGINE_MARKS, pytest.mark.django_db(transaction=True)]
 
 
 def _api(user, name: str) -> APIClient:  # type: ignore[no-untyped-def]
@@ -36,13 +38,13 @@ def test_create_start_wait_report_approve_and_fetch_the_manifest_through_the_api
     pk = created.json()["id"]
     assert author.post(f"/api/v1/experiments/{pk}/start").status_code == 202
 
-    deadline = time.monotonic() + 900
-    state = {}
-    while time.monotonic() < deadline:
-        state = author.get(f"/api/v1/experiments/{pk}").json()
-        if state["status"] in ("analysed", "cancelled", "planned"):
-            break
-        time.sleep(3)
+    state: dict[str, Any] = {}
+
+    def settled() -> bool:
+        state.update(author.get(f"/api/v1/experiments/{pk}").json())
+        return state["status"] in ("analysed", "cancelled", "planned")
+
+    wait_for(settled, 900, interval_s=3, what=lambda: f"experiment {pk} settled: {state}\n{workers.logs()}")
     assert state["status"] == "analysed", (state, workers.logs())
     report = author.get(f"/api/v1/experiments/{pk}/report").json()
     decision = report["decision"]

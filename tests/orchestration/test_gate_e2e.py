@@ -37,10 +37,11 @@ from django.core.management import CommandError, call_command
 
 from apps.accounts.tokens import token_create
 from apps.experiments.models import Experiment
+from tests.engine_support import ENGINE_MARKS
 from tests.experiments.factories import SMALL_SPEC, UserFactory
-from tests.orchestration.conftest import Workers, requires_engine
+from tests.orchestration.conftest import Workers
 
-pytestmark = [pytest.mark.engine, requires_engine, pytest.mark.django_db(transaction=True)]
+pytestmark = [*ENGINE_MARKS, pytest.mark.django_db(transaction=True)]
 # Its claim rests on B0's tail at this load, measured with the whole machine (tests/lanes.py): on
 # one core, beside another lane, B0's p95s were 8x longer and the unchanged candidate's ttft p95
 # 33% over B0's (against 4% alone; the gate calls 50% material).

@@ -11,11 +11,13 @@ import pytest
 from apps.experiments.models import Experiment
 from apps.runs.models import Host, MetricSample, RequestRecord, Run
 from apps.runs.services import experiment_cancel, experiment_start
+from tests.engine_support import ENGINE_MARKS
 from tests.experiments.factories import make_experiment
-from tests.orchestration.conftest import Workers, pid_alive, requires_engine, wait_for
+from tests.orchestration.conftest import Workers, pid_alive
+from tests.waiting import wait_for
 from workers.tasks import execute_run
 
-pytestmark = [pytest.mark.engine, requires_engine, pytest.mark.django_db(transaction=True)]
+pytestmark = [*ENGINE_MARKS, pytest.mark.django_db(transaction=True)]
 
 FINISHED = {"analysed", "cancelled"}
 
