@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "apps.workloads",
     "apps.runs",
     "apps.analysis",
+    "apps.lifecycle",
     "apps.approvals",
     "apps.gate",
 ]
@@ -401,5 +402,5 @@ if TAILTUNE_TOKEN_DAYS < 1:
 # The address people reach this server at: the gate's reports link to experiment pages with it
 # (`manage.py gate` on the server; through the API, the request's own address is used).
 PUBLIC_URL = envstr("TAILTUNE_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
-# An experiment that has not moved for this long is looked at by the reconciler (apps/runs/reconcile.py).
+# An experiment that has not moved for this long is looked at by the reconciler (apps/lifecycle/reconcile.py).
 RECONCILE_AFTER_S = envint("TAILTUNE_RECONCILE_AFTER_S", 300)

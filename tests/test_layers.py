@@ -34,8 +34,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("apps.experiments",),
     ("apps.runs",),
     ("apps.analysis",),
+    # The experiment's life (#33 item 2): it moves the experiment through its statuses (the only
+    # writer of Experiment.status) and drives the apps below; approvals and the gate are steps
+    # built on it (a verdict is a transition; a gate creates and starts an experiment).
+    ("apps.lifecycle",),
     ("apps.approvals", "apps.gate"),
-    ("apps.lifecycle",),  # #33 item 2: the experiment's life, on top of the domain apps
     ("apps.api", "workers", "config"),
 )
 TOP = len(LAYERS) - 1

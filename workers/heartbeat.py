@@ -5,7 +5,7 @@ server that a previous worker of this host started and never stopped (killed
 with SIGKILL, say), and fails or re-runs the run it left mid-flight, then
 (3) keeps a heartbeat thread writing ``Host.last_heartbeat``, failing the
 runs of other hosts that went silent and, about once a minute, repairing
-experiments left stuck by a lost message or a failed task (apps/runs/reconcile.py).
+experiments left stuck by a lost message or a failed task (apps/lifecycle/reconcile.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from celery.signals import worker_ready, worker_shutdown
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 10.0
-RECONCILE_EVERY_BEATS = 6  # about once a minute: apps/runs/reconcile.py
+RECONCILE_EVERY_BEATS = 6  # about once a minute: apps/lifecycle/reconcile.py
 _stop = threading.Event()
 
 
@@ -58,8 +58,8 @@ def recover_host() -> list[int]:
 def _beat() -> None:
     from django.db import close_old_connections
 
+    from apps.lifecycle.reconcile import experiments_reconcile
     from apps.runs.hosts import host_register_local
-    from apps.runs.reconcile import experiments_reconcile
     from apps.runs.services import host_heartbeat, hosts_reap_lost
 
     beats = 0

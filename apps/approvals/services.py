@@ -22,9 +22,9 @@ from apps.approvals.manifest_types import (
     ScenarioEvidence,
 )
 from apps.approvals.models import Approval, Revocation, RollbackManifest
-from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, ServerConfig
 from apps.experiments.recovery import recovery_options
+from apps.lifecycle.transition import experiment_transition
 from apps.runs.models import Run
 from apps.runs.selectors import offered_load
 
@@ -303,21 +303,17 @@ VERDICT_STATUS = {
 
 
 def _record_verdict(
-    experiment: Experiment, approver: Any, *, verdict: str, chosen_cell: str, reason: str, status_reason: str
+    experiment: Experiment, approver: Any, *, verdict: str, chosen_cell: str, reason: str
 ) -> Approval:
-    """The Approval row of a verdict and the experiment's new status (inside the caller's
-    transaction, on the locked experiment)."""
-    approval = Approval.objects.create(
+    """The Approval row of a verdict (inside the caller's transaction, on the locked experiment;
+    the caller then moves the experiment to ``VERDICT_STATUS[verdict]``)."""
+    return Approval.objects.create(
         experiment=experiment,
         approver=approver,
         verdict=verdict,
         chosen_cell=chosen_cell,
         reason=reason.strip(),
     )
-    experiment.status = VERDICT_STATUS[Approval.Verdict(verdict)]
-    experiment.status_reason = status_reason
-    experiment.save(update_fields=["status", "status_reason", "updated_at"])
-    return approval
 
 
 @transaction.atomic
@@ -414,21 +410,20 @@ def experiment_approve(
         verdict=Approval.Verdict.APPROVED,
         chosen_cell=chosen_cell,
         reason=reason,
-        status_reason=f"approved {chosen_cell} by {approver.get_username()}",
     )
     sha = mf.content_sha256(content)
     manifest = RollbackManifest.objects.create(
         experiment=experiment, approval=approval, content=content, sha256=sha, **mf.files(content, sha)
     )
-    audit_record(
-        action="experiment.approved",
+    experiment_transition(
+        experiment,
+        VERDICT_STATUS[Approval.Verdict.APPROVED],
+        reason=f"approved {chosen_cell} by {approver.get_username()}",
         actor=approver,
-        experiment=experiment,
+        action="experiment.approved",
         target=chosen_cell,
         detail={
             "reason": reason.strip(),
-            "from": Experiment.Status.ANALYSED,
-            "to": Experiment.Status.APPROVED,
             "manifest_sha256": sha,
             "decision": decision.outcome,
             "check_3": check3["check"],
@@ -454,19 +449,15 @@ def experiment_reject(*, experiment: Experiment, approver: Any, reason: str) -> 
         verdict=Approval.Verdict.REJECTED,
         chosen_cell=b0.cell_id,
         reason=reason,
-        status_reason=f"rejected by {approver.get_username()}",
     )
-    audit_record(
-        action="experiment.rejected",
+    experiment_transition(
+        experiment,
+        VERDICT_STATUS[Approval.Verdict.REJECTED],
+        reason=f"rejected by {approver.get_username()}",
         actor=approver,
-        experiment=experiment,
+        action="experiment.rejected",
         target=decision.chosen_cell or b0.cell_id,
-        detail={
-            "reason": reason.strip(),
-            "decision": decision.outcome,
-            "from": Experiment.Status.ANALYSED,
-            "to": Experiment.Status.REJECTED,
-        },
+        detail={"reason": reason.strip(), "decision": decision.outcome},
     )
     return approval
 
@@ -493,21 +484,15 @@ def approval_revoke(*, experiment: Experiment, actor: Any, reason: str) -> Revoc
     approval = Approval.objects.get(experiment=experiment)
     manifest = RollbackManifest.objects.filter(approval=approval).first()
     revocation = Revocation.objects.create(approval=approval, revoked_by=actor, reason=reason)
-    before = experiment.status
-    experiment.status = Experiment.Status.REVOKED
-    experiment.status_reason = (
-        f"approval of {approval.chosen_cell} revoked by {actor.get_username()}: {reason}"[:2000]
-    )
-    experiment.save(update_fields=["status", "status_reason", "updated_at"])
-    audit_record(
-        action="experiment.revoked",
+    experiment_transition(
+        experiment,
+        Experiment.Status.REVOKED,
+        reason=f"approval of {approval.chosen_cell} revoked by {actor.get_username()}: {reason}"[:2000],
         actor=actor,
-        experiment=experiment,
+        action="experiment.revoked",
         target=approval.chosen_cell,
         detail={
             "reason": reason,
-            "from": before,
-            "to": experiment.status,
             "approved_by": approval.approver.get_username(),
             "manifest_sha256": manifest.sha256 if manifest else None,
             "manifest": "superseded",

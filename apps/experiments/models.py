@@ -65,19 +65,30 @@ class Experiment(models.Model):
         REVOKED = "revoked"
         CANCELLED = "cancelled"
 
-    # Which transitions a status change may make; anything else is a bug.
-    TRANSITIONS: dict[str, set[str]] = {
-        "draft": {"planned", "cancelled"},
-        "planned": {"running", "cancelled"},
-        "running": {"analysed", "cancelled", "planned"},
-        # analysed -> running only to rehearse the rollback (check 4, apps/runs/rehearsal.py): the one
-        # kind of run an analysed experiment still takes (RUN_KINDS_ACCEPTED).
-        "analysed": {"approved", "rejected", "running"},
-        "approved": {"revoked"},
-        "rejected": set(),
-        "revoked": set(),
-        "cancelled": {"planned"},
+    # Every status change an experiment makes; apps/lifecycle/transition.py writes each one and
+    # refuses any other (IllegalTransition). By the step that makes it:
+    # - -> planned: the plan is made (draft); the freeze or the capacity probe failed, or the
+    #   reconciler found the freeze lost (running); planned again after a cancel.
+    # - -> running: started (planned, cancelled); a rollback rehearsal queued (check 4): by hand
+    #   while the experiment awaits approval (analysed), or by the analysis, which finds it running.
+    #   An analysed experiment takes that one kind of run only (RUN_KINDS_ACCEPTED).
+    # - -> analysed: every run finished and the analysis ran (running); results imported from
+    #   another machine, from any status in ANALYSED_BY_IMPORT.
+    # - -> cancelled: by its author, or by the reconciler when the analysis keeps failing.
+    # - -> approved, rejected: a person decided (analysed); -> revoked: the approval withdrawn.
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        "draft": frozenset({"planned", "cancelled", "analysed"}),
+        "planned": frozenset({"running", "cancelled", "analysed"}),
+        "running": frozenset({"analysed", "cancelled", "planned", "running"}),
+        "analysed": frozenset({"approved", "rejected", "running", "analysed"}),
+        "approved": frozenset({"revoked"}),
+        "rejected": frozenset(),
+        "revoked": frozenset(),
+        "cancelled": frozenset({"planned", "running", "analysed"}),
     }
+    # ``manage.py results_import`` analyses from any status a person has not decided (an analysed
+    # experiment imported again is analysed again): its rows of TRANSITIONS all lead to analysed.
+    ANALYSED_BY_IMPORT = frozenset({"draft", "planned", "running", "analysed", "cancelled"})
 
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
@@ -136,7 +147,7 @@ class Experiment(models.Model):
     DECIDED = frozenset({"approved", "rejected", "revoked"})
 
     def can_transition(self, to: str) -> bool:
-        return to in self.TRANSITIONS.get(self.status, set())
+        return to in self.TRANSITIONS.get(self.status, frozenset())
 
     def assert_accepts_runs(self, *, kind: str) -> None:
         """Raise RunsRefused unless the experiment may gain a run (or records of a run) of ``kind``.

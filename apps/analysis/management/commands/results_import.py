@@ -34,8 +34,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from django.utils import timezone
 
-from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, RunsRefused
+from apps.lifecycle.transition import experiment_transition
 from apps.runs.models import MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
 from workers.replay.records import RequestRecord
@@ -258,20 +258,18 @@ class Command(BaseCommand):
             )
             return
         decision = experiment_analyse(experiment_id=experiment.pk)
-        before = Experiment.objects.values_list("status", flat=True).get(pk=experiment.pk)
-        Experiment.objects.filter(pk=experiment.pk).exclude(status__in=sorted(Experiment.DECIDED)).update(
-            status=Experiment.Status.ANALYSED, status_reason="analysed from imported results"
-        )
-        audit_record(
+        experiment_transition(
+            experiment,
+            Experiment.Status.ANALYSED,
+            reason="analysed from imported results",
+            actor=None,
             action="experiment.analysed",
-            experiment=experiment,
             detail={
                 "source": "results_import",
-                "from": before,
-                "to": Experiment.Status.ANALYSED,
                 "decision": decision.outcome,
                 "chosen_cell": decision.chosen_cell,
             },
+            expect=Experiment.ANALYSED_BY_IMPORT,
         )
         self.stdout.write(f"decision: {decision.outcome} {decision.chosen_cell}\nrule: {decision.rule}")
 

@@ -35,6 +35,7 @@ from django.utils import timezone
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_record
 from apps.experiments.models import Experiment
+from apps.lifecycle.transition import experiment_transition
 from apps.runs import dispatch
 from apps.runs.models import Host, Run
 from apps.runs.scheduling import hosts_qualifying, runs_dispatch
@@ -49,8 +50,21 @@ def _stale_after() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "RECONCILE_AFTER_S", 300)))
 
 
-def _repaired(experiment: Experiment, repair: str, **detail: Any) -> dict[str, Any]:
-    audit_record(action="experiment.reconciled", experiment=experiment, detail={"repair": repair, **detail})
+def _repaired(
+    experiment: Experiment, repair: str, *, to: str | None = None, reason: str = "", **detail: Any
+) -> dict[str, Any]:
+    """Audit the repair as ``experiment.reconciled``; with ``to``, the repair is that status change
+    (from running, the status the caller holds locked), ``reason`` its status reason."""
+    if to is None:
+        audit_record(
+            action="experiment.reconciled", experiment=experiment, detail={"repair": repair, **detail}
+        )
+    else:
+        experiment_transition(
+            experiment, to, reason=reason, actor=None, action="experiment.reconciled",
+            detail={"repair": repair, **detail}, expect={Experiment.Status.RUNNING},
+        )  # fmt: skip
+        detail.update({"from": Experiment.Status.RUNNING, "to": to})
     log.warning("reconciled experiment %s: %s %s", experiment.pk, repair, detail)
     return {"experiment": experiment.pk, "repair": repair, **detail}
 
@@ -65,13 +79,10 @@ def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
         if failures.count() >= MAX_ANALYSIS_FAILURES:
             last = failures.order_by("-at").first()
             error = (last.detail or {}).get("error", "") if last else ""
-            reason = f"the analysis failed {failures.count()} times (last: {error})"[:2000]
-            Experiment.objects.filter(pk=experiment.pk).update(
-                status=Experiment.Status.CANCELLED, status_reason=reason, updated_at=now
-            )
             return _repaired(
                 experiment, "cancelled: the analysis keeps failing", error=error,
-                **{"from": Experiment.Status.RUNNING, "to": Experiment.Status.CANCELLED},
+                to=Experiment.Status.CANCELLED,
+                reason=f"the analysis failed {failures.count()} times (last: {error})"[:2000],
             )  # fmt: skip
         Experiment.objects.filter(pk=experiment.pk).update(updated_at=now)
         from apps.runs.services import analysis_enqueue
@@ -80,14 +91,9 @@ def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
         return _repaired(experiment, "analysis sent again: every run had finished", failures=failures.count())
     if experiment.status_reason == FREEZING and not runs.exclude(status=Run.Status.QUEUED).exists():
         if not runs.exclude(trace_sha256="").exists():
-            Experiment.objects.filter(pk=experiment.pk).update(
-                status=Experiment.Status.PLANNED,
-                status_reason="the workload was never frozen (its task was lost): start it again",
-                updated_at=now,
-            )
             return _repaired(
-                experiment, "back to planned: the freeze never ran",
-                **{"from": Experiment.Status.RUNNING, "to": Experiment.Status.PLANNED},
+                experiment, "back to planned: the freeze never ran", to=Experiment.Status.PLANNED,
+                reason="the workload was never frozen (its task was lost): start it again",
             )  # fmt: skip
     queued = list(runs.filter(status=Run.Status.QUEUED).exclude(trace_sha256="").select_related("host"))
     if queued and not runs.filter(status__in=Run.ACTIVE).exists():

@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
+from apps.lifecycle.reconcile import MAX_ANALYSIS_FAILURES, experiments_reconcile
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.models import Run
-from apps.runs.reconcile import MAX_ANALYSIS_FAILURES, experiments_reconcile
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment
 from tests.runs.factories import make_host
