@@ -1,4 +1,12 @@
-"""Approve or reject an analysed experiment (approving freezes its rollback manifest); revoke an approval."""
+"""Approve or reject an analysed experiment (approving freezes its rollback manifest); revoke an approval.
+
+Over 500 lines on purpose: it is one workflow. Everything here serves the approval's single
+transaction: its refusals (role, author, status, checks 3 and 4 and their typed overrides), the
+records the manifest states, read from the database under the experiment's row lock (B0's and
+the candidate's cells, the rollback reserve, the evidence), and the rows written together
+(Approval, RollbackManifest, the status, the audit event); reject and revoke share its checks.
+The manifest's pure form and digest are apps/approvals/manifest.py.
+"""
 
 from __future__ import annotations
 
