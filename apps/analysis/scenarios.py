@@ -38,6 +38,7 @@ from apps.analysis.scenario_records import (
     stall_p99,
     ttft_percentile,
 )
+from apps.workloads.scenario_layouts import SCENARIOS
 
 __all__ = [
     "FCFS_OVERTAKE_SHARE",
@@ -385,14 +386,19 @@ def _priority_flood(
     return claims, signal
 
 
-_CHECKS = {
-    "long_burst": _long_burst,
-    "decode_pressure": _decode_pressure,
-    "context_boundary": _context_boundary,
-    "cancellation": _cancellation,
-    "kv_pressure": _kv_pressure,
-    "priority_flood": _priority_flood,
-}
+def _checks_by_name() -> dict[str, Any]:
+    """Each failure scenario's check, found by its name: ``_<scenario>`` above. The names are
+    read from the one list of the scenarios (apps/workloads/scenario_layouts.SCENARIOS, where each
+    has its generator), so a scenario added there without a check here fails on import."""
+    missing = [name for name in SCENARIOS if not callable(globals().get(f"_{name}"))]
+    if missing:
+        raise ImportError(
+            f"no check in apps/analysis/scenarios.py for failure scenario(s) {', '.join(missing)}"
+        )
+    return {name: globals()[f"_{name}"] for name in SCENARIOS}
+
+
+_CHECKS = _checks_by_name()
 
 
 def scenario_verdict(

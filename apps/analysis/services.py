@@ -23,7 +23,6 @@ from django.db import connection, transaction
 from django.db.models import Count
 
 from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, RecordTable, error_code
-from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
@@ -108,7 +107,7 @@ def _run_inputs(runs: list[Run]) -> list[dict[str, Any]]:
             "rate": r.rate_name,
             "rate_rps": r.rate_rps,
             "repeat": r.repeat,
-            "scenario": r.scenario,
+            "scenario": r.scenario_label,
             "status": r.status,
             "reason": r.reason[:2000],
             "trace_sha256": r.trace_sha256,
@@ -308,7 +307,7 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     inputs = _experiment_inputs(experiment)
     runs = list(
-        experiment.runs.exclude(scenario=REHEARSAL_SCENARIO)
+        experiment.runs.exclude(kind=Run.Kind.REHEARSAL)
         .select_related("cell")
         .order_by("plan_position", "id")
     )
@@ -333,7 +332,9 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         quality_probes=[
             {"run": str(r.run_id), "cell": r.cell.cell_id, **(r.summary or {})["quality_probe"]}
             for r in runs
-            if r.status == Run.Status.DONE and not r.scenario and (r.summary or {}).get("quality_probe")
+            if r.status == Run.Status.DONE
+            and r.kind == Run.Kind.SWEEP
+            and (r.summary or {}).get("quality_probe")
         ],
         validator_budget=validator_budget(),
     )
@@ -429,7 +430,7 @@ def rehearsal_inputs(*, experiment: Experiment) -> dict[str, RehearsalEntry]:
         for c in experiment.classes.order_by("position")
     ]
     runs = list(
-        experiment.runs.filter(scenario=REHEARSAL_SCENARIO)
+        experiment.runs.filter(kind=Run.Kind.REHEARSAL)
         .select_related("cell", "retry", "retry_of")
         .order_by("id")
     )

@@ -71,7 +71,7 @@ def _locked(experiment: Experiment) -> Experiment:
 
 def _cell_record(experiment: Experiment, cell: ServerConfig) -> CellRecord:
     runs = list(
-        cell.runs.filter(status=Run.Status.DONE, scenario="")
+        cell.runs.filter(status=Run.Status.DONE, kind=Run.Kind.SWEEP)
         .order_by("plan_position")
         .values("effective_args", "image_digest", "hardware_id", "vllm_version")
     )

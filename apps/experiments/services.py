@@ -16,6 +16,7 @@ from apps.experiments.offers import spec_bind_errors, spec_offer_errors
 from apps.experiments.plan import expand_plan
 from apps.experiments.spec import FieldError, SpecError, SpecLimits, validate_spec
 from apps.experiments.spec_types import NormalizedSpec, RawSpec
+from apps.lifecycle.runs import run_build
 from apps.runs.models import Run
 
 
@@ -244,8 +245,9 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
     )
     runs = Run.objects.bulk_create(
         [
-            Run(
+            run_build(
                 experiment=experiment,
+                kind=Run.Kind.SWEEP,
                 cell=cells[p.cell_id],
                 mixture=p.mixture,
                 rate_name=p.rate_name,
@@ -253,17 +255,12 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
                 repeat=p.repeat,
                 round_position=p.round_position,
                 plan_position=p.plan_position,
-                model_revision=experiment.model_revision,
-                tokenizer_revision=experiment.tokenizer_revision,
-                warmup_seconds=workload.warmup_s,
-                observation_seconds=workload.observation_s,
-                drain_deadline_seconds=workload.drain_deadline_s,
             )
             for p in planned
         ]
     )
     # Failure scenarios (and the priority check) follow the sweep; they are
-    # kept apart from it by Run.scenario (apps/runs/scenarios.py).
+    # kept apart from it by Run.kind (apps/runs/scenarios.py).
     from apps.runs.scenarios import scenario_runs_build
 
     runs += Run.objects.bulk_create(scenario_runs_build(experiment=experiment, first_position=len(runs)))
@@ -289,27 +286,18 @@ def _uniform_companions(experiment: Experiment, *, cells: list[ServerConfig], fi
     Same requests and mean rate as the bursty trace, so the two differ only in
     burstiness: the p50 barely moves, the p99 is the story.
     """
-    from apps.runs.scenarios import UNIFORM
-
     w = experiment.workload
     combos = [(c, m, r) for m in sorted(w.mixtures) for r in sorted(w.rates) for c in cells]
     return [
-        Run(
+        run_build(
             experiment=experiment,
+            kind=Run.Kind.UNIFORM,
             cell=cell,
             mixture=mixture,
             rate_name=rate,
             rate_rps=w.rate_for(mixture, rate),
-            repeat=1,
             round_position=i,
             plan_position=first + i,
-            kind=Run.Kind.UNIFORM,
-            scenario=UNIFORM,
-            model_revision=experiment.model_revision,
-            tokenizer_revision=experiment.tokenizer_revision,
-            warmup_seconds=w.warmup_s,
-            observation_seconds=w.observation_s,
-            drain_deadline_seconds=w.drain_deadline_s,
         )
         for i, (cell, mixture, rate) in enumerate(combos)
     ]

@@ -329,7 +329,7 @@ def experiment_progress_json(request: HttpRequest, pk: int) -> JsonResponse:
                     "mixture": r.mixture,
                     "rate": r.rate_name,
                     "repeat": r.repeat,
-                    "scenario": r.scenario,
+                    "scenario": r.scenario_label,
                     "host": r.host.name if r.host else None,
                     "phase": r.status,
                     "requests_sent": r.requests_sent,

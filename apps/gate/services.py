@@ -33,6 +33,7 @@ from apps.gate.build import (
 )
 from apps.gate.verdict import gate_verdict
 from apps.gate.verdict_types import GateResource
+from apps.runs.models import Run
 from clients.tailtune_gate import FORMATS as GATE_FORMATS  # one list for the client and the server
 
 
@@ -228,7 +229,7 @@ def gate_resource(
     if verdict["verdict"] == "inconclusive":
         # Why each run that is not data was refused, in the run's own words.
         for cell, mix, rate, rep, run_status, reason in (
-            experiment.runs.filter(status__in=["invalid", "failed", "cancelled"], scenario="")
+            experiment.runs.filter(status__in=["invalid", "failed", "cancelled"], kind=Run.Kind.SWEEP)
             .order_by("plan_position")
             .values_list("cell__cell_id", "mixture", "rate_name", "repeat", "status", "reason")[:20]
         ):

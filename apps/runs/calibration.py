@@ -10,7 +10,7 @@ Steps of :func:`experiment_calibrate`:
    rates (:func:`next_rate`: doubling from ``start_rps`` until a step fails,
    then bisecting between the highest pass and the lowest failure until the
    bracket is within ``tolerance``, at most ``max_steps`` steps). Each step is
-   a real Run (``scenario="calibration"``) with its own generated trace and
+   a real Run (``kind="calibration"``) with its own generated trace and
    the probe's short observation window, executed by the run pipeline.
 2. A step passes when the run is ``done`` and every class of the mixture
    keeps its contract with accepted / offered >= ``min_accepted_share``
@@ -53,7 +53,7 @@ from apps.runs.capacity import capacity_of, frozen_rates, next_rate, probe_passe
 from apps.runs.hosts import hosts_alive
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
-from apps.runs.scenarios import CALIBRATION, UNIFORM, probe_run_create
+from apps.runs.scenarios import probe_run_create
 from apps.runs.selectors import calibration_settings, goodput_settings
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer
@@ -248,7 +248,7 @@ def experiment_calibrate(*, experiment_id: int, execute: Executor, actor: Any = 
     if settings is None:
         raise CalibrationError("the spec has no enabled calibration block")
     if (
-        experiment.runs.filter(scenario="")
+        experiment.runs.filter(kind=Run.Kind.SWEEP)
         .exclude(status__in=[Run.Status.QUEUED, Run.Status.CANCELLED])
         .exists()
     ):
@@ -308,7 +308,7 @@ def experiment_calibrate(*, experiment_id: int, execute: Executor, actor: Any = 
             rates=rates, mixture_rates=mixture_rates, rates_source="probe", rates_derivation=derivation
         )
         workload.rates, workload.mixture_rates = rates, mixture_rates
-        swept = experiment.runs.filter(scenario__in=["", UNIFORM])
+        swept = experiment.runs.filter(kind__in=[Run.Kind.SWEEP, Run.Kind.UNIFORM])
         for mixture, name in set(swept.values_list("mixture", "rate_name")):
             swept.filter(mixture=mixture, rate_name=name).update(rate_rps=workload.rate_for(mixture, name))
         audit_record(
@@ -322,7 +322,9 @@ def experiment_calibrate(*, experiment_id: int, execute: Executor, actor: Any = 
 
 def calibration_runs_retire(*, experiment: Experiment) -> int:
     """Cancel probe runs left queued (a restart re-queues cancelled runs; a probe step is never resumed)."""
-    return Run.objects.filter(experiment=experiment, scenario=CALIBRATION, status=Run.Status.QUEUED).update(
+    return Run.objects.filter(
+        experiment=experiment, kind__in=sorted(Run.PROBES), status=Run.Status.QUEUED
+    ).update(
         status=Run.Status.CANCELLED,
         reason="probe step not resumed after a restart",
         finished_at=timezone.now(),
@@ -360,7 +362,7 @@ def cell_goodput_capacity(
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     settings = goodput_settings(experiment)
     cell = experiment.cells.get(cell_id=cell_id)
-    first = Run.objects.filter(experiment=experiment, scenario=CALIBRATION).count()
+    first = Run.objects.filter(experiment=experiment, kind__in=sorted(Run.PROBES)).count()
     try:
         # Before the first trace is generated; each step's run is refused on its own as well.
         experiment.assert_accepts_runs(kind=Run.Kind.CALIBRATION)

@@ -146,7 +146,9 @@ def experiment_skip_doomed(*, experiment_id: int, cell_id: str | None = None) ->
         log.warning("early stop: experiment %s has unusable analysis options: %s", experiment_id, exc)
         return {}
 
-    runs = list(experiment.runs.filter(scenario="").select_related("cell").order_by("plan_position", "id"))
+    runs = list(
+        experiment.runs.filter(kind=Run.Kind.SWEEP).select_related("cell").order_by("plan_position", "id")
+    )
     baselines = {r.cell.cell_id for r in runs if r.cell.role == "baseline"}
     baseline = next(iter(baselines), "")
     queued = {
@@ -184,7 +186,7 @@ def experiment_skip_doomed(*, experiment_id: int, cell_id: str | None = None) ->
                 "mixture": r.mixture,
                 "rate": r.rate_name,
                 "repeat": r.repeat,
-                "scenario": r.scenario,
+                "scenario": r.scenario_label,
                 "status": r.status,
             }
             for r in runs
@@ -205,7 +207,10 @@ def experiment_skip_doomed(*, experiment_id: int, cell_id: str | None = None) ->
     for cell, why in sorted(found.items()):
         pending = (
             Run.objects.filter(
-                experiment_id=experiment_id, cell_id=cell_pk[cell], scenario="", status=Run.Status.QUEUED
+                experiment_id=experiment_id,
+                cell_id=cell_pk[cell],
+                kind=Run.Kind.SWEEP,
+                status=Run.Status.QUEUED,
             )
             .exclude(cell__role="baseline")
             .values_list("pk", flat=True)
@@ -251,7 +256,7 @@ def experiment_skip_after_invalid(*, experiment_id: int, run_pk: int) -> str | N
         return None
     if not stop_on_invalid_enabled(experiment.spec):
         return None
-    run = Run.objects.filter(pk=run_pk, experiment_id=experiment_id, scenario="").first()
+    run = Run.objects.filter(pk=run_pk, experiment_id=experiment_id, kind=Run.Kind.SWEEP).first()
     if run is None:
         return None
     workload = getattr(experiment, "workload", None)
@@ -264,7 +269,7 @@ def experiment_skip_after_invalid(*, experiment_id: int, run_pk: int) -> str | N
     if why is None:
         return None
     reason = f"the answer is inconclusive (run {run.run_id} {why})"
-    queued = Run.objects.filter(experiment_id=experiment_id, scenario="", status=Run.Status.QUEUED)
+    queued = Run.objects.filter(experiment_id=experiment_id, kind=Run.Kind.SWEEP, status=Run.Status.QUEUED)
     n = _skip_queued(
         experiment,
         list(queued.values_list("pk", flat=True)),

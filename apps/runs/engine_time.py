@@ -40,7 +40,7 @@ def engine_time_account(
     runs: Iterable[Mapping[str, Any]], *, default_start_s: float
 ) -> dict[str, Any] | None:
     """Steps 1-4 (module docstring) over run rows: ``status``, ``host``, ``cell``, ``repeat``,
-    ``scenario``, ``planned_s`` (warm-up + observation + drain deadline), ``windows_s``
+    ``kind``, ``planned_s`` (warm-up + observation + drain deadline), ``windows_s``
     (warm-up + observation), ``drain_deadline_s``, ``engine_time`` (the recorded parts or
     None), ``started_at`` and ``finished_at``. None when no run has recorded any."""
     rows = list(runs)
@@ -65,7 +65,7 @@ def engine_time_account(
     skipped = [r for r in rows if r["status"] == Run.Status.SKIPPED]
     groups: dict[tuple[Any, Any], list[str]] = defaultdict(list)
     for r in rows:
-        if not r["scenario"]:
+        if r["kind"] == Run.Kind.SWEEP:
             groups[(r["cell"], r["repeat"])].append(r["status"])
     never_started = sum(
         1 for statuses in groups.values() if statuses and set(statuses) == {Run.Status.SKIPPED}
@@ -107,7 +107,7 @@ def engine_time_summary(*, experiment: Experiment) -> dict[str, Any] | None:
 
     rows = []
     for r in experiment.runs.values(
-        "status", "host__name", "cell__cell_id", "repeat", "scenario", "warmup_seconds",
+        "status", "host__name", "cell__cell_id", "repeat", "kind", "warmup_seconds",
         "observation_seconds", "drain_deadline_seconds", "summary__engine_time", "started_at", "finished_at",
     ):  # fmt: skip
         windows = float(r["warmup_seconds"]) + float(r["observation_seconds"])
@@ -117,7 +117,7 @@ def engine_time_summary(*, experiment: Experiment) -> dict[str, Any] | None:
                 "host": r["host__name"],
                 "cell": r["cell__cell_id"],
                 "repeat": r["repeat"],
-                "scenario": r["scenario"],
+                "kind": r["kind"],
                 "windows_s": windows,
                 "drain_deadline_s": float(r["drain_deadline_seconds"]),
                 "planned_s": windows + float(r["drain_deadline_seconds"]),

@@ -72,7 +72,7 @@ class Run(models.Model):
         SKIPPED = "skipped"
 
     class Kind(models.TextChoices):
-        """What a run is for; ``scenario`` names which failure scenario a ``scenario`` run is."""
+        """What a run is: the one field that says so (``scenario`` only names a ``scenario`` run's scenario)."""
 
         SWEEP = "sweep"  # a (cell, mixture, rate, repeat) of the plan: the decision's data
         UNIFORM = "uniform"  # the uniform-spacing companion of a sweep trace
@@ -81,6 +81,8 @@ class Run(models.Model):
         SCENARIO = "scenario"  # a failure scenario (docs/SCENARIOS.md)
         REHEARSAL = "rehearsal"  # the rollback rehearsal of the proposed cell (check 4)
 
+    # The capacity probe's steps, goodput searches and the pace probe: run inline, kept out of the sweep.
+    PROBES = frozenset({Kind.CALIBRATION, Kind.PACE})
     FINISHED = {"done", "invalid", "failed", "cancelled", "skipped"}
     ACTIVE = {"starting", "warming", "measuring", "draining"}
 
@@ -95,8 +97,8 @@ class Run(models.Model):
     round_position = models.PositiveIntegerField()
     plan_position = models.PositiveIntegerField()
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.SWEEP, db_index=True)
-    # Empty for a sweep run; else what ``kind`` says: "uniform", "calibration" (calibration and
-    # pace runs), "rehearsal", or a failure scenario's name (the constraint below holds them together).
+    # The failure scenario's name (apps/workloads/scenario_layouts.SCENARIOS, or the priority check)
+    # of a ``scenario`` run; empty for every other kind (the constraint below holds them together).
     scenario = models.CharField(max_length=64, blank=True)
     trace = models.ForeignKey("workloads.Trace", null=True, blank=True, on_delete=models.PROTECT)
     trace_sha256 = models.CharField(max_length=64, blank=True)
@@ -155,22 +157,23 @@ class Run(models.Model):
         indexes = [models.Index(fields=["experiment", "status"])]
         constraints = [
             models.CheckConstraint(
-                name="run_kind_matches_scenario",
+                name="run_scenario_only_on_scenario_kind",
                 condition=(
-                    models.Q(kind="sweep", scenario="")
-                    | models.Q(kind="uniform", scenario="uniform")
-                    | models.Q(kind="rehearsal", scenario="rehearsal")
-                    | models.Q(kind__in=["calibration", "pace"], scenario="calibration")
-                    | (
-                        models.Q(kind="scenario")
-                        & ~models.Q(scenario__in=["", "uniform", "rehearsal", "calibration"])
-                    )
+                    (models.Q(kind="scenario") & ~models.Q(scenario=""))
+                    | (~models.Q(kind="scenario") & models.Q(scenario=""))
                 ),
             )
         ]
 
     def __str__(self) -> str:
         return f"{self.cell.cell_id}/{self.mixture}/{self.rate_name}/r{self.repeat}"
+
+    @property
+    def scenario_label(self) -> str:
+        """What the pages, the export and the report call the run's scenario (the wording they had
+        before ``kind``): the failure scenario's name, the kind of a uniform, calibration or
+        rehearsal run ("calibration" for a pace run too), "" for a sweep run."""
+        return self.scenario if self.kind == self.Kind.SCENARIO else SCENARIO_LABEL_OF_KIND[self.kind]
 
     @property
     def is_finished(self) -> bool:
@@ -205,6 +208,17 @@ class Run(models.Model):
             self.measuring_at = timezone.now()
             fields.append("measuring_at")
         self.save(update_fields=fields)
+
+
+# Run.scenario_label of the kinds that are not a failure scenario (the report's "scenario" of a run,
+# apps/analysis/checks.py's CALIBRATION_SCENARIO, UNIFORM_SCENARIO and REHEARSAL_SCENARIO).
+SCENARIO_LABEL_OF_KIND: dict[str, str] = {
+    Run.Kind.SWEEP: "",
+    Run.Kind.UNIFORM: "uniform",
+    Run.Kind.CALIBRATION: "calibration",
+    Run.Kind.PACE: "calibration",
+    Run.Kind.REHEARSAL: "rehearsal",
+}
 
 
 class RequestRecord(models.Model):

@@ -1,6 +1,6 @@
 """Rollback rehearsals as runs: when one is due, and starting one.
 
-A rehearsal is a Run with ``scenario = "rehearsal"`` (apart from the sweep: the
+A rehearsal is a Run with ``kind = "rehearsal"`` (apart from the sweep: the
 paired analysis never reads it). It replays one frozen sweep trace (by default
 the first mixture at its highest agreed rate, repeat 1) against the candidate
 and rolls back to B0 mid-way (workers/rehearsal.py runs it; apps/analysis/
@@ -29,17 +29,14 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from apps.analysis.decide import REHEARSAL_SCENARIO
 from apps.analysis.rehearsal import REHEARSAL_QUEUED
 from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, RunsRefused, ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.experiments.spec import RUN_OVERHEAD_S
+from apps.lifecycle.runs import run_build
 from apps.runs.models import Run
 from apps.runs.scheduling import hosts_qualifying, runs_dispatch
-
-REHEARSAL = REHEARSAL_SCENARIO
-
 
 # The longest reason a repeat may carry (the audit log and the manifest keep it whole).
 MAX_REASON_CHARS = 2000
@@ -74,7 +71,7 @@ def rehearsal_cost_s(experiment: Experiment) -> float:
 
 def _source_run(experiment: Experiment, mixture: str, rate: str) -> Run:
     source = (
-        experiment.runs.filter(scenario="", mixture=mixture, rate_name=rate)
+        experiment.runs.filter(kind=Run.Kind.SWEEP, mixture=mixture, rate_name=rate)
         .exclude(trace_sha256="")
         .order_by("repeat", "plan_position")
         .first()
@@ -96,8 +93,9 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
     mixture, rate = rehearsal_point(experiment)
     source = _source_run(experiment, mixture, rate)
     last = experiment.runs.order_by("-plan_position").values_list("plan_position", flat=True).first() or 0
-    return Run.objects.create(
+    run = run_build(
         experiment=experiment,
+        kind=Run.Kind.REHEARSAL,
         cell=cell,
         mixture=mixture,
         rate_name=rate,
@@ -105,18 +103,10 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
         repeat=source.repeat,
         round_position=0,
         plan_position=last + 1,
-        kind=Run.Kind.REHEARSAL,
-        scenario=REHEARSAL,
-        trace=source.trace,
-        trace_sha256=source.trace_sha256,
-        corpus_sha256=source.corpus_sha256,
-        requests_planned=source.requests_planned,
-        model_revision=experiment.model_revision,
-        tokenizer_revision=experiment.tokenizer_revision,
-        warmup_seconds=source.warmup_seconds,
-        observation_seconds=source.observation_seconds,
-        drain_deadline_seconds=source.drain_deadline_seconds,
+        replays=source,
     )
+    run.save()
+    return run
 
 
 def _queue(experiment: Experiment, cell: ServerConfig, *, actor: Any, reason: str, earlier: list[str]) -> Run:
@@ -156,7 +146,7 @@ def _attempts(experiment: Experiment, cell: ServerConfig) -> list[str]:
     """The run ids of the cell's rehearsal attempts so far, oldest first."""
     return [
         str(run_id)
-        for run_id in experiment.runs.filter(scenario=REHEARSAL, cell=cell)
+        for run_id in experiment.runs.filter(kind=Run.Kind.REHEARSAL, cell=cell)
         .order_by("id")
         .values_list("run_id", flat=True)
     ]
@@ -172,7 +162,7 @@ def rehearsal_due(*, experiment_id: int, chosen_cell: str) -> Run | None:
     ):
         return None
     cell = experiment.cells.filter(cell_id=chosen_cell, role=ServerConfig.Role.CANDIDATE).first()
-    if cell is None or experiment.runs.filter(scenario=REHEARSAL, cell=cell).exists():
+    if cell is None or experiment.runs.filter(kind=Run.Kind.REHEARSAL, cell=cell).exists():
         return None
     try:
         with transaction.atomic():  # a savepoint: no half-made rehearsal run stays behind
@@ -213,7 +203,7 @@ def rehearsal_start(*, experiment: Experiment, cell_id: str, actor: Any, reason:
             "report and the manifest",
             field="reason",
         )
-    if experiment.runs.filter(scenario=REHEARSAL).exclude(status__in=Run.FINISHED).exists():
+    if experiment.runs.filter(kind=Run.Kind.REHEARSAL).exclude(status__in=Run.FINISHED).exists():
         raise RehearsalError("a rehearsal of this experiment is already queued or running")
     return _queue(
         experiment, cell, actor=actor, reason=reason or "started from the results page", earlier=earlier

@@ -1,6 +1,6 @@
 """Failure-scenario runs: plan them, freeze their traces, and judge them.
 
-Scenario runs are ordinary Run rows (``scenario=<name>``) executed by the
+Scenario runs are ordinary Run rows (``kind="scenario"``, ``scenario=<name>``) executed by the
 same pipeline as the sweep; they follow the sweep in the plan and the
 analysis keeps them apart from it. The generators are pure
 (apps/workloads/scenarios.py), and so are the checks
@@ -16,10 +16,10 @@ from typing import Any
 from django.db import transaction
 from django.db.models import QuerySet
 
-from apps.analysis.decide import CALIBRATION_SCENARIO, NOT_FAILURE_SCENARIOS, UNIFORM_SCENARIO
 from apps.analysis.scenarios import decode_step_ms, scenario_verdict, scenarios_summary
 from apps.analysis.server import server_metrics
 from apps.experiments.models import Experiment, ServerConfig
+from apps.lifecycle.runs import run_build
 from apps.runs.models import MetricSample, RequestRecord, Run
 from apps.workloads.models import Trace
 from apps.workloads.prompts import PromptTokenizer
@@ -35,16 +35,12 @@ from apps.workloads.services import tokenizer_dir, trace_store
 from apps.workloads.tracefile import Trace as TraceFile
 from workers.replay.records import SCALAR_RECORD_FIELDS
 
-# Run.scenario of the capacity probe's runs (apps/runs/calibration.py) and of the
-# uniform companions: not failure scenarios.
-CALIBRATION = CALIBRATION_SCENARIO
-UNIFORM = UNIFORM_SCENARIO
 SCENARIO_RATE_NAME = "scenario"
 
 
 def failure_scenario_runs(*, experiment: Experiment) -> QuerySet[Run]:
     """The experiment's failure-scenario runs (not the sweep, the probe's runs or the uniform companions)."""
-    return experiment.runs.exclude(scenario="").exclude(scenario__in=NOT_FAILURE_SCENARIOS)
+    return experiment.runs.filter(kind=Run.Kind.SCENARIO)
 
 
 def probe_run_create(
@@ -59,7 +55,7 @@ def probe_run_create(
     windows: Mapping[str, Any],
     kind: str = Run.Kind.CALIBRATION,
 ) -> Run:
-    """A queued probe run (``scenario="calibration"``) replaying a stored trace on ``cell``.
+    """A queued probe run (``kind`` calibration or pace) replaying a stored trace on ``cell``.
 
     Capacity-probe steps, goodput searches and the pace run are all this: one
     engine run the caller executes inline, kept apart from the sweep.
@@ -68,27 +64,20 @@ def probe_run_create(
     """
     with transaction.atomic():  # the experiment row stays locked until the run is written
         experiment.assert_accepts_runs(kind=kind)
-        return Run.objects.create(
+        run = run_build(
             experiment=experiment,
+            kind=kind,
             cell=cell,
             mixture=mixture,
             rate_name=rate_name,
             rate_rps=rate_rps,
-            repeat=1,
             round_position=position,
             plan_position=position,
-            kind=kind,
-            scenario=CALIBRATION,
+            windows=windows,
             trace=trace,
-            trace_sha256=trace.sha256,
-            corpus_sha256=trace.corpus_sha256,
-            requests_planned=trace.requests,
-            model_revision=experiment.model_revision,
-            tokenizer_revision=experiment.tokenizer_revision,
-            warmup_seconds=float(windows["warmup_s"]),
-            observation_seconds=float(windows["observation_s"]),
-            drain_deadline_seconds=float(windows["drain_deadline_s"]),
         )
+        run.save()
+        return run
 
 
 def _policy(cell: ServerConfig) -> str:
@@ -126,22 +115,17 @@ def scenario_runs_build(*, experiment: Experiment, first_position: int) -> list[
     for i, (name, params, cell) in enumerate(scenario_entries(spec=experiment.spec or {}, cells=cells)):
         windows = scenario_windows(name, params)
         runs.append(
-            Run(
+            run_build(
                 experiment=experiment,
+                kind=Run.Kind.SCENARIO,
+                scenario=name,
                 cell=cell,
                 mixture=name,
                 rate_name=SCENARIO_RATE_NAME,
                 rate_rps=0.0,  # the offered rate is known once the trace is frozen
-                repeat=1,
                 round_position=i,
                 plan_position=first_position + i,
-                kind=Run.Kind.SCENARIO,
-                scenario=name,
-                model_revision=experiment.model_revision,
-                tokenizer_revision=experiment.tokenizer_revision,
-                warmup_seconds=windows["warmup_s"],
-                observation_seconds=windows["observation_s"],
-                drain_deadline_seconds=windows["drain_deadline_s"],
+                windows=windows,
             )
         )
     return runs
@@ -167,7 +151,7 @@ def experiment_pace(*, experiment: Experiment) -> tuple[float | None, str | None
     """
     probes = (
         experiment.runs.filter(
-            scenario=CALIBRATION, status=Run.Status.DONE, cell__role=ServerConfig.Role.BASELINE
+            kind__in=sorted(Run.PROBES), status=Run.Status.DONE, cell__role=ServerConfig.Role.BASELINE
         )
         .order_by("rate_rps", "plan_position")
         .only("pk", "run_id", "rate_rps", "mixture")
@@ -205,7 +189,7 @@ def scenario_context(*, experiment: Experiment) -> ScenarioContext:
 
 
 # The pace probe: a few streams one after another on B0, when scenarios need sizing and
-# no capacity probe measured the pace (Run.scenario "calibration", mixture and rate "pace").
+# no capacity probe measured the pace (Run.kind "pace", mixture and rate "pace").
 PACE = "pace"
 PACE_PARAMS = {"concurrency": 4, "ramp_s": 2.0, "observation_s": 2.5, "drain_deadline_s": 30.0}
 PACE_OUTPUT_TOKENS = 128
@@ -233,7 +217,7 @@ def scenario_pace_probe(*, experiment: Experiment, execute: Any) -> float | None
     """Measure B0's decode pace with one short run (four streams, 0.5 s apart); returns it.
 
     Costs one engine run on the host. The run is an ordinary probe run
-    (``scenario="calibration"``, mixture and rate ``pace``), so
+    (``kind="pace"``, mixture and rate ``pace``), so
     :func:`experiment_pace` finds it like a capacity probe's step.
     """
     trace = pace_trace(
@@ -248,7 +232,7 @@ def scenario_pace_probe(*, experiment: Experiment, execute: Any) -> float | None
         mixture=PACE,
         rate_name=PACE,
         rate_rps=round(len(trace.requests) / float(trace.meta["observation_s"]), 6),
-        position=experiment.runs.filter(scenario=CALIBRATION).count(),
+        position=experiment.runs.filter(kind__in=sorted(Run.PROBES)).count(),
         windows=trace.meta,
         kind=Run.Kind.PACE,
     )

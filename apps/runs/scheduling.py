@@ -142,12 +142,12 @@ def run_claim_next(*, host: Host) -> Run | None:
         if won != 1:
             return None
         run = Run.objects.select_related("experiment", "cell", "trace", "experiment__workload").get(pk=run.pk)
-        if not run.scenario and reuse_enabled(run.experiment):
+        if run.kind == Run.Kind.SWEEP and reuse_enabled(run.experiment):
             Run.objects.filter(
                 experiment_id=run.experiment_id,
                 cell_id=run.cell_id,
                 repeat=run.repeat,
-                scenario="",
+                kind=Run.Kind.SWEEP,
                 status=Run.Status.QUEUED,
                 host__isnull=True,
             ).update(host=host)

@@ -152,7 +152,7 @@ def run_record(run: Any) -> dict[str, Any]:
         "rate": run.rate_name,
         "rate_rps": run.rate_rps,
         "repeat": run.repeat,
-        "scenario": run.scenario,
+        "scenario": run.scenario_label,
         "status": run.status,
         "trace_sha256": run.trace_sha256,
         "corpus_sha256": run.corpus_sha256,

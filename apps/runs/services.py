@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, RunsRefused, Workload
+from apps.lifecycle.runs import run_retry_build
 from apps.runs import dispatch
 from apps.runs.hosts import HEARTBEAT_TIMEOUT
 from apps.runs.models import Host, Run
@@ -102,8 +103,6 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         experiment_calibrate,
     )
     from apps.runs.scenarios import (
-        CALIBRATION,
-        UNIFORM,
         scenario_pace_probe,
         scenario_runs_attach,
         scenario_traces_freeze,
@@ -157,7 +156,7 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         scenario_traces = scenario_traces_freeze(experiment=experiment)
         probe = quality_probe_freeze(experiment=experiment)
         uniform_traces = {}
-        if experiment.runs.filter(scenario=UNIFORM).exists():
+        if experiment.runs.filter(kind=Run.Kind.UNIFORM).exists():
             uniform_traces = workload_traces_freeze(experiment=experiment, uniform=True, repeats=[1])
     except Exception as exc:  # the user sees why, and can start again after fixing it
         log.exception("freezing experiment %s failed", experiment_id)
@@ -174,22 +173,20 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
     with transaction.atomic():
         runs = list(
             experiment.runs.filter(status=Run.Status.QUEUED)
-            .exclude(scenario=CALIBRATION)
+            .exclude(kind__in=sorted(Run.PROBES))
             .order_by("plan_position")
         )
         for run in runs:
-            if run.scenario and run.scenario != UNIFORM:
+            if run.kind not in (Run.Kind.SWEEP, Run.Kind.UNIFORM):
                 continue
-            trace = (uniform_traces if run.scenario == UNIFORM else traces)[
+            trace = (uniform_traces if run.kind == Run.Kind.UNIFORM else traces)[
                 (run.mixture, run.rate_name, run.repeat)
             ]
             run.trace = trace
             run.trace_sha256 = trace.sha256
             run.corpus_sha256 = trace.corpus_sha256
             run.requests_planned = trace.requests
-        scenario_runs_attach(
-            runs=[r for r in runs if r.scenario and r.scenario != UNIFORM], traces=scenario_traces
-        )
+        scenario_runs_attach(runs=[r for r in runs if r.kind == Run.Kind.SCENARIO], traces=scenario_traces)
         Run.objects.bulk_update(
             runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned", "rate_rps"]
         )
@@ -277,22 +274,13 @@ def run_requeue_once(*, run: Run, reason: str) -> Run | None:
         return None
     if run.experiment.status != Experiment.Status.RUNNING:
         return None
-    fields = {
-        f.name: getattr(run, f.name)
-        for f in Run._meta.concrete_fields
-        if f.name
-        not in {"id", "run_id", "status", "reason", "attempts", "host", "server_pid", "log_path", "log_tail",
-                "requests_sent", "effective_args", "started_at", "measuring_at", "finished_at", "created_at",
-                "updated_at", "summary", "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "dispatch_lag_max_ms",
-                "achieved_rate_rps", "image_digest", "vllm_version", "hardware_id", "retry_of", "generation",
-                "live", "dispatched_at"}
-    }  # fmt: skip
     with transaction.atomic():
         try:
             run.experiment.assert_accepts_runs(kind=run.kind)
         except RunsRefused:
             return None  # decided meanwhile: a retry would add to its evidence
-        retry = Run.objects.create(**fields, retry_of=run)
+        retry = run_retry_build(run=run)
+        retry.save()
         # Runnable by any qualifying host; with none alive it waits for one (a host's worker
         # pulls on start, workers/heartbeat.py).
         runs_dispatch([retry], run.experiment)

@@ -192,6 +192,6 @@ BUILDERS = {
     "kv_pressure": _kv_pressure,
     "priority_flood": _priority_flood,
 }
-# The one list of the failure scenarios: each has a generator here and a check in
-# apps/analysis/scenarios.py (tests/scenarios/test_generators.py holds the two to it).
+# The one list of the failure scenarios: each has a generator here, and apps/analysis/scenarios.py
+# reads this list to find each one's check (``_<name>`` there; a missing one fails its import).
 SCENARIOS = tuple(BUILDERS)

@@ -314,7 +314,6 @@ def serve_and_run(data: Path, port: int, experiment_id: int) -> dict[str, Any]:
 
 def export(experiment_id: int, out: Path) -> dict[str, Any]:
     """The report's inputs as the service builds them, every record and the samples it reads."""
-    from apps.analysis.decide import REHEARSAL_SCENARIO
     from apps.analysis.services import _experiment_inputs, _run_inputs, _samples
     from apps.experiments.models import Experiment
     from apps.runs.models import RequestRecord as RecordRow
@@ -324,7 +323,7 @@ def export(experiment_id: int, out: Path) -> dict[str, Any]:
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     inputs = _experiment_inputs(experiment)
     runs = list(
-        experiment.runs.exclude(scenario=REHEARSAL_SCENARIO)
+        experiment.runs.exclude(kind=Run.Kind.REHEARSAL)
         .select_related("cell")
         .order_by("plan_position", "id")
     )

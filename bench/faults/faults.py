@@ -155,7 +155,7 @@ def runs_table(exp: Any) -> list[str]:
 
     lines = ["| run | cell | status | retry of | records / planned | distinct | dispatch lag p99 (tolerance) | reason |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for run in Run.objects.filter(experiment=exp).exclude(scenario="rehearsal").order_by("id"):
+    for run in Run.objects.filter(experiment=exp).exclude(kind=Run.Kind.REHEARSAL).order_by("id"):
         idx = list(RequestRecord.objects.filter(run=run).values_list("index", flat=True))
         lag = run.dispatch_lag_p99_ms
         lines.append(
@@ -359,7 +359,7 @@ def kills(tmp: Path) -> list[str]:
     left = vllm_left()
     doubled, missing = integrity(exp)
     ends: dict[str, int] = {}
-    for run in Run.objects.filter(experiment=exp).exclude(scenario="rehearsal"):
+    for run in Run.objects.filter(experiment=exp).exclude(kind=Run.Kind.REHEARSAL):
         key = run.status
         if run.status == "failed":
             key = (

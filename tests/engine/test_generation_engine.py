@@ -44,7 +44,7 @@ def test_the_sampling_settings_reach_the_server_and_a_cell_sent_with_others_is_i
     host_register_local()
     Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
     experiment_freeze_and_enqueue(experiment_id=experiment.pk)
-    runs = {r.cell.cell_id: r for r in experiment.runs.filter(scenario="").select_related("cell")}
+    runs = {r.cell.cell_id: r for r in experiment.runs.filter(kind=Run.Kind.SWEEP).select_related("cell")}
     assert set(runs) == {"B0", "C1"}
 
     # What the bodies of C1's run carry: a worker configured otherwise (another seed and temperature).

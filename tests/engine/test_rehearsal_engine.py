@@ -75,7 +75,7 @@ def _rehearsal(
     if switch_after_long:
         # The trace is frozen from the seed, so which request comes when is known: switch 0.05 s
         # after a long request's arrival, so its stream is open at the deadline (switch + drain).
-        trace = trace_load(sha256=experiment.runs.filter(scenario="").first().trace_sha256)
+        trace = trace_load(sha256=experiment.runs.filter(kind=Run.Kind.SWEEP).first().trace_sha256)
         arrival = next(r.t_offset_s for r in trace.requests if r.klass == "long" and 3 <= r.t_offset_s <= 12)
         spec = {
             **experiment.spec,
@@ -84,7 +84,7 @@ def _rehearsal(
         Experiment.objects.filter(pk=experiment.pk).update(spec=spec)
         experiment.refresh_from_db()
     # The sweep itself is not what is tested here: the rehearsal replays its frozen trace.
-    experiment.runs.filter(scenario="").update(status=Run.Status.DONE)
+    experiment.runs.filter(kind=Run.Kind.SWEEP).update(status=Run.Status.DONE)
     Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.ANALYSED)
     run = rehearsal_start(experiment=experiment, cell_id="C1", actor=owner)
     assert run_execute(run_pk=run.pk) in ("done", "failed", "invalid")

@@ -39,6 +39,9 @@ WRITERS: dict[tuple[str, str], str] = {
     ("apps/runs/scenarios.py", "probe_run_create"): "probe_run_create",
     ("apps/runs/services.py", "run_requeue_once"): "run_requeue_once",
     ("apps/runs/rehearsal.py", "_create"): "rehearsal_create",
+    # The one run builder: every caller above saves what it builds, under the caller's guard.
+    ("apps/lifecycle/runs.py", "run_build"): "experiment_plan",
+    ("apps/lifecycle/runs.py", "run_retry_build"): "run_requeue_once",
     ("apps/runs/ingest.py", "records_ingest"): "records_ingest",
     ("apps/runs/ingest.py", "_copy_ignore_conflicts"): "records_ingest",
     ("apps/runs/ingest.py", "metric_samples_ingest"): "metric_samples_ingest",
@@ -47,6 +50,7 @@ WRITERS: dict[tuple[str, str], str] = {
     ("apps/analysis/management/commands/results_import.py", "Command._samples"): "results_import",
 }
 GUARDED_MODELS = {"Run", "RequestRecord", "MetricSample"}
+RUN_BUILDERS = {"run_build", "run_retry_build"}  # apps/lifecycle/runs.py: a call builds a Run
 WRITE_METHODS = {"create", "bulk_create", "get_or_create", "update_or_create"}
 RELATED_MANAGERS = {"runs", "records", "metric_samples", "retry"}
 RAW_WRITE = re.compile(
@@ -76,8 +80,8 @@ def _writes(tree: ast.Module) -> set[str]:
             where = ".".join(scope) or "<module>"
             if isinstance(child, ast.Call):
                 func = child.func
-                if isinstance(func, ast.Name) and func.id in aliases:
-                    found.add(where)  # an unsaved row, built for a bulk write
+                if isinstance(func, ast.Name) and (func.id in aliases or func.id in RUN_BUILDERS):
+                    found.add(where)  # an unsaved row, built for a bulk write or a save
                 if isinstance(func, ast.Attribute) and func.attr in WRITE_METHODS:
                     owner = func.value
                     if (
@@ -138,7 +142,7 @@ def _rehearsal_run(experiment: Experiment) -> Run:
     run = _sweep_run(experiment)
     run.pk = None
     run.run_id = uuid.uuid4()
-    run.kind, run.scenario, run.plan_position = Run.Kind.REHEARSAL, "rehearsal", 999
+    run.kind, run.plan_position = Run.Kind.REHEARSAL, 999
     Run.objects.bulk_create([run])  # the test's own row, as rehearsal_start would make it
     return Run.objects.get(experiment=experiment, kind=Run.Kind.REHEARSAL)
 

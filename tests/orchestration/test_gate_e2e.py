@@ -217,7 +217,7 @@ def test_runs_made_invalid_on_purpose_are_inconclusive(workers: Workers, tmp_pat
     )
     assert code == 2, workers.logs()
     # The first run settled it: the other three were skipped, not run (engine.stop_on_invalid).
-    runs = list(Experiment.objects.get().runs.filter(scenario="").order_by("plan_position"))
+    runs = list(Experiment.objects.get().runs.filter(kind="sweep").order_by("plan_position"))
     assert [r.status for r in runs] == ["invalid", "skipped", "skipped", "skipped"], [
         (r.status, r.reason) for r in runs
     ]

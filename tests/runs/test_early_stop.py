@@ -78,7 +78,7 @@ def running_experiment(**spec: Any) -> Experiment:
 
 
 def sweep(experiment: Experiment, cell: str, repeat: int) -> Run:
-    return experiment.runs.select_related("cell").get(cell__cell_id=cell, repeat=repeat, scenario="")
+    return experiment.runs.select_related("cell").get(cell__cell_id=cell, repeat=repeat, kind=Run.Kind.SWEEP)
 
 
 def scenario_copy(run: Run, scenario: str) -> Run:
@@ -89,7 +89,11 @@ def scenario_copy(run: Run, scenario: str) -> Run:
         if f.name not in {"id", "run_id", "status", "reason", "created_at", "updated_at", "retry_of"}
     }
     kind = Run.Kind.UNIFORM if scenario == "uniform" else Run.Kind.SCENARIO
-    fields.update(kind=kind, scenario=scenario, plan_position=run.plan_position + 100)
+    fields.update(
+        kind=kind,
+        scenario="" if kind == Run.Kind.UNIFORM else scenario,
+        plan_position=run.plan_position + 100,
+    )
     return Run.objects.create(**fields)
 
 
@@ -232,7 +236,7 @@ def test_with_stop_on_invalid_a_done_run_over_the_lag_tolerance_skips_the_rest()
         f"the answer is inconclusive (run {late.run_id} dispatch lag over tolerance "
         f"(p99 {tolerance + 1:g} ms > {tolerance:g} ms))"
     )
-    assert not experiment.runs.filter(scenario="", status=Run.Status.QUEUED).exists()
+    assert not experiment.runs.filter(kind=Run.Kind.SWEEP, status=Run.Status.QUEUED).exists()
 
 
 def test_a_usable_run_or_the_switch_off_skips_nothing():

@@ -20,7 +20,7 @@ def row(
         "host": host,
         "cell": cell,
         "repeat": repeat,
-        "scenario": "",
+        "kind": "sweep",
         "windows_s": 10.0,
         "drain_deadline_s": 20.0,
         "planned_s": 30.0,

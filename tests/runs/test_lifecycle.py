@@ -92,7 +92,7 @@ def test_it_fails_and_requeues_the_run_of_a_lost_host_up_to_three_attempts(monke
 
 
 @pytest.mark.django_db
-def test_a_runs_kind_always_agrees_with_its_scenario() -> None:
+def test_only_a_scenario_run_names_a_scenario() -> None:
     from django.db import IntegrityError, transaction
 
     experiment = make_experiment()
@@ -101,10 +101,17 @@ def test_a_runs_kind_always_agrees_with_its_scenario() -> None:
     for kind, scenario in (
         ("sweep", "burst"),
         ("scenario", ""),
-        ("uniform", "calibration"),
-        ("pace", "pace"),
+        ("uniform", "uniform"),
+        ("pace", "calibration"),
+        ("rehearsal", "rehearsal"),
     ):
         with pytest.raises(IntegrityError), transaction.atomic():
             Run.objects.filter(pk=run.pk).update(kind=kind, scenario=scenario)
-    for kind, scenario in (("scenario", "burst"), ("pace", "calibration"), ("rehearsal", "rehearsal")):
+    for kind, scenario in (
+        ("scenario", "burst"),
+        ("pace", ""),
+        ("rehearsal", ""),
+        ("uniform", ""),
+        ("sweep", ""),
+    ):
         Run.objects.filter(pk=run.pk).update(kind=kind, scenario=scenario)

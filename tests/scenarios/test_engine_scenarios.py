@@ -32,7 +32,7 @@ from apps.experiments.models import Experiment
 from apps.runs.dispatch import HOST_PULL
 from apps.runs.hosts import host_queue, host_register_local
 from apps.runs.models import RequestRecord, Run
-from apps.runs.scenarios import CALIBRATION, pace_trace, scenario_reports
+from apps.runs.scenarios import pace_trace, scenario_reports
 from apps.runs.services import experiment_freeze_and_enqueue
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.scenarios import (
@@ -346,7 +346,9 @@ def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline
     experiment.refresh_from_db()
     assert n == 5, experiment.status_reason  # 2 cells x 2 frozen rates + the scenario run
     workload = experiment.workload.__class__.objects.get(pk=experiment.workload.pk)
-    probes = list(Run.objects.filter(experiment=experiment, scenario=CALIBRATION).order_by("plan_position"))
+    probes = list(
+        Run.objects.filter(experiment=experiment, kind__in=sorted(Run.PROBES)).order_by("plan_position")
+    )
     assert [p.status for p in probes] == ["done", "done"], [(p.status, p.reason) for p in probes]
     assert all(RequestRecord.objects.filter(run=p).count() == p.requests_planned for p in probes)
     d = workload.rates_derivation
@@ -356,7 +358,7 @@ def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline
     assert workload.rates == {"low": round(0.3 * capacity, 4), "near_capacity": round(0.9 * capacity, 4)}
     assert [s["run"] for s in d["probes"][0]["steps"]] == [str(p.run_id) for p in probes]
     # The following sweep: every cell replays the same frozen trace at exactly the frozen rates.
-    sweep = list(experiment.runs.filter(scenario="").select_related("cell"))
+    sweep = list(experiment.runs.filter(kind=Run.Kind.SWEEP).select_related("cell"))
     assert len(sweep) == 4
     for rate_name, rps in workload.rates.items():
         runs = [r for r in sweep if r.rate_name == rate_name]
@@ -367,7 +369,9 @@ def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline
     # All five are runnable by this host, which is woken once to pull them. (Any other host with a
     # fresh heartbeat, such as a worker an earlier test stopped moments ago, is woken too: it may
     # take runs of the pinned hardware as well.)
-    assert experiment.runs.exclude(scenario=CALIBRATION).filter(dispatched_at__isnull=False).count() == 5
+    assert (
+        experiment.runs.exclude(kind__in=sorted(Run.PROBES)).filter(dispatched_at__isnull=False).count() == 5
+    )
     assert [q for _, _, q in enqueued].count(host_queue(host.name)) == 1, enqueued
 
     boundary = Run.objects.get(experiment=experiment, scenario="context_boundary")

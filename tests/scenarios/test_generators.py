@@ -234,3 +234,13 @@ def test_every_failure_scenario_has_one_generator_one_check_and_its_defaults():
 
     assert tuple(_CHECKS) == SCENARIOS
     assert set(DEFAULTS) == {*SCENARIOS, PRIORITY_CHECK}
+
+
+def test_a_failure_scenario_with_a_generator_and_no_check_is_refused(monkeypatch: pytest.MonkeyPatch):
+    """The checks read the scenarios' one list (scenario_layouts.SCENARIOS): a name added there
+    and not given its check fails, naming it."""
+    import apps.analysis.scenarios as checks
+
+    monkeypatch.setattr(checks, "SCENARIOS", (*SCENARIOS, "prefix_storm"))
+    with pytest.raises(ImportError, match="prefix_storm"):
+        checks._checks_by_name()

@@ -6,6 +6,7 @@ import pytest
 
 from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import validate_spec
+from apps.runs.models import Run
 from apps.runs.selectors import offered_load
 from apps.runs.services import experiment_freeze_and_enqueue
 from apps.workloads.services import trace_load
@@ -51,7 +52,7 @@ def test_it_plans_and_freezes_each_mixture_at_its_typed_rates(model_dir) -> None
     _start(experiment)
     experiment_freeze_and_enqueue(experiment_id=experiment.pk)
     for mixture, rps in (("80-20", 1.0), ("short-only", 4.0)):
-        runs = list(experiment.runs.filter(scenario="", mixture=mixture))
+        runs = list(experiment.runs.filter(kind=Run.Kind.SWEEP, mixture=mixture))
         assert {r.rate_rps for r in runs} == {rps} and len({r.trace_sha256 for r in runs}) == 1
         assert trace_load(sha256=runs[0].trace_sha256).meta["rate_rps"] == rps
     assert offered_load(experiment=experiment)["per_mixture"] == {
@@ -91,7 +92,7 @@ def test_it_freezes_each_mixture_at_fractions_of_its_own_capacity(model_dir, rat
     assert workload.rates_derivation["capacities"] == {"80-20": 3.0, "short-only": 8.0}
     for mixture, rates in expected.items():
         for rate_name, rps in rates.items():
-            runs = list(experiment.runs.filter(scenario="", mixture=mixture, rate_name=rate_name))
+            runs = list(experiment.runs.filter(kind=Run.Kind.SWEEP, mixture=mixture, rate_name=rate_name))
             assert {r.cell.cell_id for r in runs} == {"B0", "C1"}
             assert {r.rate_rps for r in runs} == {rps}
             assert len({r.trace_sha256 for r in runs}) == 1  # every cell replays the same bytes

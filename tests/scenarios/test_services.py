@@ -13,7 +13,7 @@ from apps.experiments.spec import SpecError, validate_spec
 from apps.runs.calibration import CalibrationError, experiment_calibrate
 from apps.runs.ingest import records_ingest
 from apps.runs.models import Run
-from apps.runs.scenarios import CALIBRATION, scenario_reports
+from apps.runs.scenarios import scenario_reports
 from apps.runs.services import experiment_freeze_and_enqueue
 from apps.workloads.services import trace_load
 from tests.experiments.factories import make_experiment, small_spec
@@ -93,8 +93,8 @@ def test_it_plans_scenario_runs_after_the_sweep_against_b0_and_the_listed_cells(
         scenarios={"cancellation": {"cells": ["C1"]}, "context_boundary": None},
     )
     runs = list(experiment.runs.order_by("plan_position"))
-    sweep = [r for r in runs if not r.scenario]
-    scen = [r for r in runs if r.scenario]
+    sweep = [r for r in runs if r.kind == Run.Kind.SWEEP]
+    scen = [r for r in runs if r.kind == Run.Kind.SCENARIO]
     assert len(sweep) == 3 and all(r.plan_position < s.plan_position for r in sweep for s in scen)
     got = sorted((r.scenario, r.cell.cell_id) for r in scen)
     assert got == [
@@ -135,7 +135,7 @@ def test_it_freezes_one_trace_per_scenario_shared_by_every_cell(model_dir: Path)
         assert trace.meta["scenario"] == name
         assert runs[0].requests_planned == len(trace.requests)
         assert runs[0].rate_rps == pytest.approx(len(trace.requests) / trace.meta["observation_s"])
-    sweep = experiment.runs.filter(scenario="")
+    sweep = experiment.runs.filter(kind=Run.Kind.SWEEP)
     assert all(r.trace_sha256 and r.trace.meta["kind"] == "generated" for r in sweep)
 
 
@@ -212,10 +212,10 @@ def test_it_probes_b0_freezes_the_rates_and_every_cell_then_replays_the_same_tra
     steps = d["probes"][0]["steps"]
     assert [s["rate_rps"] for s in steps] == [1.0, 2.0, 4.0, 3.0, 3.5, 3.25]
     assert [s["passed"] for s in steps] == [True, True, False, True, False, False]
-    probes = Run.objects.filter(experiment=experiment, scenario=CALIBRATION)
+    probes = Run.objects.filter(experiment=experiment, kind__in=sorted(Run.PROBES))
     assert probes.count() == 6 and {r.cell.cell_id for r in probes} == {"B0"}
     assert sorted(execute.executed) == sorted(probes.values_list("pk", flat=True))
-    sweep = list(experiment.runs.filter(scenario=""))
+    sweep = list(experiment.runs.filter(kind=Run.Kind.SWEEP))
     assert {(r.rate_name, r.rate_rps) for r in sweep} == {("low", 0.9), ("near_capacity", 2.7)}
     for rate in ("low", "near_capacity"):
         runs = [r for r in sweep if r.rate_name == rate]
@@ -233,7 +233,9 @@ def test_it_sizes_the_scenarios_from_b0s_pace_measured_by_the_probe(model_dir: P
     experiment = _calibrated_experiment(model_dir, scenarios={"long_burst": burst})
     _start(experiment)
     assert experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=_fake_execute(3.0)) == 6
-    slowest_first = Run.objects.filter(experiment=experiment, scenario=CALIBRATION).order_by("rate_rps")
+    slowest_first = Run.objects.filter(experiment=experiment, kind__in=sorted(Run.PROBES)).order_by(
+        "rate_rps"
+    )
     lowest = slowest_first.first()
     assert lowest.rate_rps == 1.0
     trace = trace_load(sha256=experiment.runs.get(scenario="long_burst", cell__cell_id="B0").trace_sha256)
@@ -268,7 +270,7 @@ def test_it_cancels_a_probe_step_left_queued_by_a_restart(model_dir: Path) -> No
     b0 = experiment.cells.get(cell_id="B0")
     stale = Run.objects.create(
         experiment=experiment, cell=b0, mixture="80-20", rate_name="probe0", rate_rps=1.0, repeat=1,
-        round_position=0, plan_position=0, kind="calibration", scenario=CALIBRATION, warmup_seconds=1,
+        round_position=0, plan_position=0, kind="calibration", warmup_seconds=1,
         observation_seconds=4,
         drain_deadline_seconds=5,
     )  # fmt: skip
@@ -305,9 +307,12 @@ def test_it_calibrates_from_the_command_and_refuses_an_experiment_without_calibr
     out = StringIO()
     call_command("experiment_calibrate", str(experiment.pk), stdout=out)
     assert "'low': 0.9" in out.getvalue() and "source: probe" in out.getvalue()
-    assert experiment.runs.get(scenario="", rate_name="near_capacity", cell__cell_id="C1").rate_rps == 2.7
+    assert (
+        experiment.runs.get(kind=Run.Kind.SWEEP, rate_name="near_capacity", cell__cell_id="C1").rate_rps
+        == 2.7
+    )
     with pytest.raises(CommandError, match="sweep runs have started"):
-        experiment.runs.filter(scenario="").update(status="done")
+        experiment.runs.filter(kind=Run.Kind.SWEEP).update(status="done")
         call_command("experiment_calibrate", str(experiment.pk))
     with pytest.raises(CommandError, match="no enabled calibration"):
         call_command("experiment_calibrate", str(make_experiment().pk))
@@ -320,12 +325,12 @@ def test_it_plans_and_freezes_uniform_companions_apart_from_the_sweep(model_dir:
     experiment = make_experiment(
         model=spec["model"], workload={**spec["workload"], "uniform_companion": True}
     )
-    uniform = list(experiment.runs.filter(scenario="uniform"))
+    uniform = list(experiment.runs.filter(kind=Run.Kind.UNIFORM))
     assert sorted(r.cell.cell_id for r in uniform) == ["B0", "C1"]
     assert experiment_to_spec(experiment=experiment)["workload"]["uniform_companion"] is True
     _start(experiment)
     assert experiment_freeze_and_enqueue(experiment_id=experiment.pk) == 4
-    bursty = experiment.runs.get(scenario="", cell__cell_id="B0", repeat=1)
+    bursty = experiment.runs.get(kind=Run.Kind.SWEEP, cell__cell_id="B0", repeat=1)
     companions = [Run.objects.get(pk=r.pk) for r in uniform]
     assert len({r.trace_sha256 for r in companions}) == 1  # every cell replays the same bytes
     companion = companions[0]
@@ -353,7 +358,7 @@ def test_it_measures_b0s_pace_with_one_short_run_when_no_probe_did(model_dir: Pa
     _start(experiment)
     execute = _fake_execute(capacity_rps=10.0)
     assert experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=execute) == 4
-    pace_run = Run.objects.get(experiment=experiment, scenario=CALIBRATION)
+    pace_run = Run.objects.get(experiment=experiment, kind__in=sorted(Run.PROBES))
     assert (pace_run.mixture, pace_run.cell.cell_id, pace_run.status) == ("pace", "B0", "done")
     assert execute.executed == [pace_run.pk]
     trace = trace_load(sha256=experiment.runs.get(scenario="long_burst", cell__cell_id="B0").trace_sha256)
@@ -373,7 +378,7 @@ def test_it_keeps_fixed_scenario_sizes_when_the_pace_run_fails(model_dir: Path) 
         raise RuntimeError("no engine here")
 
     assert experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=crash) == 4
-    failed = Run.objects.get(experiment=experiment, scenario=CALIBRATION)
+    failed = Run.objects.get(experiment=experiment, kind__in=sorted(Run.PROBES))
     assert failed.status == "failed" and "no engine here" in failed.reason
     trace = trace_load(sha256=experiment.runs.get(scenario="long_burst", cell__cell_id="B0").trace_sha256)
     assert not trace.meta["sizing"]["measured"]

@@ -23,9 +23,9 @@ def test_the_author_rehearses_a_candidate_from_the_results_page(client, author, 
     assert b'id="rehearse-form"' in page.content and b"s of engine time" in page.content
     response = client.post(f"/experiments/{analysed_experiment.pk}/rehearse/", {"cell": "C1"})
     assert response.status_code == 302
-    run = Run.objects.get(experiment=analysed_experiment, scenario="rehearsal")
+    run = Run.objects.get(experiment=analysed_experiment, kind=Run.Kind.REHEARSAL)
     assert run.cell.cell_id == "C1" and run.status == "queued" and run.dispatched_at is not None
-    source = analysed_experiment.runs.filter(scenario="").first()
+    source = analysed_experiment.runs.filter(kind=Run.Kind.SWEEP).first()
     assert run.trace_sha256 == source.trace_sha256  # a frozen sweep trace, not a new one
     analysed_experiment.refresh_from_db()
     assert analysed_experiment.status == Experiment.Status.RUNNING
@@ -44,7 +44,7 @@ def test_a_bad_rehearsal_request_names_the_cell_and_saves_nothing(
     response = client.post(f"/experiments/{analysed_experiment.pk}/rehearse/", {"cell": cell})
     assert response.status_code == 400
     assert words in response.content.decode()
-    assert not Run.objects.filter(scenario="rehearsal").exists()
+    assert not Run.objects.filter(kind=Run.Kind.REHEARSAL).exists()
     analysed_experiment.refresh_from_db()
     assert analysed_experiment.status == Experiment.Status.ANALYSED
 
@@ -53,7 +53,7 @@ def test_a_bad_rehearsal_request_names_the_cell_and_saves_nothing(
 def test_only_the_author_starts_a_rehearsal(client, other_experimenter, analysed_experiment) -> None:  # type: ignore[no-untyped-def]
     client.force_login(other_experimenter)
     assert client.post(f"/experiments/{analysed_experiment.pk}/rehearse/", {"cell": "C1"}).status_code == 403
-    assert not Run.objects.filter(scenario="rehearsal").exists()
+    assert not Run.objects.filter(kind=Run.Kind.REHEARSAL).exists()
 
 
 @pytest.mark.django_db

@@ -162,7 +162,7 @@ class Command(BaseCommand):
             raise CommandError(f"{directory} is not a directory")
         runs = {str(r.run_id): r for r in experiment.runs.select_related("cell").order_by("id")}
         for r in list(runs.values()):
-            if not r.scenario:
+            if r.kind == Run.Kind.SWEEP:
                 runs[_key(r)] = r  # in id order: a retry's key names the retry, not the failed run
         classes = set(experiment.classes.values_list("name", flat=True))
         found = sorted(p for p in directory.iterdir() if not p.name.startswith("."))
@@ -244,7 +244,9 @@ class Command(BaseCommand):
         from apps.analysis.services import experiment_analyse
 
         missing = []
-        for run in experiment.runs.filter(scenario="").select_related("cell").order_by("plan_position"):
+        for run in (
+            experiment.runs.filter(kind=Run.Kind.SWEEP).select_related("cell").order_by("plan_position")
+        ):
             lacks = [f for f in READY_FIELDS if not getattr(run, f)]
             if run.status not in Run.FINISHED:
                 lacks.insert(0, "status")
