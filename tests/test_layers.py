@@ -71,6 +71,9 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
         f"queueing a trace's import after the upload {LIFECYCLE}, or dispatch moves down"
     ),
     ("apps.runs.early_stop", "apps.analysis.services"): f"early stopping {LIFECYCLE}",
+    ("apps.experiments.services", "apps.lifecycle.transition"): f"planning {LIFECYCLE}",
+    ("apps.runs.services", "apps.lifecycle.transition"): f"start, freeze, cancel, analysed {LIFECYCLE}",
+    ("apps.runs.rehearsal", "apps.lifecycle.transition"): f"queueing a rehearsal {LIFECYCLE}",
     ("apps.experiments.services", "apps.lifecycle.runs"): f"planning the runs {LIFECYCLE}",
     ("apps.runs.scenarios", "apps.lifecycle.runs"): f"scheduling the scenario and probe runs {LIFECYCLE}",
     ("apps.runs.rehearsal", "apps.lifecycle.runs"): f"scheduling rehearsals {LIFECYCLE}",

@@ -67,8 +67,9 @@ class Experiment(models.Model):
 
     # Every status change an experiment makes; apps/lifecycle/transition.py writes each one and
     # refuses any other (IllegalTransition). By the step that makes it:
-    # - -> planned: the plan is made (draft); the freeze or the capacity probe failed, or the
-    #   reconciler found the freeze lost (running); planned again after a cancel.
+    # - -> planned: the plan is made (draft), or replaced before it started (planned); the freeze
+    #   or the capacity probe failed, or the reconciler found the freeze lost (running); planned
+    #   again after a cancel.
     # - -> running: started (planned, cancelled); a rollback rehearsal queued (check 4): by hand
     #   while the experiment awaits approval (analysed), or by the analysis, which finds it running.
     #   An analysed experiment takes that one kind of run only (RUN_KINDS_ACCEPTED).
@@ -78,7 +79,7 @@ class Experiment(models.Model):
     # - -> approved, rejected: a person decided (analysed); -> revoked: the approval withdrawn.
     TRANSITIONS: dict[str, frozenset[str]] = {
         "draft": frozenset({"planned", "cancelled", "analysed"}),
-        "planned": frozenset({"running", "cancelled", "analysed"}),
+        "planned": frozenset({"planned", "running", "cancelled", "analysed"}),
         "running": frozenset({"analysed", "cancelled", "planned", "running"}),
         "analysed": frozenset({"approved", "rejected", "running", "analysed"}),
         "approved": frozenset({"revoked"}),

@@ -17,6 +17,7 @@ from apps.experiments.plan import expand_plan
 from apps.experiments.spec import FieldError, SpecError, SpecLimits, validate_spec
 from apps.experiments.spec_types import NormalizedSpec, RawSpec
 from apps.lifecycle.runs import run_build
+from apps.lifecycle.transition import experiment_transition
 from apps.runs.models import Run
 
 
@@ -103,8 +104,7 @@ def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experime
     experiment = Experiment.objects.create(
         name=spec["name"],
         description=spec["description"],
-        owner=owner,
-        status=Experiment.Status.DRAFT,
+        owner=owner,  # a draft (Experiment.status's default) until experiment_plan below
         model_path=spec["model"]["path"],
         model_revision=spec["model"]["revision"],
         tokenizer_revision=spec["model"]["tokenizer_revision"],
@@ -268,14 +268,13 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
         runs += Run.objects.bulk_create(
             _uniform_companions(experiment, cells=list(cells.values()), first=len(runs))
         )
-    before = experiment.status
-    experiment.status = Experiment.Status.PLANNED
-    experiment.save(update_fields=["status", "updated_at"])
-    audit_record(
-        action="experiment.planned",
+    experiment_transition(
+        experiment,
+        Experiment.Status.PLANNED,
+        reason=None,
         actor=actor,
-        experiment=experiment,
-        detail={"runs": len(runs), "from": before, "to": Experiment.Status.PLANNED},
+        action="experiment.planned",
+        detail={"runs": len(runs)},
     )
     return runs
 

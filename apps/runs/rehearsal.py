@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from apps.analysis.rehearsal import REHEARSAL_QUEUED
 from apps.audit.services import audit_record
@@ -35,6 +34,7 @@ from apps.experiments.models import Experiment, RunsRefused, ServerConfig
 from apps.experiments.recovery import recovery_options
 from apps.experiments.spec import RUN_OVERHEAD_S
 from apps.lifecycle.runs import run_build
+from apps.lifecycle.transition import experiment_transition
 from apps.runs.models import Run
 from apps.runs.scheduling import hosts_qualifying, runs_dispatch
 
@@ -110,23 +110,19 @@ def _create(experiment: Experiment, cell: ServerConfig) -> Run:
 
 
 def _queue(experiment: Experiment, cell: ServerConfig, *, actor: Any, reason: str, earlier: list[str]) -> Run:
-    """Move the experiment to running, add the rehearsal run, audit it and dispatch it, in the
-    caller's transaction (the status first: no run is added to an experiment awaiting approval)."""
+    """Add the rehearsal run, move the experiment to running with the audit event that names the
+    run, and dispatch it, in the caller's transaction on the locked experiment (an analysed one
+    takes this one kind of run: Experiment.assert_accepts_runs)."""
     hosts = hosts_qualifying(experiment)
     if not hosts:
         raise RehearsalError("no host is alive to run the rehearsal (start a worker)")
-    before = Experiment.objects.values_list("status", flat=True).get(pk=experiment.pk)
-    Experiment.objects.filter(pk=experiment.pk).update(
-        status=Experiment.Status.RUNNING,
-        status_reason=f"rehearsing the rollback of {cell.cell_id} to B0",
-        updated_at=timezone.now(),
-    )
-    experiment.status = Experiment.Status.RUNNING
     run = _create(experiment, cell)
-    audit_record(
-        action=REHEARSAL_QUEUED,
+    experiment_transition(
+        experiment,
+        Experiment.Status.RUNNING,
+        reason=f"rehearsing the rollback of {cell.cell_id} to B0",
         actor=actor,
-        experiment=experiment,
+        action=REHEARSAL_QUEUED,
         target=str(run.run_id),
         detail={
             "cell": cell.cell_id,
@@ -134,8 +130,6 @@ def _queue(experiment: Experiment, cell: ServerConfig, *, actor: Any, reason: st
             "attempt": len(earlier) + 1,
             "earlier_attempts": earlier,
             "hosts": [h.name for h in hosts],
-            "from": before,
-            "to": Experiment.Status.RUNNING,
         },
     )
     runs_dispatch([run], experiment)

@@ -18,6 +18,7 @@ from django.utils import timezone
 from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, RunsRefused, Workload
 from apps.lifecycle.runs import run_retry_build
+from apps.lifecycle.transition import experiment_transition
 from apps.runs import dispatch
 from apps.runs.hosts import HEARTBEAT_TIMEOUT
 from apps.runs.models import Host, Run
@@ -65,22 +66,18 @@ def experiment_start(*, experiment: Experiment, actor: Any = None) -> int:
         experiment_pin_hardware(experiment, hosts)
         pending = experiment.runs.filter(status__in=[Run.Status.QUEUED, Run.Status.CANCELLED])
         n = pending.update(status=Run.Status.QUEUED, reason="", finished_at=None)
-        Experiment.objects.filter(pk=experiment.pk).update(
-            status=Experiment.Status.RUNNING, status_reason="freezing the workload", updated_at=timezone.now()
-        )
-        before, experiment.status = experiment.status, Experiment.Status.RUNNING
-        audit_record(
-            action="experiment.started",
+        started = experiment_transition(
+            experiment,
+            Experiment.Status.RUNNING,
+            reason="freezing the workload",
             actor=actor,
-            experiment=experiment,
-            detail={
-                "runs": n,
-                "hosts": [h.name for h in hosts],
-                "hardware_id": experiment.hardware_id,
-                "from": before,
-                "to": Experiment.Status.RUNNING,
-            },
+            action="experiment.started",
+            detail={"runs": n, "hosts": [h.name for h in hosts], "hardware_id": experiment.hardware_id},
+            expect={Experiment.Status.PLANNED, Experiment.Status.CANCELLED},
         )
+        if not started:  # started (or decided) meanwhile: the runs' updates above roll back
+            status = Experiment.objects.values_list("status", flat=True).get(pk=experiment.pk)
+            raise StartError(f"experiment is {status}; only a planned experiment can start")
         queue = hosts[0].queue
         dispatch.send_on_commit(
             dispatch.FREEZE_EXPERIMENT, kwargs={"experiment_pk": experiment.pk}, queue=queue
@@ -122,18 +119,12 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
             experiment_calibrate(experiment_id=experiment_id, execute=execute)
         except Exception as exc:  # the user sees why, and can start again after fixing it
             log.exception("capacity probe of experiment %s failed", experiment_id)
-            if Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).exists():
-                Experiment.objects.filter(pk=experiment_id).update(
-                    status=Experiment.Status.PLANNED, status_reason=f"capacity probe failed: {exc}"
-                )
-            audit_record(
+            _back_to_planned(
+                experiment,
                 action="experiment.calibration_failed",
-                experiment=experiment,
-                detail={
-                    "error": str(exc),
-                    "from": Experiment.Status.RUNNING,
-                    "to": Experiment.Status.PLANNED,
-                },
+                reason=f"capacity probe failed: {exc}",
+                error=str(exc),
+                expect={Experiment.Status.RUNNING},
             )
             return 0
         experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
@@ -160,13 +151,14 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
             uniform_traces = workload_traces_freeze(experiment=experiment, uniform=True, repeats=[1])
     except Exception as exc:  # the user sees why, and can start again after fixing it
         log.exception("freezing experiment %s failed", experiment_id)
-        Experiment.objects.filter(pk=experiment_id).update(
-            status=Experiment.Status.PLANNED, status_reason=f"could not freeze the workload: {exc}"
-        )
-        audit_record(
+        _back_to_planned(
+            experiment,
             action="experiment.freeze_failed",
-            experiment=experiment,
-            detail={"error": str(exc), "from": Experiment.Status.RUNNING, "to": Experiment.Status.PLANNED},
+            reason=f"could not freeze the workload: {exc}",
+            error=str(exc),
+            expect={
+                s for s, targets in Experiment.TRANSITIONS.items() if Experiment.Status.PLANNED in targets
+            },
         )
         return 0
     hosts = hosts_qualifying(experiment)
@@ -199,22 +191,44 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
     return len(runs)
 
 
+def _back_to_planned(
+    experiment: Experiment, *, action: str, reason: str, error: str, expect: set[str]
+) -> None:
+    """A start that failed on the host: back to planned (when the experiment is still in a status
+    of ``expect``), audited as ``action`` with the error either way."""
+    moved = experiment_transition(
+        experiment,
+        Experiment.Status.PLANNED,
+        reason=reason,
+        actor=None,
+        action=action,
+        detail={"error": error},
+        expect=expect,
+    )
+    if not moved:  # cancelled meanwhile: the failure is still on record
+        audit_record(action=action, experiment=experiment, detail={"error": error})
+
+
 def experiment_cancel(*, experiment: Experiment, actor: Any = None, reason: str = "cancelled by user") -> int:
-    """Dequeue the rest and tell the running run's worker to stop (it watches this status)."""
+    """Dequeue the rest and tell the running run's worker to stop (it watches this status).
+
+    An experiment that cannot be cancelled any more (analysed or cancelled meanwhile: the
+    caller read a stale status) is left as it is: 0 is returned, the caller reads the status.
+    """
     with transaction.atomic():
         before = Experiment.objects.select_for_update().values_list("status", flat=True).get(pk=experiment.pk)
+        if Experiment.Status.CANCELLED not in Experiment.TRANSITIONS[before]:
+            return 0
         n = experiment.runs.filter(status=Run.Status.QUEUED).update(
             status=Run.Status.CANCELLED, reason=reason, finished_at=timezone.now()
         )
-        Experiment.objects.filter(pk=experiment.pk).update(
-            status=Experiment.Status.CANCELLED, status_reason=reason, updated_at=timezone.now()
-        )
-        experiment.status = Experiment.Status.CANCELLED
-        audit_record(
-            action="experiment.cancelled",
+        experiment_transition(
+            experiment,
+            Experiment.Status.CANCELLED,
+            reason=reason,
             actor=actor,
-            experiment=experiment,
-            detail={"dequeued": n, "from": before, "to": Experiment.Status.CANCELLED},
+            action="experiment.cancelled",
+            detail={"dequeued": n},
         )
     return n
 
@@ -333,13 +347,12 @@ def analysis_enqueue(*, experiment_id: int) -> None:
 
 
 def experiment_mark_analysed(*, experiment_id: int) -> None:
-    changed = Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).update(
-        status=Experiment.Status.ANALYSED, status_reason="", updated_at=timezone.now()
-    )
-    if not changed:
-        return  # cancelled or analysed meanwhile: no state change to record
-    audit_record(
+    """Running -> analysed, once; cancelled or analysed meanwhile, nothing changes or is recorded."""
+    experiment_transition(
+        Experiment.objects.get(pk=experiment_id),
+        Experiment.Status.ANALYSED,
+        reason="",
+        actor=None,
         action="experiment.analysed",
-        experiment=Experiment.objects.get(pk=experiment_id),
-        detail={"from": Experiment.Status.RUNNING, "to": Experiment.Status.ANALYSED},
+        expect={Experiment.Status.RUNNING},
     )
