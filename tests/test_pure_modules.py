@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PURE = [
     "apps.runs.capacity",
+    "apps.runs.summary_types",
     "apps.analysis.inference",
     "apps.analysis.resample",
     "apps.analysis.family",
@@ -25,6 +26,8 @@ PURE = [
     "apps.analysis.results_charts",
     "apps.analysis.checks",
     "apps.analysis.decide",
+    "apps.analysis.report",
+    "apps.analysis.report_inputs",
     "apps.analysis.report_options",
     "apps.analysis.scenarios",
     "apps.analysis.scenario_records",
