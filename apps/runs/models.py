@@ -175,40 +175,6 @@ class Run(models.Model):
         rehearsal run ("calibration" for a pace run too), "" for a sweep run."""
         return self.scenario if self.kind == self.Kind.SCENARIO else SCENARIO_LABEL_OF_KIND[self.kind]
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status in self.FINISHED
-
-    def _finish(self, status: str, reason: str) -> None:
-        self.status = status
-        self.reason = reason
-        self.finished_at = timezone.now()
-        self.save(update_fields=["status", "reason", "finished_at", "updated_at"])
-
-    def mark_failed(self, *, reason: str) -> None:
-        self._finish(self.Status.FAILED, reason)
-
-    def mark_invalid(self, *, reason: str) -> None:
-        self._finish(self.Status.INVALID, reason)
-
-    def mark_cancelled(self, *, reason: str) -> None:
-        self._finish(self.Status.CANCELLED, reason)
-
-    def mark_done(self) -> None:
-        self._finish(self.Status.DONE, "")
-
-    def set_phase(self, status: str) -> None:
-        """Advance through starting -> warming -> measuring -> draining."""
-        self.status = status
-        fields = ["status", "updated_at"]
-        if status == self.Status.STARTING and self.started_at is None:
-            self.started_at = timezone.now()
-            fields.append("started_at")
-        if status == self.Status.MEASURING:
-            self.measuring_at = timezone.now()
-            fields.append("measuring_at")
-        self.save(update_fields=fields)
-
 
 # Run.scenario_label of the kinds that are not a failure scenario (the report's "scenario" of a run,
 # apps/analysis/checks.py's CALIBRATION_SCENARIO, UNIFORM_SCENARIO and REHEARSAL_SCENARIO).

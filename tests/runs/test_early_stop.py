@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from apps.analysis.services import experiment_analyse, experiment_report_build
 from apps.audit.models import AuditEvent
@@ -65,7 +66,13 @@ def finish(run: Run, *, unfinished_long: int = 0) -> None:
     )
     RecordRow.objects.bulk_create(rows)
     Run.objects.filter(pk=run.pk).update(hardware_id="cpu-test", dispatch_lag_p99_ms=1.0)
-    run.mark_done()
+    end(run, Run.Status.DONE)
+
+
+def end(run: Run, status: str, reason: str = "") -> None:
+    """Finish ``run`` as the pipeline's writer does (workers/pipeline._finish: one update of the row)."""
+    Run.objects.filter(pk=run.pk).update(status=status, reason=reason, finished_at=timezone.now())
+    run.refresh_from_db()
 
 
 def running_experiment(**spec: Any) -> Experiment:
@@ -194,7 +201,11 @@ def test_with_stop_on_invalid_an_invalid_run_skips_every_queued_sweep_run_and_th
     experiment = running_experiment(engine={"early_stop": False, "stop_on_invalid": True})
     finish(sweep(experiment, "C1", 1))
     bad = sweep(experiment, "B0", 1)
-    bad.mark_invalid(reason="server not idle at the run's start after 30 s: 1 running, 0 waiting, KV 3.0%")
+    end(
+        bad,
+        Run.Status.INVALID,
+        "server not idle at the run's start after 30 s: 1 running, 0 waiting, KV 3.0%",
+    )
     claimed = sweep(experiment, "C1", 2)
     Run.objects.filter(pk=claimed.pk).update(status=Run.Status.STARTING)
     burst = scenario_copy(sweep(experiment, "C1", 3), "long-burst")
@@ -248,7 +259,7 @@ def test_a_usable_run_or_the_switch_off_skips_nothing():
     off = running_experiment()
     assert off.spec["engine"]["stop_on_invalid"] is False
     bad = sweep(off, "B0", 1)
-    bad.mark_failed(reason="vLLM exited with status 1 during startup")
+    end(bad, Run.Status.FAILED, "vLLM exited with status 1 during startup")
     assert experiment_skip_after_invalid(experiment_id=off.pk, run_pk=bad.pk) is None
     for experiment in (on, off):
         assert not experiment.runs.filter(status=Run.Status.SKIPPED).exists()

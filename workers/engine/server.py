@@ -18,7 +18,7 @@ The orchestration (a Celery task on the host's queue) uses :class:`EngineServer`
             server.warm_up(n=4)             # excluded from results
             ...                             # replay + Scraper(server.base_url)
             server.check_alive()            # EngineFailed if it died mid-run
-    except EngineFailed as exc:   run.mark_failed(reason=exc.reason), log_tail=exc.log_tail
+    except EngineFailed as exc:   failed run, reason=exc.reason, log_tail=exc.log_tail
     except EngineInvalid as exc:  invalid run, reason=exc.reason, exc.facts.effective_args
 
 Constructing the server validates the command (:class:`LaunchError` /
