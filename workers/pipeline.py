@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from apps.experiments.generation import request_sampling
@@ -52,26 +51,27 @@ from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
 from apps.runs.scheduling import reuse_enabled, run_claim_next
 from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
+from apps.runs.summary_types import EngineTime, PreReplaySummary, RunSummary, ServerReuse, run_summary
 from apps.workloads.services import tokenizer_dir, trace_load
 from workers.engine.confirm import local_hardware_id
-from workers.engine.gauges import latest_gauges
+from workers.engine.idle import IdleCheck, not_idle_reason
 from workers.engine.idle import idle_check as _idle_check
-from workers.engine.idle import not_idle_reason
 from workers.engine.launcher import HostConfig, LaunchError
 from workers.engine.procs import proc_info
+from workers.engine.scrape import Scraper
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
 from workers.quality import sweep_probe
 from workers.rehearsal import rehearsal_execute
 from workers.replay.config import ReplayConfig
+from workers.replay.result import ReplayResult
 from workers.replay.run import processes_for, run_replay
 from workers.slot import ServerSlot
+from workers.watch import Outcome, RunWatcher, advance_phase
 
 log = logging.getLogger(__name__)
 
 WARMUP_REQUESTS = 4
 IDLE_TIMEOUT_S = 30.0  # how long a reused server may take to go idle before its run is invalid
-WATCH_INTERVAL_S = 0.5
-LIVE_EVERY_S = 2.0
 
 
 class RunCancelled(Exception):
@@ -119,101 +119,12 @@ def host_config(host: Host, cell: ServerConfig | None = None, *, dev_mode: bool 
     )
 
 
-def _is_cancelled(run_pk: int) -> bool:
-    run = Run.objects.filter(pk=run_pk).values("status", "experiment__status").first()
-    return run is None or run["status"] == Run.Status.CANCELLED or run["experiment__status"] == "cancelled"
-
-
 def _finish(run_pk: int, status: str, reason: str = "", **fields: Any) -> bool:
     """Move the run to a finished status unless something else (recovery, a cancel) already did."""
     updated = Run.objects.filter(pk=run_pk).exclude(status__in=Run.FINISHED - {Run.Status.CANCELLED})
     if status != Run.Status.CANCELLED:
         updated = updated.exclude(status=Run.Status.CANCELLED)
     return updated.update(status=status, reason=reason, finished_at=timezone.now(), **fields) == 1
-
-
-def _set_phase(run_pk: int, status: str) -> None:
-    fields: dict[str, Any] = {"status": status, "updated_at": timezone.now()}
-    if status == Run.Status.MEASURING:
-        fields["measuring_at"] = timezone.now()
-    Run.objects.filter(pk=run_pk, status__in=Run.ACTIVE).update(**fields)
-
-
-class _Watcher(threading.Thread):
-    """Polls for a cancel and advances the phase by the trace's windows."""
-
-    def __init__(self, run: Run, stop: threading.Event, server: EngineServer | None) -> None:
-        super().__init__(name=f"run-{run.pk}-watch", daemon=True)
-        self.run_pk = run.pk
-        self.stop_event = stop
-        self.server = server
-        self.origin: float | None = None  # monotonic time of the replay's start
-        self.warmup_s = run.warmup_seconds
-        self.observation_s = run.observation_seconds
-        self.cancelled = False
-        self._done = threading.Event()
-        self._phase = ""
-        # Set once the replay starts: the live page's gauges and log tail come from these.
-        self.scraper: Any = None
-        self.log_path: Path | None = None
-        self._live_at = 0.0
-
-    def run(self) -> None:
-        try:
-            while not self._done.wait(WATCH_INTERVAL_S):
-                try:
-                    if self._tick():
-                        return
-                except DatabaseError:
-                    # A dropped connection (seen in CI: "server closed the connection
-                    # unexpectedly") must not end the watch, or a later cancel goes unseen:
-                    # drop the broken connection, as the heartbeat does, and look again at the
-                    # next tick (a phase not yet written is written then).
-                    log.warning("run %s: the watch could not read or write the run; retrying",
-                                self.run_pk, exc_info=True)  # fmt: skip
-                    close_old_connections()
-        finally:
-            close_old_connections()
-
-    def _tick(self) -> bool:
-        """One look at the run: True once it is cancelled (the watch then ends)."""
-        if _is_cancelled(self.run_pk):
-            self.cancelled = True
-            self.stop_event.set()
-            if self.origin is None and self.server is not None:
-                self.server.stop()  # still starting: do not wait for it
-            return True
-        if self.origin is not None:
-            elapsed = time.monotonic() - self.origin
-            phase = Run.Status.WARMING
-            if elapsed >= self.warmup_s:
-                phase = Run.Status.MEASURING
-            if elapsed >= self.warmup_s + self.observation_s:
-                phase = Run.Status.DRAINING
-            if phase != self._phase:
-                _set_phase(self.run_pk, phase)
-                self._phase = phase
-            if time.monotonic() - self._live_at >= LIVE_EVERY_S:
-                self._live_at = time.monotonic()
-                try:
-                    self.publish_live()
-                except Exception:  # the live view is a courtesy: never stop watching for a cancel
-                    log.exception("run %s: publishing live values failed", self.run_pk)
-        return False
-
-    def publish_live(self) -> None:
-        """The newest gauges the scraper saw and the server log's tail, for the live page."""
-        fields: dict[str, Any] = {}
-        if self.scraper is not None:
-            fields["live"] = {"gauges": latest_gauges(list(self.scraper.samples[-400:])), "at": time.time()}
-        if self.log_path is not None:
-            fields["log_tail"] = read_tail(self.log_path)
-        if fields:
-            Run.objects.filter(pk=self.run_pk, status__in=Run.ACTIVE).update(**fields)
-
-    def finish(self) -> None:
-        self._done.set()
-        self.join(timeout=5)
 
 
 def this_host() -> Host:
@@ -305,9 +216,9 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
             _finish(run.pk, Run.Status.FAILED, "refused before start: a rollback rehearsal of a candidate "
                     "that is another engine build or model revision is not supported yet")  # fmt: skip
             return Run.Status.FAILED
-        watcher = _Watcher(run, stop, None)
+        watcher = RunWatcher(run, stop, None)
 
-        def body() -> tuple[str, str, dict[str, Any]]:
+        def body() -> Outcome:
             return rehearsal_execute(
                 run,
                 host,
@@ -338,9 +249,9 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
         else:
             server = kept
             Run.objects.filter(pk=run.pk).update(log_path=str(server.log_path))
-        watcher = _Watcher(run, stop, server)
+        watcher = RunWatcher(run, stop, server)
 
-        def body() -> tuple[str, str, dict[str, Any]]:
+        def body() -> Outcome:
             if not reuse:
                 with server:
                     outcome = _with_server(run, host, server, watcher, stop, slot=None)
@@ -356,7 +267,8 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
                 raise
             slot.keep(key, server, run, new=kept is None)
             status, fields = outcome[0], outcome[2]
-            not_idle = not (fields.get("summary", {}).get("idle_check") or {}).get("idle", True)
+            check = run_summary(fields.get("summary")).get("idle_check")
+            not_idle = check is not None and not check["idle"]
             # A server that died, a run that failed or was cancelled, or a server that would not go
             # idle is not trusted with the cell's next trace: stop it now, on this run's account.
             if (
@@ -391,116 +303,56 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
     return status
 
 
-def _engine_time(fields: dict[str, Any]) -> dict[str, Any]:
+def _engine_time(fields: dict[str, Any]) -> EngineTime:
     summary = fields.setdefault("summary", {})
-    spent: dict[str, Any] = summary.setdefault("engine_time", {})
+    spent: EngineTime = summary.setdefault("engine_time", {})
     return spent
+
+
+def _seconds_since(began: float) -> float:
+    return round(time.monotonic() - began, 3)
 
 
 def _with_server(
     run: Run,
     host: Host,
     server: EngineServer,
-    watcher: _Watcher,
+    watcher: RunWatcher,
     stop: threading.Event,
     *,
     slot: ServerSlot | None,
-) -> tuple[str, str, dict[str, Any]]:
+) -> Outcome:
     """Steps 2-4 with a server (started here, or kept up by ``slot`` from the cell's last run);
     returns (status, reason, run fields) to finish with."""
-    from workers.engine.scrape import Scraper
-
-    spent: dict[str, Any] = {}
+    spent: EngineTime = {}
     reused = slot is not None and slot.server is server
-    began = time.monotonic()
-    if not reused:
-        server.start()
-        Host.objects.filter(pk=host.pk).update(server_pids=server.tracked_pids())
-        Run.objects.filter(pk=run.pk).update(server_pid=server.pgid)
-        facts = server.confirm()
-        spent["start_s"] = round(time.monotonic() - began, 3)
-    else:
-        assert server.facts is not None  # confirmed when it started
-        facts = server.facts
-        Run.objects.filter(pk=run.pk).update(server_pid=server.pgid)
-    Run.objects.filter(pk=run.pk).update(**facts.run_fields())
+    _bring_up(run, host, server, spent, reused=reused)
     if watcher.cancelled:
         raise RunCancelled
-    _set_phase(run.pk, Run.Status.WARMING)
-    server_facts = {"reused": reused, "started_by": slot.started_by if reused and slot else str(run.run_id)}
+    advance_phase(run.pk, Run.Status.WARMING)
+    server_facts: ServerReuse = {
+        "reused": reused,
+        "started_by": slot.started_by if reused and slot else str(run.run_id),
+    }
     if not reused:
         began = time.monotonic()
         server.warm_up(n=WARMUP_REQUESTS)
-        spent["warmup_s"] = round(time.monotonic() - began, 3)
-    check: dict[str, Any] | None = None
+        spent["warmup_s"] = _seconds_since(began)
+    check: IdleCheck | None = None
     if slot is not None:
-        # A new server measures its idle KV level; a reused one must be back to it.
-        began = time.monotonic()
-        check = _idle_check(
-            server.base_url,
-            kv_idle=slot.kv_idle if reused else None,
-            reset_prefix_cache=reused and run.experiment.enable_prefix_caching,
-            timeout_s=IDLE_TIMEOUT_S,
-        )
-        spent["idle_check_s"] = round(time.monotonic() - began, 3)
-        if not reused and check["idle"]:
-            slot.kv_idle = check.get("kv_usage")
+        check = _check_idle(run, server, slot, spent, reused=reused)
         if not check["idle"]:
-            partial: dict[str, Any] = {"idle_check": check, "server": server_facts, "engine_time": spent}
-            if reused:
-                return Run.Status.INVALID, not_idle_reason(check), {"summary": partial}
-            return (
-                Run.Status.FAILED,
-                "the new server did not go idle after its warm-up: " + not_idle_reason(check),
-                {"summary": partial},
-            )
+            return _not_idle(check, server_facts, spent, reused=reused)
     began = time.monotonic()
     probe = sweep_probe(run, server, stop)
     if probe is not None:
         spent["warmup_s"] = round(float(spent.get("warmup_s") or 0.0) + time.monotonic() - began, 3)
-
-    trace = trace_load(sha256=run.trace_sha256)
-    requests = [r.to_json() for r in trace.requests]
-    on_batch = records_writer(run_pk=run.pk)
-    scraper = Scraper(server.base_url, interval_s=2.0)
-    try:
-        try:
-            scraper.scrape("before")
-        except Exception as exc:  # scraping is evidence, not a precondition
-            scraper.errors.append(f"before: {exc}")
-        scraper.start_during()
-        watcher.scraper, watcher.log_path = scraper, server.log_path
-        watcher.origin = time.monotonic()
-        workload = run.experiment.workload
-        config = ReplayConfig(
-            base_url=server.base_url,
-            model=server.served_model_name,
-            run_id=str(run.run_id),
-            warmup_s=run.warmup_seconds,
-            observation_s=run.observation_seconds,
-            drain_deadline_s=run.drain_deadline_seconds,
-            max_dispatch_lag_ms=workload.max_dispatch_lag_ms,
-            extra_body=request_sampling(run.experiment.generation),
-            output_mode=workload.output_mode,
-            processes=processes_for(requests),
-            isolated=True,
-        )
-        result = run_replay(requests, config, on_batch=on_batch, stop=stop)
-        scraper.stop_during()
-        try:
-            scraper.scrape("after")
-        except Exception as exc:
-            scraper.errors.append(f"after: {exc}")
-    finally:
-        scraper.close()
-        metric_samples_ingest(run_pk=run.pk, samples=scraper.samples)
-
-    summary = result.summary()
-    windows = float(run.warmup_seconds) + float(run.observation_seconds)
-    spent["windows_s"] = round(min(result.duration_s, windows), 3)
-    spent["drain_s"] = round(max(0.0, result.duration_s - windows), 3)
-    summary["engine_time"] = spent
-    summary["server"] = server_facts
+    result, scraper = _replay_scraped(run, server, watcher, stop)
+    summary: RunSummary = {
+        **result.summary(),
+        "engine_time": _windows_time(spent, run, result),
+        "server": server_facts,
+    }
     if check is not None:
         summary["idle_check"] = check
     if probe is not None:
@@ -513,6 +365,111 @@ def _with_server(
         "summary": summary,
         "log_tail": read_tail(server.log_path),
     }
+    return _judge(run, server, watcher, result, fields)
+
+
+def _bring_up(run: Run, host: Host, server: EngineServer, spent: EngineTime, *, reused: bool) -> None:
+    """Step 2: start a new server and confirm its args (a kept one was confirmed at its start);
+    the run and the host record its pids, the run its effective args."""
+    if not reused:
+        began = time.monotonic()
+        server.start()
+        Host.objects.filter(pk=host.pk).update(server_pids=server.tracked_pids())
+        Run.objects.filter(pk=run.pk).update(server_pid=server.pgid)
+        facts = server.confirm()
+        spent["start_s"] = _seconds_since(began)
+    else:
+        assert server.facts is not None  # confirmed when it started
+        facts = server.facts
+        Run.objects.filter(pk=run.pk).update(server_pid=server.pgid)
+    Run.objects.filter(pk=run.pk).update(**facts.run_fields())
+
+
+def _check_idle(
+    run: Run, server: EngineServer, slot: ServerSlot, spent: EngineTime, *, reused: bool
+) -> IdleCheck:
+    """Engine reuse: a new server measures its idle KV level (kept in the slot); a reused one must
+    be back to it, its prefix cache reset where prefix caching is on."""
+    began = time.monotonic()
+    check = _idle_check(
+        server.base_url,
+        kv_idle=slot.kv_idle if reused else None,
+        reset_prefix_cache=reused and run.experiment.enable_prefix_caching,
+        timeout_s=IDLE_TIMEOUT_S,
+    )
+    spent["idle_check_s"] = _seconds_since(began)
+    if not reused and check["idle"]:
+        slot.kv_idle = check.get("kv_usage")
+    return check
+
+
+def _not_idle(check: IdleCheck, server: ServerReuse, spent: EngineTime, *, reused: bool) -> Outcome:
+    """The run ends before its replay: invalid on a reused server, failed on a new one."""
+    partial: PreReplaySummary = {"idle_check": check, "server": server, "engine_time": spent}
+    if reused:
+        return Run.Status.INVALID, not_idle_reason(check), {"summary": partial}
+    return (
+        Run.Status.FAILED,
+        "the new server did not go idle after its warm-up: " + not_idle_reason(check),
+        {"summary": partial},
+    )
+
+
+def _replay_scraped(
+    run: Run, server: EngineServer, watcher: RunWatcher, stop: threading.Event
+) -> tuple[ReplayResult, Scraper]:
+    """Step 3 with step 4's scrapes around it: the run's frozen trace, open loop, in a process
+    of its own; /metrics before, every 2 s during (stored as they come) and after."""
+    trace = trace_load(sha256=run.trace_sha256)
+    requests = [r.to_json() for r in trace.requests]
+    workload = run.experiment.workload
+    config = ReplayConfig(
+        base_url=server.base_url,
+        model=server.served_model_name,
+        run_id=str(run.run_id),
+        warmup_s=run.warmup_seconds,
+        observation_s=run.observation_seconds,
+        drain_deadline_s=run.drain_deadline_seconds,
+        max_dispatch_lag_ms=workload.max_dispatch_lag_ms,
+        extra_body=request_sampling(run.experiment.generation),
+        output_mode=workload.output_mode,
+        processes=processes_for(requests),
+        isolated=True,
+    )
+    scraper = Scraper(server.base_url, interval_s=2.0)
+    try:
+        try:
+            scraper.scrape("before")
+        except Exception as exc:  # scraping is evidence, not a precondition
+            scraper.errors.append(f"before: {exc}")
+        scraper.start_during()
+        watcher.scraper, watcher.log_path = scraper, server.log_path
+        watcher.origin = time.monotonic()
+        result = run_replay(requests, config, on_batch=records_writer(run_pk=run.pk), stop=stop)
+        scraper.stop_during()
+        try:
+            scraper.scrape("after")
+        except Exception as exc:
+            scraper.errors.append(f"after: {exc}")
+    finally:
+        scraper.close()
+        metric_samples_ingest(run_pk=run.pk, samples=scraper.samples)
+    return result, scraper
+
+
+def _windows_time(spent: EngineTime, run: Run, result: ReplayResult) -> EngineTime:
+    """The engine's time with the replay's: its windows, and the drain past them."""
+    windows = float(run.warmup_seconds) + float(run.observation_seconds)
+    spent["windows_s"] = round(min(result.duration_s, windows), 3)
+    spent["drain_s"] = round(max(0.0, result.duration_s - windows), 3)
+    return spent
+
+
+def _judge(
+    run: Run, server: EngineServer, watcher: RunWatcher, result: ReplayResult, fields: dict[str, Any]
+) -> Outcome:
+    """How the run ends: cancelled, failed (the server died), invalid (the load generator fell
+    behind) or done."""
     if watcher.cancelled or result.stopped:
         return Run.Status.CANCELLED, "cancelled mid-run; partial records kept", fields
     death = server.failure()
@@ -520,5 +477,5 @@ def _with_server(
         return Run.Status.FAILED, death, fields
     if not result.valid:
         return Run.Status.INVALID, result.invalid_reason, fields
-    _set_phase(run.pk, Run.Status.DRAINING)
+    advance_phase(run.pk, Run.Status.DRAINING)
     return Run.Status.DONE, "", fields

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from apps.runs.models import Host, Run
+from apps.runs.summary_types import EngineTime, run_summary
 from workers.engine.server import EngineServer
 
 
@@ -54,16 +55,15 @@ class ServerSlot:
                 server_pids=[], worker_pid=None, worker_pid_start=None
             )
             if record and self.last_run_pk is not None:
-                _add_engine_time(self.last_run_pk, stop_s=took)
+                _add_stop_time(self.last_run_pk, took)
         return took
 
 
-def _add_engine_time(run_pk: int, **seconds: float) -> None:
-    """Add to a finished run's ``summary["engine_time"]`` (the server's stop, measured after)."""
+def _add_stop_time(run_pk: int, stop_s: float) -> None:
+    """Add the server's stop, measured after, to a finished run's ``summary["engine_time"]``."""
     row = Run.objects.filter(pk=run_pk).values_list("summary", flat=True).first()
-    summary = dict(row or {})
-    spent = dict(summary.get("engine_time") or {})
-    for key, value in seconds.items():
-        spent[key] = round(float(spent.get(key) or 0.0) + value, 3)
+    summary = run_summary(row)
+    spent: EngineTime = {**(summary.get("engine_time") or {})}
+    spent["stop_s"] = round(float(spent.get("stop_s") or 0.0) + stop_s, 3)
     summary["engine_time"] = spent
     Run.objects.filter(pk=run_pk).update(summary=summary)

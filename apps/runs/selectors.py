@@ -11,6 +11,7 @@ from typing import Any
 
 from apps.experiments.models import Experiment
 from apps.experiments.spec import CALIBRATION_DEFAULTS
+from apps.runs.summary_types import run_summary
 
 
 def calibration_settings(experiment: Experiment) -> dict[str, Any] | None:
@@ -170,7 +171,7 @@ def run_record(run: Any) -> dict[str, Any]:
             "drain_deadline_s": run.drain_deadline_seconds,
         },
     }
-    summary = run.summary or {}
+    summary = run_summary(run.summary)
     record.update(
         experiment=run.experiment_id,
         reason=run.reason,
