@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from apps.runs.models import Run
+from apps.runs.summary_types import ProbeOutput, QualityProbeAnswers
 from apps.workloads.services import trace_load
 from workers.engine.server import EngineServer
 
@@ -31,13 +32,13 @@ def run_probe(
     model: str,
     requests: Sequence[dict[str, Any]],
     stop: threading.Event | None = None,
-) -> list[dict[str, Any]]:
+) -> list[ProbeOutput]:
     """One output per probe request: index, class, the generated token ids, text, finish reason.
 
     A request the server refuses keeps its index with ``error`` and no tokens; the analysis
     counts it as disagreeing.
     """
-    outputs = []
+    outputs: list[ProbeOutput] = []
     with httpx.Client(base_url=base_url.rstrip("/"), timeout=PROBE_TIMEOUT_S) as client:
         for r in requests:
             if stop is not None and stop.is_set():
@@ -49,7 +50,13 @@ def run_probe(
                 "return_token_ids": True,
                 **PROBE_SAMPLING,
             }
-            entry: dict[str, Any] = {"index": int(r["index"]), "class": r["class"]}
+            entry: ProbeOutput = {
+                "index": int(r["index"]),
+                "class": r["class"],
+                "token_ids": [],
+                "text": "",
+                "finish_reason": None,
+            }
             try:
                 response = client.post("/v1/completions", json=body)
                 response.raise_for_status()
@@ -58,20 +65,16 @@ def run_probe(
                     raise ValueError(
                         "the server returned no token_ids (does this vLLM take return_token_ids?)"
                     )
-                entry.update(
-                    token_ids=[int(t) for t in choice.get("token_ids") or []],
-                    text=str(choice.get("text") or ""),
-                    finish_reason=choice.get("finish_reason"),
-                )
+                entry["token_ids"] = [int(t) for t in choice.get("token_ids") or []]
+                entry["text"] = str(choice.get("text") or "")
+                entry["finish_reason"] = choice.get("finish_reason")
             except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-                entry.update(
-                    token_ids=[], text="", finish_reason=None, error=f"{type(exc).__name__}: {exc}"[:300]
-                )
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
             outputs.append(entry)
     return outputs
 
 
-def sweep_probe(run: Run, server: EngineServer, stop: threading.Event) -> dict[str, Any] | None:
+def sweep_probe(run: Run, server: EngineServer, stop: threading.Event) -> QualityProbeAnswers | None:
     """The quality probe's answers on this sweep run's server, when the experiment has a probe:
     at most ``prompts_per_class`` prompts of each class, each answer at most ``max_tokens``
     (a stored trace named as the probe is held to the same bounds)."""

@@ -18,7 +18,7 @@ from apps.analysis.cost import valid_price
 from apps.runs.models import Host
 
 # A host whose last heartbeat is older than this is not alive: no run is sent to it, and the
-# run it held is failed and requeued (apps/runs/services.hosts_reap_lost).
+# run it held is failed and requeued (apps/lifecycle/retries.hosts_reap_lost).
 HEARTBEAT_TIMEOUT = timedelta(seconds=90)
 
 
@@ -58,7 +58,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 # Whole-argument placeholders of a switch command: an argv item exactly equal to one of them is
 # replaced by that URL when the command runs (never spliced into a longer item). The same URLs
-# are in the command's environment (workers/rehearsal._run_switch_command).
+# are in the command's environment (workers/switch._run_switch_command).
 SWITCH_PLACEHOLDERS = ("{candidate_url}", "{b0_url}")
 SWITCH_EXAMPLE = '{"to-b0": ["/opt/router/switch", "--to", "{b0_url}"]}'
 ROUTER_EXAMPLE = '{"prod": {"url": "http://router.internal:8000", "backend_header": "X-Served-By"}}'

@@ -10,7 +10,7 @@ from apps.experiments import selectors
 from apps.runs.models import Run
 from tests.experiments.factories import make_experiment
 from workers.engine.gauges import latest_gauges
-from workers.pipeline import _Watcher
+from workers.watch import RunWatcher
 
 
 def test_the_newest_value_of_each_gauge_wins() -> None:
@@ -39,7 +39,7 @@ def test_the_watcher_publishes_gauges_and_the_log_tail_while_the_run_goes(tmp_pa
 
     import threading
 
-    watcher = _Watcher(run, threading.Event(), None)
+    watcher = RunWatcher(run, threading.Event(), None)
     watcher.scraper, watcher.log_path = Scraper(), log
     watcher.publish_live()
     run.refresh_from_db()
@@ -63,7 +63,7 @@ def test_a_dropped_database_connection_does_not_end_the_watch_for_a_cancel(monke
 
     from django.db import OperationalError
 
-    from workers import pipeline
+    from workers import watch
 
     run = make_experiment().runs.first()
     answers: list[object] = [OperationalError("server closed the connection unexpectedly"), True]
@@ -74,10 +74,10 @@ def test_a_dropped_database_connection_does_not_end_the_watch_for_a_cancel(monke
             raise answer
         return bool(answer)
 
-    monkeypatch.setattr(pipeline, "_is_cancelled", is_cancelled)
-    monkeypatch.setattr(pipeline, "WATCH_INTERVAL_S", 0.01)
+    monkeypatch.setattr(watch, "is_cancelled", is_cancelled)
+    monkeypatch.setattr(watch, "WATCH_INTERVAL_S", 0.01)
     stop = threading.Event()
-    watcher = _Watcher(run, stop, None)
+    watcher = RunWatcher(run, stop, None)
     watcher.start()
     watcher.join(timeout=10)
     assert not watcher.is_alive() and watcher.cancelled and stop.is_set() and answers == []

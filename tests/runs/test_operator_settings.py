@@ -16,7 +16,7 @@ from apps.experiments.recovery import DEFAULTS
 from apps.experiments.spec_types import RecoverySpec
 from apps.runs.hosts import host_register_local, routers, switch_commands
 from workers.engine.server import EngineServer
-from workers.rehearsal import (
+from workers.switch import (
     SWITCH_STDERR_CHARS,
     SwitchFailed,
     _run_switch_command,

@@ -24,9 +24,11 @@ from apps.runs.hosts import host_register_local
 from apps.runs.models import Host, RequestRecord, Run
 from apps.runs.rehearsal import rehearsal_start
 from apps.runs.services import experiment_freeze_and_enqueue
+from apps.runs.summary_types import RehearsalFacts, RunSummary
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import UserFactory, small_spec
 from tests.support_router import running_router
+from tests.test_typed_contracts import _problems
 from workers.engine.launcher import free_port
 from workers.engine.procs import alive_pids
 from workers.pipeline import run_execute
@@ -92,6 +94,8 @@ def test_the_switch_command_runs_at_the_switch_and_the_backend_header_is_recorde
     run = _rehearse(monkeypatch, router, "b0")
     assert run.status == "done", run.reason
     facts = run.summary["rehearsal"]
+    assert _problems({**run.summary, "rehearsal": None}, RunSummary, "summary") == []
+    assert _problems(facts, RehearsalFacts, "summary.rehearsal") == []  # the worker's and the client's
     assert facts["mode"] == "router" and facts["switch_command_exit"] == 0
     assert facts["switch"] == "flip" and facts["router"] == "test-router"
     assert router["url"] not in json.dumps(run.summary)  # the names are kept, not the address

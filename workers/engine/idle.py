@@ -17,10 +17,10 @@ on, an empty prefix cache. Steps of :func:`idle_check`:
    long the server had been idle when the time ran out).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: on Python 3.11 a TypedDict's ``__required_keys__``
+# ignores ``NotRequired`` written as a string annotation.
 import time
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import httpx
 
@@ -31,6 +31,27 @@ KV_TOLERANCE = 0.005  # KV use is a fraction (0-1): half a percentage point
 STEADY_S = 0.5
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
           "vllm:gpu_cache_usage_perc")  # fmt: skip
+
+
+class IdleCheck(TypedDict):
+    """What :func:`idle_check` saw (kept in the run's ``summary["idle_check"]``)."""
+
+    idle: bool
+    waited_s: float
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    kv_idle: float | None
+    prefix_cache_reset: bool | None  # None: not asked (no prefix caching, or not idle)
+    # How the check went: reads of /metrics, how many showed work in the engine and how many
+    # failed, and how long the server had been idle at the last read (not yet STEADY_S: the
+    # time ran out before idle could be confirmed; None: it was not idle then).
+    reads: int
+    busy_reads: int
+    failed_reads: int
+    idle_for_s: float | None
+    error: NotRequired[str]  # the last read failed
+    last_error: NotRequired[str]  # some read failed
 
 
 def gauges_now(client: httpx.Client, base_url: str) -> dict[str, float | None]:
@@ -48,7 +69,7 @@ def idle_check(
     timeout_s: float = 30.0,
     poll_s: float = 0.25,
     client: httpx.Client | None = None,
-) -> dict[str, Any]:
+) -> IdleCheck:
     """Steps 1-3 (module docstring). ``kv_idle`` None: measure only (a new server)."""
     own = client is None
     http = client or httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0))
@@ -92,7 +113,7 @@ def idle_check(
     finally:
         if own:
             http.close()
-    out: dict[str, Any] = {
+    out: IdleCheck = {
         "idle": idle and reset is not False,
         "waited_s": round(time.monotonic() - started, 3),
         "running": seen.get("running"),
@@ -100,9 +121,6 @@ def idle_check(
         "kv_usage": seen.get("kv_usage"),
         "kv_idle": kv_idle,
         "prefix_cache_reset": reset,
-        # How the check went: reads of /metrics, how many showed work in the engine and how many
-        # failed, and how long the server had been idle at the last read (not yet STEADY_S: the
-        # time ran out before idle could be confirmed; None: it was not idle then).
         "reads": reads,
         "busy_reads": busy_reads,
         "failed_reads": failed_reads,
@@ -125,13 +143,14 @@ def _is_idle(seen: dict[str, float | None], kv_idle: float | None) -> bool:
     return float(seen["kv_usage"] or 0.0) <= kv_idle + KV_TOLERANCE
 
 
-def not_idle_reason(check: dict[str, Any]) -> str:
+def not_idle_reason(check: IdleCheck) -> str:
     """The invalid run's reason: what the server was doing when the check gave up."""
     if check.get("prefix_cache_reset") is False:
         return "server not reset at the run's start: /reset_prefix_cache did not succeed"
     kv = check.get("kv_usage")
     kv_text = "unknown" if kv is None else f"{100 * kv:.1f}%"
-    idle_text = "" if check.get("kv_idle") is None else f" (idle {100 * check['kv_idle']:.1f}%)"
+    kv_idle = check.get("kv_idle")
+    idle_text = "" if kv_idle is None else f" (idle {100 * kv_idle:.1f}%)"
     said = (
         f"server not idle at the run's start after {check.get('waited_s', 0):g} s: "
         f"{check.get('running')} running, {check.get('waiting')} waiting, KV {kv_text}{idle_text}"

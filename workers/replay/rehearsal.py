@@ -40,6 +40,7 @@ from workers.replay import rawhttp
 from workers.replay.client import _Replay, perf_ns
 from workers.replay.config import RehearsalOptions
 from workers.replay.records import RequestRecord
+from workers.replay.result import RehearsalClientFacts
 
 CUT_ERROR = "cut at the drain deadline after the switch"
 # How often a held request's B0 is asked for /health (cold standby).
@@ -224,7 +225,7 @@ class RehearsalReplay(_Replay):
             return
         super()._mark_interrupted(record, now)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> RehearsalClientFacts:
         """What the rehearsal's client saw, for the run's summary (times from the origin, in s)."""
         return {
             "switch_at_s": self.switch_ns / 1e9,

@@ -11,9 +11,52 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from workers.replay.records import RequestRecord
+
+
+class RehearsalClientFacts(TypedDict):
+    """What a recovery rehearsal's client saw (:meth:`workers.replay.rehearsal.RehearsalReplay.facts`),
+    times from the origin in seconds."""
+
+    switch_at_s: float
+    cut_at_s: float
+    mode: str  # "own client" or "router"
+    cold_wait: bool
+    b0_ready_at_s: float | None
+    cut: int  # streams cut at the deadline
+
+
+class ReplaySummary(TypedDict):
+    """:meth:`ReplayResult.summary`: every field of the result but the records, JSON-ready. A run's
+    ``summary`` starts from it (apps/runs/summary_types.py); tests/replay/test_result.py keeps the
+    keys equal to the dataclass's fields."""
+
+    run_id: str
+    planned_requests: int
+    sent: int
+    ok: int
+    errors: int
+    cancelled: int
+    unfinished: int
+    not_sent: int
+    dispatch_lag_p50_ms: float | None
+    dispatch_lag_p99_ms: float | None
+    dispatch_lag_max_ms: float | None
+    planned_rate_rps: float | None
+    achieved_rate_rps: float | None
+    valid: bool
+    invalid_reason: str
+    stopped: bool
+    duration_s: float
+    tolerance_ms: float
+    notes: list[str]
+    loop_stall_max_ms: float | None
+    send_priority: str | None
+    rehearsal: RehearsalClientFacts | None
+    extra_body: dict[str, Any]
+    output_mode: str
 
 
 @dataclass
@@ -46,7 +89,7 @@ class ReplayResult:
     # caller's own process (runtime.realtime_send_loop).
     send_priority: str | None = None
     # A recovery rehearsal's own facts (workers/replay/rehearsal.py): the switch, B0 ready, cuts.
-    rehearsal: dict[str, Any] | None = None
+    rehearsal: RehearsalClientFacts | None = None
     # The fields every request body carried besides its own (the sampling settings): what the
     # server was asked for, recorded with the run so cells can be checked for the same settings.
     extra_body: dict[str, Any] = field(default_factory=dict)
@@ -63,9 +106,9 @@ class ReplayResult:
             "requests_sent": self.sent,
         }
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ReplaySummary:
         """Everything but the records, JSON-ready (for Run.summary and logs)."""
-        return {k: v for k, v in self.__dict__.items() if k != "records"}
+        return cast(ReplaySummary, {k: v for k, v in self.__dict__.items() if k != "records"})
 
 
 def _percentile(sorted_values: list[int], q: float) -> float:
