@@ -1,6 +1,6 @@
 """Early stopping: which candidates can no longer be accepted, whatever their remaining runs show. Pure.
 
-Acceptance (decide.acceptance_check) needs every class's contract to hold at every
+Acceptance (checks.acceptance_check) needs every class's contract to hold at every
 agreed (mixture, rate), pooled over the repeats: a limit is broken when the share of
 requests over it is above the allowed share by an exact one-sided binomial test
 (inference.share_breaks). A cell whose done runs already settle a break there can never

@@ -49,7 +49,7 @@ from apps.analysis.report_types import StoredReport
 from apps.gate.verdict_types import CaseValues, GateCase, GateVerdict, Outcome, Unanswered, Verdict
 
 EXIT: dict[Verdict, int] = {"pass": 0, "regression": 1, "inconclusive": 2}
-# Contract keys of the acceptance check (apps/analysis/decide.acceptance_check) -> the case they belong to.
+# Contract keys of the acceptance check (apps/analysis/checks.acceptance_check) -> the case they belong to.
 CONTRACT_CASE = {
     "ttft": "ttft_p99_ms",
     "e2e": "e2e_p99_ms",

@@ -256,7 +256,7 @@ def _scenario_run(key: str, scenario: str, contract_met: bool) -> dict[str, Any]
 
 
 def test_it_judges_scenarios_by_their_verdicts_and_leaves_probe_runs_out() -> None:
-    from apps.analysis.decide import scenario_check
+    from apps.analysis.checks import scenario_check
 
     runs = [
         _scenario_run("probe", "calibration", True),

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from apps.analysis.decide import recovery_check
+from apps.analysis.checks import recovery_check
 from apps.analysis.rehearsal import (
     attempt_outcome,
     attempts_summary,
