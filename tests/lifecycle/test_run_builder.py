@@ -25,6 +25,15 @@ IDENTITY = (
     "plan_position",
 )
 
+LABELS = {
+    "sweep": "",
+    "uniform": "uniform",
+    "scenario": "long_burst",
+    "rehearsal": "rehearsal",
+    "calibration": "calibration",
+    "pace": "calibration",
+}
+
 
 @pytest.fixture
 def experiment() -> Experiment:
@@ -88,6 +97,8 @@ def test_every_kind_gets_its_identity_the_experiments_revisions_and_the_workload
     assert _windows(run) == (7.0, 33.0, 44.0)
     assert run.trace is None and run.trace_sha256 == "" and run.requests_planned is None
     assert run.status == Run.Status.QUEUED and run.retry_of is None
+    # What the pages, the export and the report call it: the wording from before Run.kind.
+    assert run.scenario_label == LABELS[kind]
     run.save()  # the row satisfies the model's constraints
     assert Run.objects.get(pk=run.pk).kind == kind
 
