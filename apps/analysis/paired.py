@@ -53,6 +53,30 @@ class Sweep:
     repeats: Sequence[int]
 
 
+# One (mixture, rate, class) point of B0's: its done runs by repeat and each run's cohort
+# request indices (the frames every cell is aligned to).
+Group = tuple[str, str, str, list[tuple[int, Mapping[str, Any]]], list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class _Judging:
+    """What every comparison and decision of one sweep shares (judge_sweep builds it once)."""
+
+    sweep: Sweep
+    cells: Sequence[Mapping[str, Any]]
+    validity: ValidityCheck
+    acceptance: AcceptanceCheck
+    agreed: Sequence[tuple[str, str, int]]
+    agreed_pairs: set[tuple[str, str]]
+    options: compare.CompareOptions
+    rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None
+    primary: dict[str, str]  # class -> its primary metric (family.primary_metrics)
+    b0_failures: Sequence[Mapping[str, Any]]  # acceptance's failures of B0
+    eligible: set[str]  # the gain family's candidates
+    draws: int  # bootstrap replicates per point, sized by the family
+    aa_cells: list[str]  # A/A control cells: B0's own arguments on B0's engine
+
+
 def judge_sweep(
     sweep: Sweep,
     *,
@@ -65,31 +89,12 @@ def judge_sweep(
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[list[Comparison], Decision, Statistics]:
     """(comparisons, decision, statistics) of the sweep."""
-    table, groups, done, cell_ids = sweep.table, sweep.groups, sweep.done, sweep.cell_ids
-    baseline, class_names, combos, repeats = sweep.baseline, sweep.class_names, sweep.combos, sweep.repeats
-    empty = np.zeros(0, dtype=np.int64)
     agreed_pairs = {(m, r) for m, r, _ in agreed}
-    primary = family.primary_metrics(classes)
-    b0_cell = acceptance["cells"].get(baseline)
+    b0_cell = acceptance["cells"].get(sweep.baseline)
     b0_failures = b0_cell.get("failures", []) if b0_cell is not None else []
-    # The gain family's candidates: valid and passing acceptance (family.py). A cell that breaks a
-    # contract can never be adopted, so its gains are no claim the verdict rests on; and early
-    # stopping (early_stop.py) relies on it: a stopped cell changes neither the family nor the draws.
-    accepted = {c for c, v in acceptance["cells"].items() if v.get("passed")}
-    eligible = {
-        c for c in cell_ids if c != baseline and c not in set(validity["invalid_cells"]) and c in accepted
-    }
-
+    eligible = _gain_candidates(sweep, validity, acceptance)
     # 1-2. B0's frames; one shared resampling per (mixture, rate, class), sized by the family.
-    groups_in: list[tuple[str, str, str, list[tuple[int, Mapping[str, Any]]], list[np.ndarray]]] = []
-    for mix, rate in sorted({(c[0], c[1]) for c in combos}):
-        base_runs = [
-            (rep, done[(baseline, mix, rate, rep)]) for rep in repeats if (baseline, mix, rate, rep) in done
-        ]
-        for name in class_names if base_runs else []:
-            frames = [np.sort(table.index[groups.get((br["key"], name), empty)]) for _, br in base_runs]
-            if sum(int(f.size) for f in frames):
-                groups_in.append((mix, rate, name, base_runs, frames))
+    groups_in = _b0_frames(sweep)
     family_m = family.family_size(
         points=[
             (mix, rate, name, sum(int(f.size) for f in frames))
@@ -99,121 +104,29 @@ def judge_sweep(
         candidates=len(eligible),
         b0_failures=b0_failures,
     )
-    draws = inference.family_resamples(options.resamples, family_m, options.family_alpha)
-    # A/A control cells: candidates that run B0's own arguments on B0's engine. Their pairing with
-    # B0 shows the spread between whole runs directly (the noise floor).
-    b0_spec = next((c for c in cells if c["cell_id"] == baseline), {})
-    aa_cells = [
-        c["cell_id"]
-        for c in cells
-        if c["cell_id"] != baseline
-        and (c.get("args") or {}) == (b0_spec.get("args") or {})
-        and c.get("engine") == b0_spec.get("engine")
-    ]
-
-    def compare_all(seed: int) -> tuple[list[Comparison], dict[tuple[str, str, str], Any]]:
-        comps: list[Comparison] = []
-        own: dict[tuple[str, str, str], Any] = {}
-        for mix, rate, name, base_runs, frames in groups_in:
-            sizes = [int(f.size) for f in frames]
-            # Candidates that finished every round B0 did share one resampling and the run-level
-            # fit; one that finished fewer is compared on its own rounds only (a run that did not
-            # finish is absent, never a zero) and called material in nothing.
-            runs_by_cell = {
-                cell: [done.get((cell, mix, rate, rep)) for rep, _ in base_runs]
-                for cell in cell_ids
-                if cell != baseline
-            }
-            complete = [c for c, rs_ in runs_by_cell.items() if all(r is not None for r in rs_)]
-            partial = [
-                c for c, rs_ in runs_by_cell.items() if any(r is not None for r in rs_) and c not in complete
-            ]
-            on = functools.partial(
-                _compare_on,
-                sweep=sweep,
-                group=(mix, rate, name, base_runs, frames),
-                draws=draws,
-                seed=seed,
-                options=options,
-                pool=eligible,
-            )
-            result = on(keep=[True] * len(base_runs), cells_in=complete, incomplete=None)
-            own[(mix, rate, name)] = (sum(sizes), result)
-            results = {cell: (result, sizes) for cell in complete}
-            for cell in partial:
-                keep = [r is not None for r in runs_by_cell[cell]]
-                note = (
-                    f"{cell} finished {sum(keep)} of {len(keep)} repeats: compared with B0 on those "
-                    "runs only, and no difference is called material"
-                )
-                one = on(keep=keep, cells_in=[cell], incomplete=note)
-                results[cell] = (one, [s for s, k in zip(sizes, keep, strict=True) if k])
-            for cell in cell_ids:
-                if cell not in results:
-                    continue
-                res, used = results[cell]
-                comps.append(
-                    {
-                        "cell": cell,
-                        "mixture": mix,
-                        "rate": rate,
-                        "class": name,
-                        "requests": used,
-                        "level": res.levels[0] if res.levels else None,
-                        "metrics": res.metrics[cell],
-                        "noise_floor": _noise_floor(
-                            res,
-                            cell,
-                            family.at_level(primary.get(name, "ttft_p99_ms"), level_of(res)),
-                            aa_cells,
-                        ),
-                    }
-                )
-        return comps, own
-
-    def judged(comps: list[Comparison]) -> tuple[FamilySummary, Decision]:
-        fam = family.apply(
-            comps,
-            primary=primary,
-            eligible_cells=eligible,
-            agreed_pairs=agreed_pairs,
-            b0_failures=b0_failures,
-            alpha=options.family_alpha,
-        )
-        verdict = decide.decide(
-            cells=cells,
-            baseline=baseline,
-            validity=validity,
-            acceptance=acceptance,
-            comparisons=comps,
-            agreed=agreed,
-            rejected=rejected,
-        )
-        return fam, verdict
-
-    comparisons, b0_own = compare_all(options.seed)
-    fam, decision = judged(comparisons)
+    ctx = _Judging(
+        sweep=sweep,
+        cells=cells,
+        validity=validity,
+        acceptance=acceptance,
+        agreed=agreed,
+        agreed_pairs=agreed_pairs,
+        options=options,
+        rejected=rejected,
+        primary=family.primary_metrics(classes),
+        b0_failures=b0_failures,
+        eligible=eligible,
+        draws=inference.family_resamples(options.resamples, family_m, options.family_alpha),
+        aa_cells=_aa_cells(cells, sweep.baseline),
+    )
+    comparisons, b0_own = _compare_all(ctx, groups_in, options.seed)
+    fam, decision = _judged(ctx, comparisons)
     borderline = 0
     if options.seed_check and comparisons:
-        # 4. The same under another seed: what changes is borderline, never silently decided.
-        other_seed = options.seed + 1
-        alt, _ = compare_all(other_seed)
-        _, alt_decision = judged(alt)
-        for c, a in zip(comparisons, alt, strict=True):
-            for m, v in c["metrics"].items():
-                w = a["metrics"][m]
-                v["borderline"] = (v["direction"], v["noninferior"]) != (w["direction"], w["noninferior"])
-                borderline += v["borderline"]
-        decision["seed_check"] = {
-            "seed": other_seed,
-            "outcome": alt_decision["outcome"],
-            "chosen_cell": alt_decision["chosen_cell"],
-            "borderline": (alt_decision["outcome"], alt_decision["chosen_cell"])
-            != (decision["outcome"], decision["chosen_cell"]),
-        }
+        borderline = _seed_check(ctx, groups_in, comparisons, decision)
     statistics: Statistics = {
         "family": {**fam, "planned_size": family_m},
-        "resamples": draws,
+        "resamples": ctx.draws,
         "block": "ceil(sqrt(n)) consecutive requests in arrival order, circular, per run",
         "seed": options.seed,
         "borderline_comparisons": borderline,
@@ -221,13 +134,181 @@ def judge_sweep(
             {v["note"] for c in comparisons for v in c["metrics"].values() if v["note"]}
             | set(fam["not_judged"])
         ),
-        "power": _power(b0_own, primary, agreed_pairs, family_m, options),
+        "power": _power(b0_own, ctx.primary, agreed_pairs, family_m, options),
     }
-
     return comparisons, decision, statistics
 
 
-Group = tuple[str, str, str, list[tuple[int, Mapping[str, Any]]], list[np.ndarray]]
+def _gain_candidates(sweep: Sweep, validity: ValidityCheck, acceptance: AcceptanceCheck) -> set[str]:
+    """The gain family's candidates: valid and passing acceptance (family.py). A cell that breaks a
+    contract can never be adopted, so its gains are no claim the verdict rests on; and early
+    stopping (early_stop.py) relies on it: a stopped cell changes neither the family nor the draws."""
+    accepted = {c for c, v in acceptance["cells"].items() if v.get("passed")}
+    return {
+        c
+        for c in sweep.cell_ids
+        if c != sweep.baseline and c not in set(validity["invalid_cells"]) and c in accepted
+    }
+
+
+def _b0_frames(sweep: Sweep) -> list[Group]:
+    """Step 1: every (mixture, rate, class) where B0 has done runs with cohort requests, with
+    each run's request indices in order."""
+    empty = np.zeros(0, dtype=np.int64)
+    groups_in: list[Group] = []
+    for mix, rate in sorted({(c[0], c[1]) for c in sweep.combos}):
+        base_runs = [
+            (rep, sweep.done[(sweep.baseline, mix, rate, rep)])
+            for rep in sweep.repeats
+            if (sweep.baseline, mix, rate, rep) in sweep.done
+        ]
+        for name in sweep.class_names if base_runs else []:
+            frames = [
+                np.sort(sweep.table.index[sweep.groups.get((br["key"], name), empty)]) for _, br in base_runs
+            ]
+            if sum(int(f.size) for f in frames):
+                groups_in.append((mix, rate, name, base_runs, frames))
+    return groups_in
+
+
+def _aa_cells(cells: Sequence[Mapping[str, Any]], baseline: str) -> list[str]:
+    """A/A control cells: candidates that run B0's own arguments on B0's engine. Their pairing with
+    B0 shows the spread between whole runs directly (the noise floor)."""
+    b0_spec = next((c for c in cells if c["cell_id"] == baseline), {})
+    return [
+        c["cell_id"]
+        for c in cells
+        if c["cell_id"] != baseline
+        and (c.get("args") or {}) == (b0_spec.get("args") or {})
+        and c.get("engine") == b0_spec.get("engine")
+    ]
+
+
+def _compare_all(
+    ctx: _Judging, groups_in: Sequence[Group], seed: int
+) -> tuple[list[Comparison], dict[tuple[str, str, str], Any]]:
+    """Step 2 under one seed: every candidate's comparison at every point, in plan order within a
+    point, and B0's own result per point (for the power statement)."""
+    comps: list[Comparison] = []
+    own: dict[tuple[str, str, str], Any] = {}
+    for group in groups_in:
+        mix, rate, name, _, frames = group
+        result, results = _compare_point(ctx, group, seed)
+        own[(mix, rate, name)] = (sum(int(f.size) for f in frames), result)
+        for cell in ctx.sweep.cell_ids:
+            if cell in results:
+                res, used = results[cell]
+                comps.append(_comparison(ctx, group, cell, res, used))
+    return comps, own
+
+
+def _compare_point(
+    ctx: _Judging, group: Group, seed: int
+) -> tuple[compare.GroupResult, dict[str, tuple[compare.GroupResult, list[int]]]]:
+    """One point: (the complete candidates' shared result, cell -> (its result, the run sizes
+    compared)).
+
+    Candidates that finished every round B0 did share one resampling and the run-level fit; one
+    that finished fewer is compared on its own rounds only (a run that did not finish is absent,
+    never a zero) and called material in nothing."""
+    mix, rate, name, base_runs, frames = group
+    sweep = ctx.sweep
+    sizes = [int(f.size) for f in frames]
+    runs_by_cell = {
+        cell: [sweep.done.get((cell, mix, rate, rep)) for rep, _ in base_runs]
+        for cell in sweep.cell_ids
+        if cell != sweep.baseline
+    }
+    complete = [c for c, rs_ in runs_by_cell.items() if all(r is not None for r in rs_)]
+    partial = [c for c, rs_ in runs_by_cell.items() if any(r is not None for r in rs_) and c not in complete]
+    on = functools.partial(
+        _compare_on,
+        sweep=sweep,
+        group=group,
+        draws=ctx.draws,
+        seed=seed,
+        options=ctx.options,
+        pool=ctx.eligible,
+    )
+    result = on(keep=[True] * len(base_runs), cells_in=complete, incomplete=None)
+    results = {cell: (result, sizes) for cell in complete}
+    for cell in partial:
+        keep = [r is not None for r in runs_by_cell[cell]]
+        note = (
+            f"{cell} finished {sum(keep)} of {len(keep)} repeats: compared with B0 on those "
+            "runs only, and no difference is called material"
+        )
+        one = on(keep=keep, cells_in=[cell], incomplete=note)
+        results[cell] = (one, [s for s, k in zip(sizes, keep, strict=True) if k])
+    return result, results
+
+
+def _comparison(
+    ctx: _Judging, group: Group, cell: str, res: compare.GroupResult, used: list[int]
+) -> Comparison:
+    """One candidate's comparison at one point, with the noise floor of its class's primary metric."""
+    mix, rate, name, _, _ = group
+    return {
+        "cell": cell,
+        "mixture": mix,
+        "rate": rate,
+        "class": name,
+        "requests": used,
+        "level": res.levels[0] if res.levels else None,
+        "metrics": res.metrics[cell],
+        "noise_floor": _noise_floor(
+            res,
+            cell,
+            family.at_level(ctx.primary.get(name, "ttft_p99_ms"), level_of(res)),
+            ctx.aa_cells,
+        ),
+    }
+
+
+def _judged(ctx: _Judging, comps: list[Comparison]) -> tuple[FamilySummary, Decision]:
+    """Step 3: the gain family marks the comparisons (Holm), then the decision reads them."""
+    fam = family.apply(
+        comps,
+        primary=ctx.primary,
+        eligible_cells=ctx.eligible,
+        agreed_pairs=ctx.agreed_pairs,
+        b0_failures=ctx.b0_failures,
+        alpha=ctx.options.family_alpha,
+    )
+    verdict = decide.decide(
+        cells=ctx.cells,
+        baseline=ctx.sweep.baseline,
+        validity=ctx.validity,
+        acceptance=ctx.acceptance,
+        comparisons=comps,
+        agreed=ctx.agreed,
+        rejected=ctx.rejected,
+    )
+    return fam, verdict
+
+
+def _seed_check(
+    ctx: _Judging, groups_in: Sequence[Group], comparisons: Sequence[Comparison], decision: Decision
+) -> int:
+    """Step 4: the same under another seed. What changes is borderline, never silently decided:
+    each metric is marked, the decision gets ``seed_check``; returns how many metrics changed."""
+    other_seed = ctx.options.seed + 1
+    alt, _ = _compare_all(ctx, groups_in, other_seed)
+    _, alt_decision = _judged(ctx, alt)
+    borderline = 0
+    for c, a in zip(comparisons, alt, strict=True):
+        for m, v in c["metrics"].items():
+            w = a["metrics"][m]
+            v["borderline"] = (v["direction"], v["noninferior"]) != (w["direction"], w["noninferior"])
+            borderline += v["borderline"]
+    decision["seed_check"] = {
+        "seed": other_seed,
+        "outcome": alt_decision["outcome"],
+        "chosen_cell": alt_decision["chosen_cell"],
+        "borderline": (alt_decision["outcome"], alt_decision["chosen_cell"])
+        != (decision["outcome"], decision["chosen_cell"]),
+    }
+    return borderline
 
 
 def _compare_on(
