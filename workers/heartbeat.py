@@ -25,9 +25,10 @@ _stop = threading.Event()
 
 def recover_host() -> list[int]:
     """Steps 1-2: returns the pids that were reaped."""
+    from apps.lifecycle.completion import experiment_check_finished
+    from apps.lifecycle.retries import run_requeue_once
     from apps.runs.hosts import host_register_local
     from apps.runs.models import Host, Run
-    from apps.runs.services import experiment_check_finished, run_requeue_once
     from workers.engine.confirm import local_hardware_id
     from workers.engine.procs import reap_pids
 
@@ -59,8 +60,9 @@ def _beat() -> None:
     from django.db import close_old_connections
 
     from apps.lifecycle.reconcile import experiments_reconcile
+    from apps.lifecycle.retries import hosts_reap_lost
     from apps.runs.hosts import host_register_local
-    from apps.runs.services import host_heartbeat, hosts_reap_lost
+    from apps.runs.services import host_heartbeat
 
     beats = 0
     while not _stop.wait(HEARTBEAT_INTERVAL_S):

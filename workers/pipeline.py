@@ -46,11 +46,12 @@ from django.utils import timezone
 
 from apps.experiments.generation import request_sampling
 from apps.experiments.models import Experiment, ServerConfig
+from apps.lifecycle.completion import experiment_check_finished
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
 from apps.runs.scheduling import reuse_enabled, run_claim_next
-from apps.runs.services import experiment_check_finished, host_lease, host_release, run_claim
+from apps.runs.services import host_lease, host_release, run_claim
 from apps.runs.summary_types import EngineTime, PreReplaySummary, RunSummary, ServerReuse, run_summary
 from apps.workloads.services import tokenizer_dir, trace_load
 from workers.engine.confirm import local_hardware_id
@@ -176,7 +177,7 @@ def _execute_claimed(
     run: Run, host: Host, slot: ServerSlot, *, execute: Callable[[Run, Host, ServerSlot], str] | None = None
 ) -> str:
     """Lease the host for a claimed run, execute it, release; after the run, skip what its
-    cell can no longer win (apps/runs/early_stop.py) and queue the analysis after the last."""
+    cell can no longer win (apps/lifecycle/run_skipping.py) and queue the analysis after the last."""
     if not host_lease(host=host, run=run):
         holder = Host.objects.filter(pk=host.pk).values_list("current_run", flat=True).first()
         _finish(
@@ -195,7 +196,7 @@ def _execute_claimed(
         host_release(host=host, run=run)
         if run.kind == Run.Kind.SWEEP:
             try:
-                from apps.runs.early_stop import experiment_skip_after_invalid, experiment_skip_doomed
+                from apps.lifecycle.run_skipping import experiment_skip_after_invalid, experiment_skip_doomed
 
                 experiment_skip_after_invalid(experiment_id=run.experiment_id, run_pk=run.pk)
                 experiment_skip_doomed(experiment_id=run.experiment_id, cell_id=run.cell.cell_id)

@@ -2,7 +2,9 @@
 
 A redelivered task is harmless: ``execute_run`` claims its run with a
 conditional update from ``queued`` and returns at once if the run is past
-that; ``host_pull`` claims with the same kind of update (apps/runs/scheduling.py); ``analyse_experiment`` recomputes the same decision from the same rows.
+that; ``host_pull`` claims with the same kind of update (apps/runs/scheduling.py);
+``analyse_experiment`` (apps/lifecycle/completion.py) skips an experiment that is not running or
+has runs still to finish, and otherwise recomputes the same decision from the same rows.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import socket
 
 from celery import shared_task
 from django.conf import settings
-from django.utils import timezone
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def health() -> dict[str, object]:
 
 @shared_task(name="tailtune.freeze_experiment", acks_late=True)
 def freeze_experiment(*, experiment_pk: int) -> int:
-    from apps.runs.services import experiment_freeze_and_enqueue
+    from apps.lifecycle.running import experiment_freeze_and_enqueue
     from workers.pipeline import run_execute
 
     # run_execute lets a capacity probe (if the spec asks for one) run inline on this host.
@@ -37,7 +38,7 @@ def freeze_experiment(*, experiment_pk: int) -> int:
 def cell_goodput_capacity(*, experiment_pk: int, cell_id: str, mixture: str) -> float | None:
     """Goodput capacity of one cell (send it to that host's queue): one probe run per step, inline."""
     from apps.experiments.models import RunsRefused
-    from apps.runs.calibration import cell_goodput_capacity as measure
+    from apps.lifecycle.calibration import cell_goodput_capacity as measure
     from workers.pipeline import run_execute
 
     try:
@@ -67,39 +68,9 @@ def host_pull() -> str:
 
 @shared_task(name="tailtune.analyse_experiment", acks_late=True)
 def analyse_experiment(*, experiment_pk: int) -> str:
-    from apps.analysis.services import experiment_analyse
-    from apps.audit.services import audit_record
-    from apps.experiments.models import Experiment
-    from apps.runs.models import Run
-    from apps.runs.rehearsal import rehearsal_due
-    from apps.runs.services import experiment_mark_analysed
+    from apps.lifecycle.completion import experiment_analysis
 
-    # A duplicate or stale message (a redelivery, a task left on the broker) never analyses an
-    # experiment early: only a running experiment whose runs have all finished is analysed.
-    experiment = Experiment.objects.filter(pk=experiment_pk).first()
-    if experiment is None or experiment.status != Experiment.Status.RUNNING:
-        return f"skipped ({experiment.status if experiment else 'no such experiment'})"
-    if experiment.runs.exclude(status__in=Run.FINISHED).exists():
-        return "skipped (runs still to finish)"
-    Experiment.objects.filter(pk=experiment_pk).update(updated_at=timezone.now())  # the reconciler waits
-    try:
-        decision = experiment_analyse(experiment_id=experiment_pk)
-    except Exception as exc:
-        # Recorded, never lost: the reconciler (apps/runs/reconcile.py) sends it again, and
-        # cancels the experiment with this error after repeated failures.
-        log.exception("analysis of experiment %s failed", experiment_pk)
-        audit_record(
-            action="experiment.analysis_failed",
-            experiment=experiment,
-            detail={"error": f"{type(exc).__name__}: {exc}"[:2000]},
-        )
-        return f"analysis failed: {type(exc).__name__}: {exc}"[:500]
-    # The proposed cell's rollback is rehearsed before anyone approves it (check 4); the
-    # experiment stays running until the rehearsal ends, and is then analysed again.
-    if decision.chosen_cell and rehearsal_due(experiment_id=experiment_pk, chosen_cell=decision.chosen_cell):
-        return f"{decision.outcome} {decision.chosen_cell}: rehearsing its rollback".strip()
-    experiment_mark_analysed(experiment_id=experiment_pk)
-    return f"{decision.outcome} {decision.chosen_cell}".strip()
+    return experiment_analysis(experiment_id=experiment_pk)
 
 
 @shared_task(name="tailtune.import_trace", acks_late=True)

@@ -326,11 +326,11 @@ def _timeline(arrivals: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str
 
 
 # --- Attempts -------------------------------------------------------------------------------
-# A cell may be rehearsed more than once (a repeat needs a reason: apps/runs/rehearsal.py). Every
+# A cell may be rehearsed more than once (a repeat needs a reason: apps/lifecycle/rehearsal_schedule.py). Every
 # attempt is kept and shown with its outcome; check 4 reads them all (apps/analysis/checks.py).
 
 # The audit action that queues an attempt: who queued it and, for a repeat, why (its detail's
-# "reason"); apps/runs/rehearsal.py writes it, apps/analysis/services.rehearsal_inputs reads it.
+# "reason"); apps/lifecycle/rehearsal_schedule.py writes it, apps/analysis/services.rehearsal_inputs reads it.
 REHEARSAL_QUEUED = "rehearsal.queued"
 PENDING_STATUSES = frozenset({"queued", "starting", "warming", "measuring", "draining"})
 

@@ -347,7 +347,7 @@ def runs_over_limit(*, experiment: Experiment, runs: list[Run]) -> dict[str, dic
     """run key -> class -> ``over_limit`` [over, judged] per contract key of each given run, from its
     records by the report's own path (early_stop.run_over_limits): the counts acceptance pools.
 
-    For early stopping (apps/runs/early_stop.py), which pools one cell's done runs after each run.
+    For early stopping (apps/lifecycle/run_skipping.py), which pools one cell's done runs after each run.
     """
     run_inputs = _run_inputs(runs)
     workload = getattr(experiment, "workload", None)
@@ -360,8 +360,8 @@ def runs_over_limit(*, experiment: Experiment, runs: list[Run]) -> dict[str, dic
 
 
 def _scenario_verdicts(experiment_id: int) -> dict[str, Any]:
-    """What each failure-scenario run had to show and hold (apps/runs/scenarios.py), by run key."""
-    from apps.runs.scenarios import scenario_reports
+    """What each failure-scenario run had to show and hold (apps/runs/scenario_reports.py), by run key."""
+    from apps.runs.scenario_reports import scenario_reports
 
     return {
         e["run"]: e["verdict"]
@@ -415,7 +415,7 @@ def rehearsal_inputs(*, experiment: Experiment) -> dict[str, RehearsalEntry]:
 
     Every rehearsal run of a cell is one attempt, in the order queued, with its outcome
     (rehearsal.attempt_outcome) and, from the audit log, who queued it and why it was rehearsed
-    again (apps/runs/rehearsal.py records both). The latest attempt's full measures stay at
+    again (apps/lifecycle/rehearsal_schedule.py records both). The latest attempt's full measures stay at
     the top of the entry, for the results page's timeline.
     """
     options = recovery_options(experiment.spec or {})
@@ -441,7 +441,7 @@ def rehearsal_inputs(*, experiment: Experiment) -> dict[str, RehearsalEntry]:
         .order_by("id")
     }
     # A run the service failed under a lost worker or host and queued again: its reason, by the
-    # failed run's id (apps/runs/services.run_requeue_once).
+    # failed run's id (apps/lifecycle/retries.run_requeue_once).
     requeued = {
         e.target: str((e.detail or {}).get("reason") or "")
         for e in AuditEvent.objects.filter(experiment=experiment, action="run.requeued")

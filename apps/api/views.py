@@ -117,7 +117,7 @@ class ExperimentStart(ApiView):
 
     @extend_schema(request=None, responses={202: EXPERIMENT, 409: OpenApiTypes.OBJECT}, summary="Start")
     def post(self, request: Request, pk: int) -> Response:
-        from apps.runs.services import experiment_start
+        from apps.lifecycle.running import experiment_start
 
         experiment = self.experiment(pk)
         if not selectors.can_operate(request.user, experiment):
@@ -135,7 +135,7 @@ class ExperimentCancel(ApiView):
 
     @extend_schema(request=None, responses={200: EXPERIMENT, 409: OpenApiTypes.OBJECT}, summary="Cancel")
     def post(self, request: Request, pk: int) -> Response:
-        from apps.runs.services import experiment_cancel
+        from apps.lifecycle.running import experiment_cancel
 
         experiment = self.experiment(pk)
         if not selectors.can_operate(request.user, experiment):

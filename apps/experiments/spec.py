@@ -224,7 +224,7 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
         # (apps/analysis/early_stop.py); false: run every planned run.
         "early_stop": c.boolean(engine, "early_stop", "engine", default=True),
         # Skip every queued sweep run once one has ended unusable (invalid, failed, dispatch lag
-        # over the tolerance): a gate's answer is then inconclusive (apps/runs/early_stop.py).
+        # over the tolerance): a gate's answer is then inconclusive (apps/lifecycle/run_skipping.py).
         "stop_on_invalid": c.boolean(engine, "stop_on_invalid", "engine", default=False),
     }
 

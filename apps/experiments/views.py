@@ -30,10 +30,11 @@ from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, dump_spec
 from apps.experiments.spec_types import NormalizedSpec
 from apps.experiments.uploads import trace_upload_queue
-from apps.runs.calibration import GoodputRequestError, goodput_capacity_request
+from apps.lifecycle import running
+from apps.lifecycle.calibration import GoodputRequestError, goodput_capacity_request
+from apps.lifecycle.rehearsal_schedule import rehearsal_cost_s
 from apps.runs.engine_time import engine_time_summary
 from apps.runs.models import Run
-from apps.runs.rehearsal import rehearsal_cost_s
 from apps.runs.scheduling import hosts_by_qualification
 from apps.runs.selectors import offered_load
 from apps.workloads.importers import parse_class_thresholds
@@ -342,20 +343,13 @@ def experiment_progress_json(request: HttpRequest, pk: int) -> JsonResponse:
     )
 
 
-def _orchestration() -> Any:
-    from apps.runs import services as run_services
-
-    return run_services
-
-
 @require_POST
 def experiment_start(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _experiment(request, pk)
     if not selectors.can_operate(request.user, experiment):
         raise PermissionDenied("only the experiment's author can start it")
-    run_services = _orchestration()
     try:
-        n = run_services.experiment_start(experiment=experiment, actor=request.user)
+        n = running.experiment_start(experiment=experiment, actor=request.user)
     except ValueError as exc:  # StartError: not startable, or no host alive
         messages.error(request, f"Not started: {exc}")
     else:
@@ -371,7 +365,7 @@ def experiment_rehearse(request: HttpRequest, pk: int) -> HttpResponse:
     before needs a reason (400, naming the field, without one); an experiment that does not
     await approval or is rehearsing already answers 409. Nothing is saved on either.
     """
-    from apps.runs.rehearsal import RehearsalError, rehearsal_start
+    from apps.lifecycle.rehearsal_schedule import RehearsalError, rehearsal_start
 
     experiment = _experiment(request, pk)
     if not selectors.can_operate(request.user, experiment):
@@ -430,7 +424,11 @@ def experiment_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     if experiment.status != Experiment.Status.RUNNING:
         messages.error(request, f"Nothing to cancel: the experiment is {experiment.status}.")
         return redirect("experiments:detail", pk=experiment.pk)
-    _orchestration().experiment_cancel(experiment=experiment, actor=request.user)
+    running.experiment_cancel(experiment=experiment, actor=request.user)
+    experiment.refresh_from_db()
+    if experiment.status != Experiment.Status.CANCELLED:  # it moved on meanwhile (analysed)
+        messages.error(request, f"Nothing to cancel: the experiment is {experiment.status}.")
+        return redirect("experiments:detail", pk=experiment.pk)
     messages.success(request, "Cancelled: the current run stops within seconds; queued runs were dequeued.")
     return redirect("experiments:detail", pk=experiment.pk)
 

@@ -183,7 +183,7 @@ def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experim
     Raises SpecError (field paths as the gate's user named them: ``candidate_args.max_num_seqs``,
     ``spec.classes``, ``trace`` with the line) or GateUnavailable.
     """
-    from apps.runs.services import StartError, experiment_start
+    from apps.lifecycle.running import StartError, experiment_start
     from apps.workloads.services import trace_load
 
     base = gate_check(request)

@@ -85,7 +85,7 @@ def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
                 reason=f"the analysis failed {failures.count()} times (last: {error})"[:2000],
             )  # fmt: skip
         Experiment.objects.filter(pk=experiment.pk).update(updated_at=now)
-        from apps.runs.services import analysis_enqueue
+        from apps.lifecycle.completion import analysis_enqueue
 
         analysis_enqueue(experiment_id=experiment.pk)
         return _repaired(experiment, "analysis sent again: every run had finished", failures=failures.count())

@@ -1,5 +1,5 @@
 """The capacity probe's search: which rate to try next, what the capacity is, whether a step
-passed, and the rates frozen from it. Pure (no Django): apps/runs/calibration.py runs the
+passed, and the rates frozen from it. Pure (no Django): apps/lifecycle/calibration.py runs the
 steps against the engine and the database, and tests/scenarios/test_calibration_search.py
 checks the search alone."""
 

@@ -19,7 +19,7 @@ does not hold up the end:
    run reserves the rest of that cell's round (queued runs of the same experiment, cell and
    repeat get ``host`` = it) and takes those first, so it replays them back to back on the
    server it has up. A lost host's reservations are released (:func:`host_release_reserved`)
-   and its running run is failed and re-queued (apps/runs/services.hosts_reap_lost), so the
+   and its running run is failed and re-queued (apps/lifecycle/retries.hosts_reap_lost), so the
    other hosts pick both up.
 """
 

@@ -1,7 +1,7 @@
 """What the pages, the report and the manifest read about runs' rates: no writes, no tasks.
 
 ``offered_load`` and the probe's settings live here, not beside the probe that
-writes the rates (apps/runs/calibration.py), so that approvals and experiments
+writes the rates (apps/lifecycle/calibration.py), so that approvals and experiments
 read them without importing the probe.
 """
 

@@ -40,9 +40,9 @@ from apps.analysis.services import experiment_analyse  # noqa: E402
 from apps.experiments.models import Experiment  # noqa: E402
 from apps.experiments.services import experiment_create  # noqa: E402
 from apps.experiments.spec import load_yaml  # noqa: E402
+from apps.lifecycle.running import experiment_freeze_and_enqueue  # noqa: E402
 from apps.runs import dispatch  # noqa: E402
 from apps.runs.engine_time import engine_time_summary  # noqa: E402
-from apps.runs.services import experiment_freeze_and_enqueue  # noqa: E402
 from workers import pipeline  # noqa: E402
 
 START_S_GPU = 120.0  # the stated start time of a real model on a GPU host (the figure)

@@ -118,7 +118,7 @@ def experiment(name: str, **workload: Any) -> Any:
 
 
 def start(exp: Any) -> None:
-    from apps.runs.services import experiment_start
+    from apps.lifecycle.running import experiment_start
 
     deadline = time.monotonic() + 120
     while True:

@@ -6,7 +6,8 @@ import pytest
 
 from apps.approvals.services import approval_revoke, experiment_approve
 from apps.audit.models import AuditEvent
-from apps.runs.services import experiment_cancel, experiment_mark_analysed, experiment_start
+from apps.lifecycle.completion import experiment_mark_analysed
+from apps.lifecycle.running import experiment_cancel, experiment_start
 from tests.experiments.factories import UserFactory, make_experiment
 from tests.runs.factories import make_host
 

@@ -21,9 +21,9 @@ from django.conf import settings
 
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
+from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.models import Host, RequestRecord, Run
-from apps.runs.services import experiment_freeze_and_enqueue
 from tests.dispatch_support import hold_tasks
 from tests.engine_support import ENGINE_MARKS
 from tests.experiments.factories import UserFactory, small_spec

@@ -33,12 +33,12 @@ DECIDED = ("analysed", "approved", "rejected", "revoked")
 # (module, function) of every place that creates Run, RequestRecord or MetricSample rows (or
 # builds them for a caller that does), and the guarded entry point that covers it.
 WRITERS: dict[tuple[str, str], str] = {
-    ("apps/experiments/services.py", "experiment_plan"): "experiment_plan",
-    ("apps/experiments/services.py", "_uniform_companions"): "experiment_plan",
-    ("apps/runs/scenarios.py", "scenario_runs_build"): "experiment_plan",
-    ("apps/runs/scenarios.py", "probe_run_create"): "probe_run_create",
-    ("apps/runs/services.py", "run_requeue_once"): "run_requeue_once",
-    ("apps/runs/rehearsal.py", "_create"): "rehearsal_create",
+    ("apps/lifecycle/planning.py", "experiment_plan"): "experiment_plan",
+    ("apps/lifecycle/planning.py", "_uniform_companions"): "experiment_plan",
+    ("apps/lifecycle/scenario_schedule.py", "scenario_runs_build"): "experiment_plan",
+    ("apps/lifecycle/scenario_schedule.py", "probe_run_create"): "probe_run_create",
+    ("apps/lifecycle/retries.py", "run_requeue_once"): "run_requeue_once",
+    ("apps/lifecycle/rehearsal_schedule.py", "_create"): "rehearsal_create",
     # The one run builder: every caller above saves what it builds, under the caller's guard.
     ("apps/lifecycle/runs.py", "run_build"): "experiment_plan",
     ("apps/lifecycle/runs.py", "run_retry_build"): "run_requeue_once",
@@ -148,13 +148,13 @@ def _rehearsal_run(experiment: Experiment) -> Run:
 
 
 def _experiment_plan(e: Experiment, kind: str) -> None:
-    from apps.experiments.services import experiment_plan
+    from apps.lifecycle.planning import experiment_plan
 
     experiment_plan(experiment=e)
 
 
 def _probe_run_create(e: Experiment, kind: str) -> None:
-    from apps.runs.scenarios import probe_run_create
+    from apps.lifecycle.scenario_schedule import probe_run_create
 
     probe_run_create(
         experiment=e, cell=e.cells.first(), trace=_trace(), mixture="80-20", rate_name="probe0",
@@ -163,7 +163,7 @@ def _probe_run_create(e: Experiment, kind: str) -> None:
 
 
 def _cell_goodput_capacity(e: Experiment, kind: str) -> None:
-    from apps.runs.calibration import cell_goodput_capacity
+    from apps.lifecycle.calibration import cell_goodput_capacity
 
     def execute(*, run_pk: int) -> str:
         raise AssertionError("a probe run of a decided experiment was executed")
@@ -172,7 +172,7 @@ def _cell_goodput_capacity(e: Experiment, kind: str) -> None:
 
 
 def _goodput_capacity_request(e: Experiment, kind: str) -> None:
-    from apps.runs.calibration import goodput_capacity_request
+    from apps.lifecycle.calibration import goodput_capacity_request
 
     goodput_capacity_request(experiment=e, cell_id="C1", mixture="80-20")
 
@@ -187,7 +187,7 @@ def _experiment_calibrate_command(e: Experiment, kind: str) -> None:
 
 
 def _run_requeue_once(e: Experiment, kind: str) -> None:
-    from apps.runs.services import run_requeue_once
+    from apps.lifecycle.retries import run_requeue_once
 
     run = _rehearsal_run(e) if kind == "rehearsal" else _sweep_run(e)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.MEASURING)
@@ -195,7 +195,7 @@ def _run_requeue_once(e: Experiment, kind: str) -> None:
 
 
 def _rehearsal_create(e: Experiment, kind: str) -> None:
-    from apps.runs.rehearsal import RehearsalError, _create
+    from apps.lifecycle.rehearsal_schedule import RehearsalError, _create
 
     e.runs.filter(kind=Run.Kind.SWEEP).update(trace_sha256="c" * 64)
     try:

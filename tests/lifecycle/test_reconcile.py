@@ -111,7 +111,7 @@ def test_a_failed_analysis_is_recorded_not_lost() -> None:
     from workers.tasks import analyse_experiment
 
     experiment = running(make_experiment(), status="done", finished_at=timezone.now())
-    with mock.patch("apps.analysis.services.experiment_analyse", side_effect=RuntimeError("disk full")):
+    with mock.patch("apps.lifecycle.completion.experiment_analyse", side_effect=RuntimeError("disk full")):
         result = analyse_experiment.run(experiment_pk=experiment.pk)
     assert "disk full" in result
     event = AuditEvent.objects.get(action="experiment.analysis_failed")

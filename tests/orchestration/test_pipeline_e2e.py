@@ -9,8 +9,8 @@ import time
 import pytest
 
 from apps.experiments.models import Experiment
+from apps.lifecycle.running import experiment_cancel, experiment_start
 from apps.runs.models import Host, MetricSample, RequestRecord, Run
-from apps.runs.services import experiment_cancel, experiment_start
 from tests.engine_support import ENGINE_MARKS
 from tests.experiments.factories import make_experiment
 from tests.orchestration.conftest import Workers, pid_alive

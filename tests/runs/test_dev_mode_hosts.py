@@ -11,9 +11,9 @@ import pytest
 
 from apps.experiments.models import Experiment
 from apps.experiments.spec import SpecError
+from apps.lifecycle.running import StartError, experiment_start
 from apps.runs.dispatch import HOST_PULL
 from apps.runs.scheduling import hosts_by_qualification, run_claim_next, runs_dispatch, why_not
-from apps.runs.services import StartError, experiment_start
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment, small_spec
 from tests.runs.factories import make_host

@@ -1,4 +1,4 @@
-"""Early stopping in the database (apps/runs/early_stop.py): a candidate that can no longer be
+"""Early stopping in the database (apps/lifecycle/run_skipping.py): a candidate that can no longer be
 accepted loses its queued sweep runs, and nothing else is touched; with ``engine.stop_on_invalid``
 (a gate's experiment) the first unusable sweep run skips every queued sweep run."""
 
@@ -13,7 +13,7 @@ from apps.analysis.services import experiment_analyse, experiment_report_build
 from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.gate.verdict import gate_verdict
-from apps.runs.early_stop import experiment_skip_after_invalid, experiment_skip_doomed
+from apps.lifecycle.run_skipping import experiment_skip_after_invalid, experiment_skip_doomed
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
 from apps.workloads.services import trace_store

@@ -3,15 +3,11 @@ from __future__ import annotations
 import pytest
 
 from apps.experiments.models import Experiment
+from apps.lifecycle.retries import hosts_reap_lost
+from apps.lifecycle.running import experiment_cancel
 from apps.runs.dispatch import HOST_PULL
 from apps.runs.models import Host, Run
-from apps.runs.services import (
-    experiment_cancel,
-    host_lease,
-    host_release,
-    hosts_reap_lost,
-    run_claim,
-)
+from apps.runs.services import host_lease, host_release, run_claim
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment
 from tests.runs.factories import make_host

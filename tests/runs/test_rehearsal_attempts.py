@@ -21,9 +21,9 @@ from apps.approvals.manifest_types import ManifestContent
 from apps.approvals.services import approval_revoke, experiment_approve
 from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
+from apps.lifecycle.rehearsal_schedule import RehearsalError, rehearsal_due, rehearsal_start
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.models import RequestRecord, Run
-from apps.runs.rehearsal import RehearsalError, rehearsal_due, rehearsal_start
 from tests.analysis.factories import analysis_spec
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment
@@ -232,7 +232,7 @@ def test_a_rehearsal_the_service_queued_again_after_a_lost_host_is_listed_with_t
     author, rehearsed_once
 ) -> None:  # type: ignore[no-untyped-def]
     from apps.analysis.services import rehearsal_inputs
-    from apps.runs.services import run_requeue_once
+    from apps.lifecycle.retries import run_requeue_once
 
     experiment = rehearsed_once
     second = rehearsal_start(experiment=experiment, cell_id="C1", actor=author, reason="B0 was cold")

@@ -19,11 +19,11 @@ import pytest
 
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
+from apps.lifecycle.rehearsal_schedule import rehearsal_start
+from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.hosts import host_register_local
 from apps.runs.models import Host, RequestRecord, Run
-from apps.runs.rehearsal import rehearsal_start
-from apps.runs.services import experiment_freeze_and_enqueue
 from apps.runs.summary_types import RehearsalFacts, RunSummary
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import UserFactory, small_spec

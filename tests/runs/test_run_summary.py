@@ -13,10 +13,10 @@ import pytest
 
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
+from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.hosts import host_register_local
 from apps.runs.models import Run
-from apps.runs.services import experiment_freeze_and_enqueue
 from apps.runs.summary_types import PreReplaySummary, RunSummary, run_summary
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import UserFactory, small_spec

@@ -14,10 +14,11 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.experiments.models import Experiment
+from apps.lifecycle.retries import hosts_reap_lost
+from apps.lifecycle.running import experiment_start
 from apps.runs.dispatch import HOST_PULL
 from apps.runs.models import Host, Run
 from apps.runs.scheduling import hosts_by_qualification, run_claim_next, runs_dispatch
-from apps.runs.services import experiment_start, hosts_reap_lost
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment, small_spec
 from tests.runs.factories import make_host

@@ -28,11 +28,12 @@ import pytest
 from apps.analysis.scenarios import OVERTAKE_MARGIN_MS, decode_step_ms, scenario_verdict
 from apps.analysis.server import server_metrics
 from apps.experiments.models import Experiment
+from apps.lifecycle.running import experiment_freeze_and_enqueue
+from apps.lifecycle.scenario_schedule import pace_trace
 from apps.runs.dispatch import HOST_PULL
 from apps.runs.hosts import host_queue, host_register_local
 from apps.runs.models import RequestRecord, Run
-from apps.runs.scenarios import pace_trace, scenario_reports
-from apps.runs.services import experiment_freeze_and_enqueue
+from apps.runs.scenario_reports import scenario_reports
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.scenarios import (
     PRIORITY_CHECK,

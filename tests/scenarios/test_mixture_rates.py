@@ -6,9 +6,9 @@ import pytest
 
 from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import validate_spec
+from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.models import Run
 from apps.runs.selectors import offered_load
-from apps.runs.services import experiment_freeze_and_enqueue
 from apps.workloads.services import trace_load
 from tests.experiments.factories import make_experiment, small_spec
 from tests.runs.factories import make_host

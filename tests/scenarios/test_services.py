@@ -10,11 +10,11 @@ import pytest
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import SpecError, validate_spec
-from apps.runs.calibration import CalibrationError, experiment_calibrate
+from apps.lifecycle.calibration import CalibrationError, experiment_calibrate
+from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.ingest import records_ingest
 from apps.runs.models import Run
-from apps.runs.scenarios import scenario_reports
-from apps.runs.services import experiment_freeze_and_enqueue
+from apps.runs.scenario_reports import scenario_reports
 from apps.workloads.services import trace_load
 from tests.experiments.factories import make_experiment, small_spec
 from tests.runs.factories import make_host

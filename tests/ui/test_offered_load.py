@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from apps.experiments.models import Workload
-from apps.runs.calibration import cell_goodput_capacity
+from apps.lifecycle.calibration import cell_goodput_capacity
 from apps.runs.dispatch import CELL_GOODPUT_CAPACITY
 from apps.runs.models import Host
 from apps.runs.selectors import offered_load
@@ -120,7 +120,7 @@ def test_it_puts_the_probe_runs_in_the_manifest_by_id(experiment) -> None:  # ty
 def test_it_puts_the_offered_load_and_goodput_capacity_beside_the_comparison(
     client, viewer, analysed_experiment
 ) -> None:  # type: ignore[no-untyped-def]
-    from apps.runs.calibration import _goodput_store
+    from apps.lifecycle.calibration import _goodput_store
 
     _goodput_store(
         workload_pk=analysed_experiment.workload.pk,

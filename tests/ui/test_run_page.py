@@ -53,8 +53,8 @@ def test_it_answers_404_for_an_unknown_run(client, viewer) -> None:  # type: ign
 
 @pytest.mark.django_db
 def test_a_retry_and_the_run_it_retries_link_to_each_other(client, viewer, experiment) -> None:  # type: ignore[no-untyped-def]
+    from apps.lifecycle.retries import run_requeue_once
     from apps.runs.models import Run
-    from apps.runs.services import run_requeue_once
 
     experiment.__class__.objects.filter(pk=experiment.pk).update(status="running")
     failed = experiment.runs.order_by("plan_position").first()

@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create, experiment_to_spec
 from apps.experiments.spec import SpecError
-from apps.runs.services import experiment_freeze_and_enqueue
+from apps.lifecycle.running import experiment_freeze_and_enqueue
 from tests.experiments.factories import UserFactory, small_spec
 from tests.runs.factories import make_host
 from workers.engine.tinymodel import build_tokenizer

@@ -1,4 +1,4 @@
-"""Run the capacity probe of an experiment here, inline, and freeze its rates (apps/runs/calibration.py)."""
+"""Run the capacity probe of an experiment here, inline, and freeze its rates (apps/lifecycle/calibration.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.experiments.models import Experiment, RunsRefused
-from apps.runs.calibration import CalibrationError, cell_goodput_capacity, experiment_calibrate
+from apps.lifecycle.calibration import CalibrationError, cell_goodput_capacity, experiment_calibrate
 
 
 class Command(BaseCommand):

@@ -5,8 +5,8 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from apps.experiments.models import Experiment
+from apps.lifecycle.running import StartError, experiment_start
 from apps.runs.models import Run
-from apps.runs.services import StartError, experiment_start
 
 _DONE = {
     Experiment.Status.ANALYSED,

@@ -19,7 +19,7 @@ ended. A repeat needs a reason, which goes into the audit log with who asked (ac
 ``rehearsal.queued``); the report, the results and approval pages and the manifest list every
 attempt with it, and check 4 reads them all (docs/SCENARIOS.md, "Repeated attempts"). The only
 other path that queues a rehearsal again is the service's own, when a worker or host is lost
-under one (apps/runs/services.run_requeue_once, audited as ``run.requeued`` with its reason).
+under one (apps/lifecycle/retries.run_requeue_once, audited as ``run.requeued`` with its reason).
 """
 
 from __future__ import annotations

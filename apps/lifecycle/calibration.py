@@ -48,12 +48,12 @@ from apps.analysis.columns import RecordTable
 from apps.analysis.metrics import Contract, class_metrics, derive, run_window
 from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, ServerConfig, Workload
+from apps.lifecycle.scenario_schedule import probe_run_create
 from apps.runs import dispatch
 from apps.runs.capacity import capacity_of, frozen_rates, next_rate, probe_passed
 from apps.runs.hosts import hosts_alive
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
-from apps.runs.scenarios import probe_run_create
 from apps.runs.selectors import calibration_settings, goodput_settings
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer

@@ -1,10 +1,11 @@
-"""Failure-scenario runs: plan them, freeze their traces, and judge them.
+"""Failure-scenario runs planned, sized and frozen: the rows the scenarios need before they run.
 
 Scenario runs are ordinary Run rows (``kind="scenario"``, ``scenario=<name>``) executed by the
-same pipeline as the sweep; they follow the sweep in the plan and the
-analysis keeps them apart from it. The generators are pure
-(apps/workloads/scenarios.py), and so are the checks
-(apps/analysis/scenarios.py); this module only moves rows.
+same pipeline as the sweep; they follow the sweep in the plan (:func:`scenario_runs_build`).
+Their traces are sized from B0's decode pace, measured by the capacity probe or by one short
+pace run (:func:`scenario_pace_probe`), and frozen once (:func:`scenario_traces_freeze`) before
+any run is dispatched. The generators are pure (apps/workloads/scenarios.py); what each run must
+show and hold is judged from its records by apps/runs/scenario_reports.py.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.db import transaction
-from django.db.models import QuerySet
 
-from apps.analysis.scenarios import decode_step_ms, scenario_verdict, scenarios_summary
-from apps.analysis.server import server_metrics
+from apps.analysis.scenarios import decode_step_ms
 from apps.experiments.models import Experiment, ServerConfig
 from apps.lifecycle.runs import run_build
-from apps.runs.models import MetricSample, RequestRecord, Run
+from apps.runs.models import RequestRecord, Run
+from apps.runs.scenario_reports import failure_scenario_runs, scheduling_policy
 from apps.workloads.models import Trace
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.scenarios import (
@@ -36,11 +36,6 @@ from apps.workloads.tracefile import Trace as TraceFile
 from workers.replay.records import SCALAR_RECORD_FIELDS
 
 SCENARIO_RATE_NAME = "scenario"
-
-
-def failure_scenario_runs(*, experiment: Experiment) -> QuerySet[Run]:
-    """The experiment's failure-scenario runs (not the sweep, the probe's runs or the uniform companions)."""
-    return experiment.runs.filter(kind=Run.Kind.SCENARIO)
 
 
 def probe_run_create(
@@ -80,10 +75,6 @@ def probe_run_create(
         return run
 
 
-def _policy(cell: ServerConfig) -> str:
-    return str((cell.args or {}).get("scheduling_policy") or "fcfs")
-
-
 def scenario_entries(
     *, spec: dict[str, Any], cells: list[ServerConfig]
 ) -> list[tuple[str, dict[str, Any], ServerConfig]]:
@@ -103,7 +94,7 @@ def scenario_entries(
                 out.append((name, dict(wanted[name].get("params") or {}), cell))
     flooded = {c.cell_id for name, _, c in out if GENERATORS_OF.get(name, name) == "priority_flood"}
     for cell in cells:
-        if _policy(cell) == "priority" and cell.cell_id not in flooded:
+        if scheduling_policy(cell) == "priority" and cell.cell_id not in flooded:
             out.append((PRIORITY_CHECK, {}, cell))
     return out
 
@@ -276,58 +267,3 @@ def scenario_runs_attach(*, runs: list[Run], traces: dict[str, Trace]) -> None:
         run.requests_planned = row.requests
         obs = float((row.meta or {}).get("observation_s") or run.observation_seconds)
         run.rate_rps = round(row.requests / obs, 6) if obs > 0 else 0.0
-
-
-def scenario_reports(*, experiment_id: int) -> dict[str, Any]:
-    """Every scenario run of the experiment judged (apps/analysis/scenarios.py), plus the probe's derivation.
-
-    Runs that never finished are listed with their status and no verdict.
-    """
-    experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
-    runs = list(
-        failure_scenario_runs(experiment=experiment)
-        .select_related("cell", "trace")
-        .order_by("plan_position", "id")
-    )
-    verdicts = []
-    listed = []
-    for run in runs:
-        entry: dict[str, Any] = {
-            "run": str(run.run_id),
-            "scenario": run.scenario,
-            "cell": run.cell.cell_id,
-            "scheduling_policy": _policy(run.cell),
-            "status": run.status,
-            "reason": run.reason,
-            "trace_sha256": run.trace_sha256,
-        }
-        if run.status in Run.FINISHED and run.trace is not None and run.status != Run.Status.CANCELLED:
-            records = list(
-                RequestRecord.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS)
-            )
-            samples = list(
-                MetricSample.objects.filter(run=run).values(
-                    "t_ns", "phase", "epoch", "name", "labels", "kind", "value"
-                )
-            )
-            verdict = scenario_verdict(
-                meta=run.trace.meta,
-                records=records,
-                server=server_metrics(samples),
-                status=run.status,
-                scheduling_policy=_policy(run.cell),
-                replay=run.summary or {},
-            )
-            entry["verdict"] = verdict
-            verdicts.append(verdict)
-        listed.append(entry)
-    workload = experiment.workload
-    return {
-        "summary": scenarios_summary(verdicts),
-        "runs": listed,
-        "rates": {
-            "values": workload.rates,
-            "source": workload.rates_source,
-            "derivation": workload.rates_derivation,
-        },
-    }
