@@ -25,6 +25,7 @@ from apps.experiments.offers import spec_offer_errors
 from apps.experiments.services import spec_limits
 from apps.experiments.spec import CONTRACT_KEYS, FieldError, SpecError, parse_spec, validate_spec
 from apps.experiments.spec_types import NormalizedSpec, RawSpec
+from apps.experiments.workload_fields import FORM_WORKLOAD_FIELDS
 
 
 def _blank(data: dict[str, Any]) -> bool:
@@ -150,14 +151,11 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
             "rates": d.get("rates") or {},
             "rates_source": "manual",
             "arrival": arrival,
-            "repeats": d.get("repeats"),
-            "repeat_traces": d.get("repeat_traces") or "same",
-            "output_mode": d.get("output_mode") or "exact",
-            "seed": d.get("seed"),
-            "warmup_s": d.get("warmup_s"),
-            "observation_s": d.get("observation_s"),
-            "drain_deadline_s": d.get("drain_deadline_s"),
-            "max_dispatch_lag_ms": d.get("max_dispatch_lag_ms"),
+            # A choice left blank is its default; a number left blank is the checker's to refuse.
+            **{
+                f.name: (d.get(f.name) or f.default) if f.choices else d.get(f.name)
+                for f in FORM_WORKLOAD_FIELDS
+            },
         },
     }
     spec.update(d.get("extra") or {})
@@ -188,14 +186,7 @@ _DIRECT: dict[str, str] = {
     "workload.arrival.process": "arrival_process",
     "workload.arrival.cv": "arrival_cv",
     "workload.arrival": "arrival_process",
-    "workload.repeats": "repeats",
-    "workload.repeat_traces": "repeat_traces",
-    "workload.output_mode": "output_mode",
-    "workload.seed": "seed",
-    "workload.warmup_s": "warmup_s",
-    "workload.observation_s": "observation_s",
-    "workload.drain_deadline_s": "drain_deadline_s",
-    "workload.max_dispatch_lag_ms": "max_dispatch_lag_ms",
+    **{f"workload.{f.name}": f.name for f in FORM_WORKLOAD_FIELDS},
 }
 _INDEXED = re.compile(r"^(candidates|classes)\[(\d+)\](?:\.(.*))?$")
 

@@ -24,6 +24,7 @@ from apps.experiments.spec import (
     SpecError,
     load_yaml,
 )
+from apps.experiments.workload_fields import FORM_WORKLOAD_FIELDS, WorkloadField
 from apps.workloads.importers import FORMATS as TRACE_FORMATS
 
 MAX_SPEC_BYTES = 1_000_000
@@ -31,6 +32,19 @@ POLICY_CHOICES = [("", "(vLLM default)")] + [(p, p) for p in SCHEDULING_POLICIES
 CHUNKED_CHOICES = [("", "(vLLM default)"), ("true", "on"), ("false", "off")]
 # Optional scheduler args shown for B0 and each single cell (beside the grid's two axes).
 EXTRA_ARGS = ("long_prefill_token_threshold", "max_num_queued_reqs")
+
+
+def _workload_field(field: WorkloadField) -> forms.Field:
+    """The create form's field for one of the workload's scalars (optional: the spec checker says
+    what is missing, under the field)."""
+    shown: dict[str, Any] = {"required": False, "initial": field.default, "label": field.label}
+    if field.help:
+        shown["help_text"] = field.help
+    if field.choices:
+        return forms.ChoiceField(choices=list(field.choices), **shown)
+    if field.kind is int:
+        return forms.IntegerField(**shown)
+    return forms.FloatField(**shown)
 
 
 def _int_list(text: str) -> list[int]:
@@ -138,37 +152,9 @@ class ExperimentForm(forms.Form):
         label="Arrival process",
     )
     arrival_cv = forms.FloatField(required=False, label="Arrival CV (gamma only)")
-    repeats = forms.IntegerField(required=False, initial=3)
-    repeat_traces = forms.ChoiceField(
-        choices=[
-            ("same", "same: every repeat replays the same frozen traces"),
-            ("fresh", "fresh: each repeat draws its own traffic from the seed"),
-        ],
-        initial="same",
-        required=False,
-        label="Repeats replay",
-    )
-    output_mode = forms.ChoiceField(
-        choices=[
-            ("exact", "exact: every request decodes exactly its output tokens"),
-            ("natural", "natural: output tokens are a cap; the model stops where it stops"),
-        ],
-        initial="exact",
-        required=False,
-        label="Output lengths",
-    )
-    seed = forms.IntegerField(required=False, initial=0, label="Workload seed")
-    warmup_s = forms.FloatField(required=False, initial=10, label="Warm-up (s)")
-    observation_s = forms.FloatField(required=False, initial=120, label="Observation window (s)")
-    drain_deadline_s = forms.FloatField(required=False, initial=60, label="Drain deadline (s)")
-    max_dispatch_lag_ms = forms.FloatField(
-        required=False,
-        initial=5,
-        label="Dispatch-lag tolerance (ms)",
-        help_text="How late the load generator may send a request (p99 of send time minus planned time) "
-        "before the run is invalid: later than this, the offered load was not the planned one. A few ms "
-        "on a quiet client machine; more where the client shares CPUs with the engine.",
-    )
+    # The workload's scalars (repeats, seed, the windows, the dispatch-lag tolerance, ...): one
+    # field per declaration in apps/experiments/workload_fields.py, in its order, here.
+    vars().update({f.name: _workload_field(f) for f in FORM_WORKLOAD_FIELDS})
     # A real trace to replay instead of generated arrivals (stored when the experiment is created).
     trace_file = forms.FileField(
         required=False,
@@ -245,14 +231,7 @@ class ExperimentForm(forms.Form):
                 "rates",
                 "arrival_process",
                 "arrival_cv",
-                "repeats",
-                "repeat_traces",
-                "output_mode",
-                "seed",
-                "warmup_s",
-                "observation_s",
-                "drain_deadline_s",
-                "max_dispatch_lag_ms",
+                *(f.name for f in FORM_WORKLOAD_FIELDS),
                 "extra",
             ),
         ),

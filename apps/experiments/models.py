@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import models, transaction
 
 from apps.experiments.spec_types import CandidateEngine
+from apps.experiments.workload_fields import WORKLOAD_FIELD as SCALAR
 
 
 class RunsRefused(ValueError):
@@ -235,6 +236,9 @@ class RequestClass(models.Model):
 
 
 class Workload(models.Model):
+    """The experiment's traffic. The scalars' defaults (and their bounds, labels and help) are
+    declared once in apps/experiments/workload_fields.py."""
+
     class Arrival(models.TextChoices):
         CONSTANT = "constant"
         POISSON = "poisson"
@@ -252,18 +256,18 @@ class Workload(models.Model):
     arrival_process = models.CharField(max_length=16, choices=Arrival.choices, default=Arrival.POISSON)
     arrival_cv = models.FloatField(null=True, blank=True)
     imported_trace_sha256 = models.CharField(max_length=64, blank=True)
-    repeats = models.PositiveIntegerField(default=3)
+    repeats = models.PositiveIntegerField(default=SCALAR["repeats"].default)
     # same: every repeat replays the (mixture, rate)'s one frozen trace; fresh: one trace per repeat.
-    repeat_traces = models.CharField(max_length=8, default="same")
+    repeat_traces = models.CharField(max_length=8, default=SCALAR["repeat_traces"].default)
     # exact: every request decodes exactly its output_tokens; natural: output_tokens is a cap.
-    output_mode = models.CharField(max_length=8, default="exact")
+    output_mode = models.CharField(max_length=8, default=SCALAR["output_mode"].default)
     # The quality probe's frozen prompt set (a stored trace), set at freeze when the spec has one.
     quality_probe_sha256 = models.CharField(max_length=64, blank=True)
-    seed = models.BigIntegerField(default=0)
-    warmup_s = models.FloatField(default=10)
-    observation_s = models.FloatField(default=120)
-    drain_deadline_s = models.FloatField(default=60)
-    max_dispatch_lag_ms = models.FloatField(default=5)
+    seed = models.BigIntegerField(default=SCALAR["seed"].default)
+    warmup_s = models.FloatField(default=SCALAR["warmup_s"].default)
+    observation_s = models.FloatField(default=SCALAR["observation_s"].default)
+    drain_deadline_s = models.FloatField(default=SCALAR["drain_deadline_s"].default)
+    max_dispatch_lag_ms = models.FloatField(default=SCALAR["max_dispatch_lag_ms"].default)
 
     def __str__(self) -> str:
         return f"workload of {self.experiment_id}"

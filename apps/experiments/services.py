@@ -15,6 +15,7 @@ from apps.experiments.models import Experiment, RequestClass, ServerConfig, Work
 from apps.experiments.offers import spec_bind_errors, spec_offer_errors
 from apps.experiments.spec import FieldError, SpecError, SpecLimits, validate_spec
 from apps.experiments.spec_types import NormalizedSpec, RawSpec
+from apps.experiments.workload_fields import COLUMN_WORKLOAD_FIELDS, WORKLOAD_FIELDS
 from apps.lifecycle.planning import experiment_plan
 
 
@@ -166,14 +167,7 @@ def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experime
         arrival_process=w["arrival"]["process"],
         arrival_cv=w["arrival"].get("cv"),
         imported_trace_sha256=w["arrival"].get("trace_sha256", ""),
-        repeats=w["repeats"],
-        repeat_traces=w.get("repeat_traces", "same"),
-        output_mode=w.get("output_mode", "exact"),
-        seed=w["seed"],
-        warmup_s=w["warmup_s"],
-        observation_s=w["observation_s"],
-        drain_deadline_s=w["drain_deadline_s"],
-        max_dispatch_lag_ms=w["max_dispatch_lag_ms"],
+        **_workload_columns(w),
     )
     audit_record(
         action="experiment.created",
@@ -218,6 +212,19 @@ def experiment_create_with_trace(
     )
     spec["workload"]["arrival"] = {"process": "trace", "trace_sha256": trace.sha256}
     return experiment_create(spec=spec, owner=owner)
+
+
+def _workload_columns(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """A normalised spec's workload scalars that are columns of its Workload row."""
+    return {f.name: workload.get(f.name, f.default) for f in COLUMN_WORKLOAD_FIELDS}
+
+
+def _workload_scalars(row: Workload, stored: Mapping[str, Any]) -> dict[str, Any]:
+    """The workload's scalars for the export: the row's columns, the others from the stored spec."""
+    return {
+        f.name: getattr(row, f.name) if f.column else f.kind(stored.get(f.name, f.default))
+        for f in WORKLOAD_FIELDS
+    }
 
 
 def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
@@ -281,17 +288,7 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
             **({"mixture_rates": w.mixture_rates} if w.mixture_rates else {}),
             "rates_source": w.rates_source,
             "arrival": arrival,
-            "repeats": w.repeats,
-            "repeat_traces": w.repeat_traces,
-            "output_mode": w.output_mode,
-            "seed": w.seed,
-            "warmup_s": w.warmup_s,
-            "observation_s": w.observation_s,
-            "drain_deadline_s": w.drain_deadline_s,
-            "max_dispatch_lag_ms": w.max_dispatch_lag_ms,
-            "uniform_companion": bool(
-                ((experiment.spec or {}).get("workload") or {}).get("uniform_companion")
-            ),
+            **_workload_scalars(w, (experiment.spec or {}).get("workload") or {}),
         },
         **extra,
     }

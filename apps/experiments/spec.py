@@ -46,16 +46,13 @@ from apps.experiments.spec_rules import (
     MAX_YAML_DEPTH,
     NUMBER_CEILING,
     OPTIONAL_SECTIONS,
-    OUTPUT_MODES,
     PRIMARY_METRICS,
     RATES_PER,
-    REPEAT_TRACES,
     RUN_OVERHEAD_S,
     SCHEDULING_POLICIES,
     TOP_KEYS,
     TRACE_PROCESS,
     WEIGHT_TOLERANCE,
-    WORKLOAD_KEYS,
     SpecLimits,
 )
 from apps.experiments.spec_sections import (
@@ -67,9 +64,11 @@ from apps.experiments.spec_sections import (
 )
 from apps.experiments.spec_types import NormalizedSpec
 from apps.experiments.spec_workload import _check_classes, _check_workload
+from apps.experiments.workload_fields import OUTPUT_MODES, REPEAT_TRACES, WORKLOAD_KEYS
 from workers.engine.model_paths import model_path_problem
 
-# The spec's API: what other code imports from here (the constants live in spec_rules.py).
+# The spec's API: what other code imports from here (the constants live in spec_rules.py, the
+# workload's fields in workload_fields.py).
 __all__ = [
     "ARRIVAL_PROCESSES",
     "CALIBRATION_DEFAULTS",

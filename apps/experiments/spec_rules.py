@@ -2,7 +2,7 @@
 
 Pure: no Django. Constants only (and :class:`SpecLimits`, the caps on a whole plan), shared by
 the validator's modules: apps/experiments/spec.py (the entry point, which re-exports every name
-here), spec_checker.py, spec_cells.py, spec_workload.py and spec_sections.py.
+here), spec_checker.py, spec_cells.py, spec_workload.py, spec_sections.py and workload_fields.py.
 """
 
 from __future__ import annotations
@@ -54,30 +54,7 @@ CORE_SECTIONS = frozenset(
 )
 OPTIONAL_SECTIONS = frozenset({"scenarios", "calibration", "analysis", "recovery", "quality"})
 TOP_KEYS = CORE_SECTIONS | OPTIONAL_SECTIONS
-WORKLOAD_KEYS = {
-    "mixtures",
-    "rates",
-    "mixture_rates",
-    "rates_source",
-    "arrival",
-    "repeats",
-    "repeat_traces",
-    "output_mode",
-    "seed",
-    "warmup_s",
-    "observation_s",
-    "drain_deadline_s",
-    "max_dispatch_lag_ms",
-    "uniform_companion",
-}
-# workload.repeat_traces: every repeat replays the same frozen traces (repeat variation is then
-# the server's), or each repeat gets its own draw from the seed (traffic variation included).
-REPEAT_TRACES = ("same", "fresh")
-
-
-# workload.output_mode: exact forces every request's length (ignore_eos, min_tokens); natural
-# sends the length as a cap only and records what the model did (length, finish_reason).
-OUTPUT_MODES = ("exact", "natural")
+# The workload section's keys and its scalars' choices: apps/experiments/workload_fields.py.
 
 
 # A class's primary metric: the tail its gains are judged on (docs/ANALYSIS.md);

@@ -19,18 +19,13 @@ from apps.experiments.spec_rules import (
     MAX_LATENCY_MS,
     MAX_PRIORITY,
     MAX_RATE_RPS,
-    MAX_REPEATS,
-    MAX_SEED,
     MAX_TOKENS,
-    MAX_WINDOW_S,
-    OUTPUT_MODES,
     PRIMARY_METRICS,
-    REPEAT_TRACES,
     TRACE_PROCESS,
     WEIGHT_TOLERANCE,
-    WORKLOAD_KEYS,
 )
 from apps.experiments.spec_types import Calibration, Contract, RequestClass
+from apps.experiments.workload_fields import WORKLOAD_FIELDS, WORKLOAD_KEYS, WorkloadField
 
 
 def _check_classes(
@@ -221,24 +216,26 @@ def _check_workload(
             **({"cv": cv} if cv is not None else {}),
             **({"trace_sha256": trace_sha} if trace_sha else {}),
         },
-        "repeats": c.number(
-            workload, "repeats", "workload", positive=True, integer=True, maximum=MAX_REPEATS
-        ),
-        "repeat_traces": c.choice(workload, "repeat_traces", "workload", REPEAT_TRACES),
-        "output_mode": c.choice(workload, "output_mode", "workload", OUTPUT_MODES),
-        "seed": c.number(workload, "seed", "workload", integer=True, minimum=0, maximum=MAX_SEED),
-        "warmup_s": c.number(workload, "warmup_s", "workload", minimum=0.0, maximum=MAX_WINDOW_S),
-        "observation_s": c.number(workload, "observation_s", "workload", positive=True, maximum=MAX_WINDOW_S),
-        "drain_deadline_s": c.number(
-            workload, "drain_deadline_s", "workload", positive=True, maximum=MAX_WINDOW_S
-        ),
-        "max_dispatch_lag_ms": c.number(
-            workload, "max_dispatch_lag_ms", "workload", positive=True, maximum=MAX_WINDOW_S * 1000
-        ),
-        # Also replay each (cell, mixture, rate) once on constant spacing: uniform vs bursty.
-        "uniform_companion": c.boolean(workload, "uniform_companion", "workload", default=False),
+        **{f.name: _check_field(c, workload, f) for f in WORKLOAD_FIELDS},
     }
     return mixtures, rates
+
+
+def _check_field(c: _Checker, workload: Mapping[str, Any], field: WorkloadField) -> Any:
+    """One of the workload's scalars, as apps/experiments/workload_fields.py declares it."""
+    if field.kind is bool:
+        return c.boolean(workload, field.name, "workload", default=bool(field.default))
+    if field.choices:
+        return c.choice(workload, field.name, "workload", field.values)
+    return c.number(
+        workload,
+        field.name,
+        "workload",
+        positive=field.positive,
+        minimum=field.minimum,
+        maximum=field.maximum,
+        integer=field.kind is int,
+    )
 
 
 def _check_mixture_rates(
