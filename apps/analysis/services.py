@@ -37,6 +37,7 @@ from apps.experiments.recovery import recovery_options
 from apps.runs.engine_time import engine_time_summary
 from apps.runs.models import Host, MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
+from apps.runs.summary_types import rehearsal_facts, run_summary
 from workers.replay.records import SCALAR_RECORD_FIELDS, GapHistogram
 
 _CHUNK = 50_000
@@ -330,11 +331,11 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         rehearse=bool(recovery_options(experiment.spec or {})["rehearse"]),
         stop_reasons=_stop_reasons(done),
         quality_probes=[
-            {"run": str(r.run_id), "cell": r.cell.cell_id, **(r.summary or {})["quality_probe"]}
+            {"run": str(r.run_id), "cell": r.cell.cell_id, **run_summary(r.summary)["quality_probe"]}
             for r in runs
             if r.status == Run.Status.DONE
             and r.kind == Run.Kind.SWEEP
-            and (r.summary or {}).get("quality_probe")
+            and run_summary(r.summary).get("quality_probe")
         ],
         validator_budget=validator_budget(),
     )
@@ -504,7 +505,7 @@ def _has_retry(run: Run) -> bool:
 
 def _rehearsal_measures(run: Run, *, classes: list[dict[str, Any]], options: Any) -> dict[str, Any] | None:
     """What one done rehearsal run measured (apps/analysis/rehearsal.py); None without its facts."""
-    facts = (run.summary or {}).get("rehearsal") or {}
+    facts = rehearsal_facts(run_summary(run.summary))
     if not facts:
         return None
     records = list(RecordRow.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS))
