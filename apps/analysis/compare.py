@@ -21,6 +21,9 @@ are censored supports neither claim.
 Each metric gets one-sided bootstrap p-values for "better" and "worse"; the
 gain family and Holm's adjustment are applied afterwards (apps/analysis/family.py).
 Draws are seeded by the options' seed and the (mixture, rate, class) key only.
+
+The options are apps/analysis/compare_options.py; what the repeat rounds themselves say (the
+run-level model each claim must also stand out from) is apps/analysis/rounds.py.
 """
 
 from __future__ import annotations
@@ -30,15 +33,18 @@ import math
 import zlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from apps.analysis import inference
+from apps.analysis import inference, rounds
 from apps.analysis.metrics import Derived
-from apps.analysis.report_types import CompareOptionsJSON, MetricVerdict
+from apps.analysis.report_types import MetricVerdict
 from apps.analysis.resample import Resampling, TailQuantile
 from workers.replay.records import GapHistogram
+
+if TYPE_CHECKING:  # the options module reads this one's metric names at import
+    from apps.analysis.compare_options import CompareOptions
 
 # Tail metrics per request: kind -> the Derived fields of its value and lower bound.
 LATENCY_KINDS: dict[str, tuple[str, str]] = {
@@ -69,99 +75,6 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "itl_p99_ms": False,
 }
 PRIMARY_CHOICES = tuple(latency_metric(k, "p99") for k in LATENCY_KINDS)
-
-
-def _default_abs() -> dict[str, float]:
-    out = {"goodput_rps": 0.01, "contract_share": 0.01, "itl_p99_ms": 1.0}
-    out.update({latency_metric(k, lv): 5.0 for lv in LEVELS for k in LATENCY_KINDS})
-    return out
-
-
-OPTION_KEYS = frozenset(
-    {
-        "resamples",
-        "seed",
-        "confidence",
-        "min_effect_rel",
-        "min_effect_abs",
-        "family_alpha",
-        "noninferiority_margin_rel",
-        "contract_alpha",
-        "itl_min_repeats",
-        "seed_check",
-    }
-)
-MIN_RESAMPLES = 2000
-
-
-@dataclass(frozen=True)
-class CompareOptions:
-    # Bootstrap draws: at least this many, more as the gain family grows (inference.family_resamples).
-    resamples: int = MIN_RESAMPLES
-    seed: int = 0
-    # The interval shown and the "materially worse" guard (two-sided, uncorrected).
-    confidence: float = 0.95
-    # A difference is material only when it is larger than both of these
-    # (relative to B0's value, and absolute) as well as significant.
-    min_effect_rel: float = 0.05
-    min_effect_abs: Mapping[str, float] = field(default_factory=_default_abs)
-    # Family-wise error rate of the gains a retune rests on (Holm).
-    family_alpha: float = 0.05
-    # Non-inferiority: the interval's upper end of every class's primary metric
-    # must stay below B0 x (1 + this).
-    noninferiority_margin_rel: float = 0.25
-    # Exact binomial test of a contract limit: broken when the share over it is above
-    # the allowed share with confidence 1 - this.
-    contract_alpha: float = 0.05
-    # Inter-token latency is resampled by repeat only: below this many repeats it is never material.
-    itl_min_repeats: int = 5
-    # Repeat the comparison under a second seed and mark what changes "borderline".
-    seed_check: bool = True
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None) -> CompareOptions:
-        data = dict(data or {})
-        unknown = set(data) - OPTION_KEYS
-        if unknown:
-            raise ValueError(f"unknown comparison options: {', '.join(sorted(unknown))}")
-        abs_ = _default_abs()
-        given = dict(data.pop("min_effect_abs", {}) or {})
-        for k, v in given.items():
-            if k not in abs_:
-                raise ValueError(f"min_effect_abs: unknown metric {k!r}")
-            abs_[k] = float(v)
-        # A p95 fallback takes its p99's minimum effect unless it is given itself.
-        for k, v in given.items():
-            twin = k.replace("_p99_", "_p95_")
-            if k.endswith("_p99_ms") and twin in abs_ and twin not in given:
-                abs_[twin] = float(v)
-        opts = cls(min_effect_abs=abs_, **data)
-        if opts.resamples < MIN_RESAMPLES:
-            raise ValueError(f"resamples must be at least {MIN_RESAMPLES}")
-        if not 0.5 < opts.confidence < 1:
-            raise ValueError("confidence must be in (0.5, 1)")
-        for name in ("family_alpha", "contract_alpha"):
-            if not 0 < getattr(opts, name) < 0.5:
-                raise ValueError(f"{name} must be in (0, 0.5)")
-        if not 0 < opts.noninferiority_margin_rel <= 1:
-            raise ValueError("noninferiority_margin_rel must be in (0, 1]")
-        if opts.itl_min_repeats < 2:
-            raise ValueError("itl_min_repeats must be at least 2")
-        return opts
-
-    def to_json(self) -> CompareOptionsJSON:
-        return {
-            "resamples": self.resamples,
-            "seed": self.seed,
-            "confidence": self.confidence,
-            "min_effect_rel": self.min_effect_rel,
-            "min_effect_abs": dict(self.min_effect_abs),
-            "family_alpha": self.family_alpha,
-            "noninferiority_margin_rel": self.noninferiority_margin_rel,
-            "contract_alpha": self.contract_alpha,
-            "itl_min_repeats": self.itl_min_repeats,
-            "seed_check": self.seed_check,
-        }
 
 
 def group_seed(seed: int, key: str) -> list[int]:
@@ -305,6 +218,45 @@ def material_threshold(metric: str, reference: float, options: CompareOptions) -
     return threshold
 
 
+@dataclass(frozen=True)
+class _Bootstrap:
+    """The bootstrap's side of one metric's claims. "Harm" is candidate - B0 for a lower-is-better
+    metric and B0 - candidate otherwise, per row (the full data's first): at its largest for the
+    better test (candidate's +inf, B0's lower bound), at its smallest for the worse test."""
+
+    h_better: np.ndarray
+    h_worse: np.ndarray
+    draws: int
+    p_better: float
+    p_worse: float
+    harm_lo: float  # the harm's interval over the replicates
+    harm_hi: float
+
+
+def _bootstrap(cand: Rows, base: Rows, *, n_rep: int, higher: bool, confidence: float) -> _Bootstrap:
+    with np.errstate(invalid="ignore"):
+        if higher:
+            h_better = base.hi - cand.hi
+            h_worse = h_better
+        else:
+            h_better = cand.hi - base.lo
+            h_worse = cand.lo - base.hi
+    h_better = np.where(np.isnan(h_better), np.inf, h_better)
+    h_worse = np.where(np.isnan(h_worse), -np.inf, h_worse)
+    boot_b, boot_w = h_better[1 + n_rep :], h_worse[1 + n_rep :]
+    draws = int(boot_b.size)
+    a2 = (1 - confidence) / 2
+    return _Bootstrap(
+        h_better=h_better,
+        h_worse=h_worse,
+        draws=draws,
+        p_better=(1 + int(np.count_nonzero(boot_b >= 0))) / (draws + 1),
+        p_worse=(1 + int(np.count_nonzero(boot_w <= 0))) / (draws + 1),
+        harm_lo=_q(boot_w, a2),
+        harm_hi=_q(boot_b, 1 - a2),
+    )
+
+
 def judge(
     metric: str,
     cand: Rows,
@@ -326,72 +278,47 @@ def judge(
 
     Every claim must also stand out from the spread between whole runs: ``fit`` is the
     run-level model of the point (inference.rounds_fit), and each one-sided p-value is the
-    larger of the bootstrap's and the run-level test's (inference.rounds_compare), the
+    larger of the bootstrap's and the run-level test's (rounds.round_claims), the
     interval the hull of both. Without a fit (one repeat, or no two cells with every round
     known) no claim stands: both run-level p-values are 1 and the interval is unbounded.
     """
     higher = HIGHER_IS_BETTER[metric]
-    with np.errstate(invalid="ignore"):
-        if higher:
-            h_better = base.hi - cand.hi
-            h_worse = h_better
-        else:
-            h_better = cand.hi - base.lo
-            h_worse = cand.lo - base.hi
-    h_better = np.where(np.isnan(h_better), np.inf, h_better)
-    h_worse = np.where(np.isnan(h_worse), -np.inf, h_worse)
-    boot_b, boot_w = h_better[1 + n_rep :], h_worse[1 + n_rep :]
-    draws = int(boot_b.size)
-    a2 = (1 - options.confidence) / 2
-    p_better_boot = (1 + int(np.count_nonzero(boot_b >= 0))) / (draws + 1)
-    p_worse_boot = (1 + int(np.count_nonzero(boot_w <= 0))) / (draws + 1)
-    harm_lo, harm_hi = _q(boot_w, a2), _q(boot_b, 1 - a2)
+    boot = _bootstrap(cand, base, n_rep=n_rep, higher=higher, confidence=options.confidence)
     with np.errstate(invalid="ignore"):
         diffs = cand.hi - base.hi
-    point = float(diffs[0])
     b0, b0_lo = float(base.hi[0]), float(base.lo[0])
     reference = b0 if math.isfinite(b0) else b0_lo
     # The run-level test on each repeat's own value, on the ends each claim is tested at.
     reps = slice(1, 1 + n_rep)
-    by_better = by_worse = None
-    if fit is not None:
-        ends_better = (cand.hi[reps], base.hi[reps]) if higher else (cand.hi[reps], base.lo[reps])
-        ends_worse = (cand.hi[reps], base.hi[reps]) if higher else (cand.lo[reps], base.hi[reps])
-        by_better = inference.rounds_compare(
-            fit, *ends_better, higher_is_better=higher, confidence=options.confidence
-        )
-        by_worse = inference.rounds_compare(
-            fit, *ends_worse, higher_is_better=higher, confidence=options.confidence
-        )
-    p_better_rounds = by_better.p_better if by_better is not None else 1.0
-    p_worse_rounds = by_worse.p_worse if by_worse is not None else 1.0
-    p_better = max(p_better_boot, p_better_rounds)
-    p_worse = max(p_worse_boot, p_worse_rounds)
+    run = rounds.round_claims(
+        fit,
+        cand_hi=cand.hi[reps],
+        cand_lo=cand.lo[reps],
+        base_hi=base.hi[reps],
+        base_lo=base.lo[reps],
+        higher=higher,
+        confidence=options.confidence,
+        reference=reference,
+    )
+    p_better = max(boot.p_better, run.p_better)
+    p_worse = max(boot.p_worse, run.p_worse)
     # The interval of candidate - B0 (harm for a lower-is-better metric): the hull of both.
-    round_lo = _in_units(by_worse.ci[0] if by_worse else -math.inf, fit, reference)
-    round_hi = _in_units(by_better.ci[1] if by_better else math.inf, fit, reference)
     if higher:
         # harm = B0 - candidate: its low end is minus the high end of candidate - B0.
-        harm_lo, harm_hi = min(harm_lo, -round_hi), max(harm_hi, -round_lo)
+        harm_lo, harm_hi = min(boot.harm_lo, -run.hi), max(boot.harm_hi, -run.lo)
     else:
-        harm_lo, harm_hi = min(harm_lo, round_lo), max(harm_hi, round_hi)
+        harm_lo, harm_hi = min(boot.harm_lo, run.lo), max(boot.harm_hi, run.hi)
     ci = [-harm_hi, -harm_lo] if higher else [harm_lo, harm_hi]
     threshold = material_threshold(metric, reference, options)
-    improvement, harm = -float(h_better[0]), float(h_worse[0])
-    worse = bool(judged and p_worse <= a2 and harm > threshold)
-    used = by_worse if by_worse is not None and math.isfinite(by_worse.se) else by_better
-    run_sd = used.sd if used is not None else (fit.sd if fit is not None else None)
+    improvement, harm = -float(boot.h_better[0]), float(boot.h_worse[0])
+    worse = bool(judged and p_worse <= (1 - options.confidence) / 2 and harm > threshold)
     margin = options.noninferiority_margin_rel * abs(reference) if math.isfinite(reference) else math.nan
     noninferior = bool(judged and math.isfinite(margin) and harm_hi < margin) if not higher else None
-    rep = diffs[1 : 1 + n_rep]
-    rep_known = rep[np.isfinite(rep)]
-    # The same worse test on the repeats' own values: a whole run slower than the others is
-    # invisible to the bootstrap, which draws requests within runs (inference.repeats_p_worse).
-    p_worse_repeats = inference.repeats_p_worse(
-        (cand.hi if higher else cand.lo)[1 : 1 + n_rep], base.hi[1 : 1 + n_rep], higher_is_better=higher
+    # The repeats' own values: a whole run slower than the others is invisible to the bootstrap,
+    # which draws requests within runs (inference.repeats_p_worse).
+    repeats = rounds.repeat_figures(
+        diffs[reps], (cand.hi if higher else cand.lo)[reps], base.hi[reps], higher=higher
     )
-    # The spread between runs that test allowed for (the gate shows it: apps/gate/verdict.py).
-    repeats_sd = inference.repeats_pooled_sd((cand.hi if higher else cand.lo)[reps], base.hi[reps])
     return {
         "b0": _num(b0),
         "candidate": _num(float(cand.hi[0])),
@@ -399,32 +326,30 @@ def judge(
         "candidate_censored": math.isinf(float(cand.hi[0])),
         "b0_above": _num(b0_lo) if math.isinf(b0) else None,
         "candidate_above": _num(float(cand.lo[0])) if math.isinf(float(cand.hi[0])) else None,
-        "diff": _num(point),
+        "diff": _num(float(diffs[0])),
         "ci": [_num(ci[0]), _num(ci[1])],
         "ci_unbounded": [math.isinf(ci[0]), math.isinf(ci[1])],
-        "b0_repeats": [_num(float(x)) for x in base.hi[1 : 1 + n_rep]],
-        "candidate_repeats": [_num(float(x)) for x in cand.hi[1 : 1 + n_rep]],
-        "repeat_diffs": [_num(float(x)) for x in rep],
-        "repeat_std": _num(float(np.std(rep_known))) if rep_known.size > 1 else None,
-        "repeat_range": [_num(float(rep_known.min())), _num(float(rep_known.max()))]
-        if rep_known.size
-        else None,
+        "b0_repeats": [_num(float(x)) for x in base.hi[reps]],
+        "candidate_repeats": [_num(float(x)) for x in cand.hi[reps]],
+        "repeat_diffs": repeats.diffs,
+        "repeat_std": repeats.std,
+        "repeat_range": repeats.range,
         "threshold": _num(threshold),
         "improvement": _num(improvement),
         "harm": _num(harm),
         "p_better": float(round(p_better, 6)),
         "p_worse": float(round(p_worse, 6)),
-        "p_worse_repeats": None if p_worse_repeats is None else float(round(p_worse_repeats, 6)),
-        "repeats_sd_rel": None if repeats_sd is None else _num(math.expm1(repeats_sd)),
-        "p_better_bootstrap": float(round(p_better_boot, 6)),
-        "p_worse_bootstrap": float(round(p_worse_boot, 6)),
-        "p_better_rounds": float(round(p_better_rounds, 6)),
-        "p_worse_rounds": float(round(p_worse_rounds, 6)),
-        "run_sd": _num(run_sd) if run_sd is not None else None,
-        "run_sd_rel": _relative(run_sd, fit),
+        "p_worse_repeats": repeats.p_worse,
+        "repeats_sd_rel": repeats.sd_rel,
+        "p_better_bootstrap": float(round(boot.p_better, 6)),
+        "p_worse_bootstrap": float(round(boot.p_worse, 6)),
+        "p_better_rounds": float(round(run.p_better, 6)),
+        "p_worse_rounds": float(round(run.p_worse, 6)),
+        "run_sd": _num(run.run_sd) if run.run_sd is not None else None,
+        "run_sd_rel": rounds.relative_sd(run.run_sd, fit),
         "rounds_df": fit.df if fit is not None else None,
         "rounds_scale": fit.scale if fit is not None else None,
-        "draws": draws,
+        "draws": boot.draws,
         "noninferior": noninferior,
         "noninferiority_margin": _num(margin),
         "judged": judged,
@@ -433,24 +358,6 @@ def judge(
         "material": worse,
         "direction": "worse" if worse else "same",
     }
-
-
-def _in_units(bound: float, fit: inference.RoundsFit | None, reference: float) -> float:
-    """A run-level interval end (a log ratio, or a plain difference) as candidate - B0 in the metric's units."""
-    if fit is None or not math.isfinite(bound):
-        return bound
-    if fit.scale == "plain":
-        return bound
-    if not math.isfinite(reference):
-        return math.inf if bound > 0 else -math.inf
-    return reference * math.expm1(bound)
-
-
-def _relative(sd: float | None, fit: inference.RoundsFit | None) -> float | None:
-    """A log-scale run spread as a relative one (0.25 -> 0.284: one run 28% off another's scale)."""
-    if sd is None or fit is None or fit.scale != "log" or not math.isfinite(sd):
-        return None
-    return _num(math.expm1(sd))
 
 
 def b0_spread(rows: Rows, n_rep: int) -> float:
@@ -538,13 +445,7 @@ def compare_group(
         name: {m: np.where(np.isfinite(r.hi), r.hi, r.lo)[1 : 1 + n_rep] for m, r in by_metric.items()}
         for name, by_metric in rows.items()
     }
-    pooled = ["", *(c for c in cands if pool is None or c in pool)]
-
-    def fit_of(members: Sequence[str]) -> dict[str, inference.RoundsFit | None]:
-        return {m: inference.rounds_fit({name: per_round[name][m] for name in members}) for m in rows[""]}
-
-    fits = fit_of(pooled)
-    cell_fits = {cell: fits if cell in pooled else fit_of([*pooled, cell]) for cell in cands}
+    fits, cell_fits = rounds.point_fits(per_round, list(rows[""]), list(cands), pool)
     out: dict[str, dict[str, MetricVerdict]] = {}
     for cell in cands:
         out[cell] = {

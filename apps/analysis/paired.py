@@ -24,6 +24,7 @@ import numpy as np
 
 from apps.analysis import compare, decide, family, inference
 from apps.analysis.columns import RecordTable
+from apps.analysis.compare_options import CompareOptions
 from apps.analysis.metrics import Derived
 from apps.analysis.report_types import (
     AcceptanceCheck,
@@ -68,7 +69,7 @@ class _Judging:
     acceptance: AcceptanceCheck
     agreed: Sequence[tuple[str, str, int]]
     agreed_pairs: set[tuple[str, str]]
-    options: compare.CompareOptions
+    options: CompareOptions
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None
     primary: dict[str, str]  # class -> its primary metric (family.primary_metrics)
     b0_failures: Sequence[Mapping[str, Any]]  # acceptance's failures of B0
@@ -85,7 +86,7 @@ def judge_sweep(
     validity: ValidityCheck,
     acceptance: AcceptanceCheck,
     agreed: Sequence[tuple[str, str, int]],
-    options: compare.CompareOptions,
+    options: CompareOptions,
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[list[Comparison], Decision, Statistics]:
     """(comparisons, decision, statistics) of the sweep."""
@@ -319,7 +320,7 @@ def _compare_on(
     cells_in: Sequence[str],
     draws: int,
     seed: int,
-    options: compare.CompareOptions,
+    options: CompareOptions,
     incomplete: str | None,
     pool: Collection[str],
 ) -> compare.GroupResult:
@@ -406,7 +407,7 @@ def _power(
     primary: Mapping[str, str],
     agreed_pairs: set[tuple[str, str]],
     family_m: int,
-    options: compare.CompareOptions,
+    options: CompareOptions,
 ) -> list[dict[str, Any]]:
     """Per agreed (mixture, rate) and class: the smallest change of the primary metric found with 80% power.
 

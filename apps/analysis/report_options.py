@@ -8,13 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.analysis import compare, cost, rejections
+from apps.analysis import cost, rejections
+from apps.analysis.compare_options import CompareOptions
 from apps.analysis.report_types import ReportOptionsJSON
 
 
 @dataclass(frozen=True)
 class ReportOptions:
-    compare: compare.CompareOptions = field(default_factory=compare.CompareOptions)
+    compare: CompareOptions = field(default_factory=CompareOptions)
     # The rates (names) at which acceptance and the decision are judged; None: every rate.
     agreed_rates: tuple[str, ...] | None = None
     # Short-class max-stall growth next to long traffic that counts as a stall finding.
@@ -38,7 +39,7 @@ class ReportOptions:
             raise ValueError(f"unknown analysis options: {', '.join(sorted(unknown))}")
         agreed = data.get("agreed_rates")
         return cls(
-            compare=compare.CompareOptions.from_mapping(data.get("compare")),
+            compare=CompareOptions.from_mapping(data.get("compare")),
             agreed_rates=tuple(str(r) for r in agreed) if agreed is not None else None,
             stall_ratio=float(data.get("stall_ratio", 2.0)),
             max_preemption_share=_share(data.get("max_preemption_share", rejections.MAX_PREEMPTION_SHARE)),

@@ -29,7 +29,7 @@ StoredReport = Mapping[str, JSONValue]
 
 
 class CompareOptionsJSON(TypedDict):
-    """compare.CompareOptions.to_json()."""
+    """compare_options.CompareOptions.to_json()."""
 
     resamples: int
     seed: int

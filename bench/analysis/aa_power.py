@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 from scipy.stats import beta  # noqa: E402
 
 from apps.analysis import inference  # noqa: E402
-from apps.analysis.compare import CompareOptions  # noqa: E402
+from apps.analysis.compare_options import CompareOptions  # noqa: E402
 from apps.analysis.report import build_report  # noqa: E402
 from tests.analysis.synthetic import Design, result_set  # noqa: E402
 

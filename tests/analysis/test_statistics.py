@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from apps.analysis import inference
-from apps.analysis.compare import CompareOptions, Rows, judge
+from apps.analysis.compare import Rows, judge
+from apps.analysis.compare_options import CompareOptions
 from apps.analysis.family import primary_metrics
 from apps.analysis.resample import Resampling
 from tests.analysis.builders import Plan, build
