@@ -170,21 +170,10 @@ def recovery_time(
     return round(float(windows[first_good]["start_s"]) - switch_s, 3), windows
 
 
-def rehearsal_measures(
-    *,
-    records: Sequence[Mapping[str, Any]],
-    planned: int,
-    b0_samples: Sequence[Mapping[str, Any]],
-    classes: Sequence[Mapping[str, Any]],
-    switch_s: float,
-    cut_s: float,
-    end_s: float,
-    window_s: float,
-    max_recovery_s: float,
-    deadline_s: float | None = None,
-) -> dict[str, Any]:
-    """Everything the results page, the manifest and check 4 say about one rehearsal."""
-    contract = {c["name"]: c for c in classes}
+def _accounting(
+    records: Sequence[Mapping[str, Any]], contract: Mapping[str, Mapping[str, Any]], switch_s: float
+) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, list[Mapping[str, Any]]]]:
+    """(class -> outcome -> requests, outcome -> requests, class -> its arrivals from the switch on)."""
     accounting: dict[str, dict[str, int]] = {name: dict.fromkeys(OUTCOMES, 0) for name in contract}
     total = dict.fromkeys(OUTCOMES, 0)
     after: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -194,82 +183,98 @@ def rehearsal_measures(
         total[bucket] += 1
         if r["planned_ns"] / 1e9 >= switch_s:
             after[r["request_class"]].append(r)
-    unaccounted = planned - len(records)
+    return accounting, total, after
 
-    per_class = {}
-    arrivals: dict[str, list[tuple[float, float]]] = {}
-    for name in contract:
-        rows = after.get(name, [])
-        c = contract[name]
-        lat = [_latencies(r) for r in rows]
-        limit = c.get("ttft_p99_ms")
-        arrivals[name] = [
-            (r["planned_ns"] / 1e9, ttft)
-            for r, (ttft, _e, _s) in zip(rows, lat, strict=True)
-            if not _undetermined(r, ttft, limit, deadline_s)
-        ]
-        entry: dict[str, Any] = {
-            "arrivals": len(rows),
-            "served_by": dict(sorted(_count(r.get("backend") or "unknown" for r in rows).items())),
-            "ok": sum(1 for r in rows if outcome(r) == "ok"),
-            "cut": accounting[name]["cut"],
-            "cut_share": (accounting[name]["cut"] / sum(accounting[name].values()))
-            if sum(accounting[name].values())
-            else 0.0,
+
+def _after_switch(
+    rows: Sequence[Mapping[str, Any]],
+    c: Mapping[str, Any],
+    counts: Mapping[str, int],
+    deadline_s: float | None,
+) -> tuple[dict[str, Any], list[tuple[float, float]]]:
+    """One class's arrivals from the switch on: (who served them and their p99s against the
+    contract, the (arrival s, TTFT ms) points the rolling windows judge)."""
+    lat = [_latencies(r) for r in rows]
+    limit = c.get("ttft_p99_ms")
+    arrivals = [
+        (r["planned_ns"] / 1e9, ttft)
+        for r, (ttft, _e, _s) in zip(rows, lat, strict=True)
+        if not _undetermined(r, ttft, limit, deadline_s)
+    ]
+    entry: dict[str, Any] = {
+        "arrivals": len(rows),
+        "served_by": dict(sorted(_count(r.get("backend") or "unknown" for r in rows).items())),
+        "ok": sum(1 for r in rows if outcome(r) == "ok"),
+        "cut": counts["cut"],
+        "cut_share": (counts["cut"] / sum(counts.values())) if sum(counts.values()) else 0.0,
+    }
+    for key, i, limit_key in (
+        ("ttft_p99_ms", 0, "ttft_p99_ms"),
+        ("e2e_p99_ms", 1, "e2e_p99_ms"),
+        ("max_stall_p99_ms", 2, "max_stall_ms"),
+    ):
+        values = [x[i] for x in lat]
+        p99 = _p99(values) if values else None
+        limit = c.get(limit_key)
+        entry[key] = {
+            "value": None if p99 is None else _ms(p99),
+            "censored": p99 is not None and math.isinf(p99),
+            "limit": limit,
+            "within": None if p99 is None or limit is None else p99 <= float(limit),
         }
-        for key, i, limit_key in (
-            ("ttft_p99_ms", 0, "ttft_p99_ms"),
-            ("e2e_p99_ms", 1, "e2e_p99_ms"),
-            ("max_stall_p99_ms", 2, "max_stall_ms"),
-        ):
-            values = [x[i] for x in lat]
-            p99 = _p99(values) if values else None
-            limit = c.get(limit_key)
-            entry[key] = {
-                "value": None if p99 is None else _ms(p99),
-                "censored": p99 is not None and math.isinf(p99),
-                "limit": limit,
-                "within": None if p99 is None or limit is None else p99 <= float(limit),
-            }
-        per_class[name] = entry
+    return entry, arrivals
 
-    limits = {n: float(c["ttft_p99_ms"]) for n, c in contract.items() if c.get("ttft_p99_ms") is not None}
-    recovered_s, windows = recovery_time(arrivals, limits, switch_s=switch_s, end_s=end_s, window_s=window_s)
 
-    # The error budget is judged on the arrivals from switch + max_recovery_s on. When the trace
-    # ends before that, on the arrivals from the measured recovery on (or all post-switch
-    # arrivals, when B0 did not recover), and the measures say so: never on no arrivals at all.
+def _error_budget_from(
+    after: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    switch_s: float,
+    max_recovery_s: float,
+    recovered_s: float | None,
+) -> float:
+    """Where the error budget is judged from: switch + max_recovery_s. When the trace ends before
+    that, the measured recovery (or the switch, when B0 did not recover): never on no arrivals."""
     judged_from = switch_s + max_recovery_s
     if not any(r["planned_ns"] / 1e9 >= judged_from for rows in after.values() for r in rows):
         judged_from = switch_s + (
             recovered_s if recovered_s is not None and recovered_s <= max_recovery_s else 0.0
         )
-    for name, entry in per_class.items():
-        late = [r for r in after.get(name, []) if r["planned_ns"] / 1e9 >= judged_from]
-        late_bad = sum(1 for r in late if outcome(r) != "ok")
-        budget = contract[name].get("error_rate")
-        entry["after_recovery_window"] = {
-            "from_s": round(judged_from, 3),
-            "arrivals": len(late),
-            "not_ok": late_bad,
-            "error_share": late_bad / len(late) if late else None,
-            "error_budget": budget,
-            "within": (late_bad / len(late) <= float(budget)) if late and budget is not None else True,
-        }
+    return judged_from
 
+
+def _error_budget(
+    late: Sequence[Mapping[str, Any]], budget: float | None, judged_from: float
+) -> dict[str, Any]:
+    """One class's arrivals from ``judged_from`` on that did not end ok, against its error budget."""
+    late_bad = sum(1 for r in late if outcome(r) != "ok")
+    return {
+        "from_s": round(judged_from, 3),
+        "arrivals": len(late),
+        "not_ok": late_bad,
+        "error_share": late_bad / len(late) if late else None,
+        "error_budget": budget,
+        "within": (late_bad / len(late) <= float(budget)) if late and budget is not None else True,
+    }
+
+
+def _surge(b0_samples: Sequence[Mapping[str, Any]], switch_s: float) -> dict[str, Any]:
+    """B0's peak queue and KV-cache use after the switch, and its preemptions and successes since."""
     after_samples = [s for s in b0_samples if s["t_ns"] / 1e9 >= switch_s]
-    waiting = _series(b0_samples, WAITING)
-    kv = _series(b0_samples, KV_USAGE)
-    surge = {
+    return {
         "peak_waiting": max((v for t, v in _series(after_samples, WAITING)), default=None),
         "peak_kv_usage": max((v for t, v in _series(after_samples, KV_USAGE)), default=None),
         "preemptions": _counter_delta(b0_samples, PREEMPTIONS, switch_s),
         "b0_requests_succeeded": _counter_delta(b0_samples, REQUEST_SUCCESS, switch_s),
     }
-    everyone: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in records:
-        everyone[r["request_class"]].append((r["planned_ns"] / 1e9, _latencies(r)[0]))
-    timeline = _timeline(everyone)
+
+
+def _problems(
+    recovered_s: float | None,
+    max_recovery_s: float,
+    per_class: Mapping[str, Mapping[str, Any]],
+    unaccounted: int,
+) -> list[str]:
+    """Why check 4 fails on these measures (none: it passes)."""
     problems = []
     if recovered_s is None:
         problems.append("B0 did not recover: the last window still breaks a class's TTFT contract")
@@ -286,6 +291,44 @@ def rehearsal_measures(
             )
     if unaccounted:
         problems.append(f"{unaccounted} planned requests have no record")
+    return problems
+
+
+def rehearsal_measures(
+    *,
+    records: Sequence[Mapping[str, Any]],
+    planned: int,
+    b0_samples: Sequence[Mapping[str, Any]],
+    classes: Sequence[Mapping[str, Any]],
+    switch_s: float,
+    cut_s: float,
+    end_s: float,
+    window_s: float,
+    max_recovery_s: float,
+    deadline_s: float | None = None,
+) -> dict[str, Any]:
+    """Everything the results page, the manifest and check 4 say about one rehearsal."""
+    contract = {c["name"]: c for c in classes}
+    accounting, total, after = _accounting(records, contract, switch_s)
+    unaccounted = planned - len(records)
+    per_class = {}
+    arrivals: dict[str, list[tuple[float, float]]] = {}
+    for name in contract:
+        per_class[name], arrivals[name] = _after_switch(
+            after.get(name, []), contract[name], accounting[name], deadline_s
+        )
+    limits = {n: float(c["ttft_p99_ms"]) for n, c in contract.items() if c.get("ttft_p99_ms") is not None}
+    recovered_s, windows = recovery_time(arrivals, limits, switch_s=switch_s, end_s=end_s, window_s=window_s)
+    judged_from = _error_budget_from(
+        after, switch_s=switch_s, max_recovery_s=max_recovery_s, recovered_s=recovered_s
+    )
+    for name, entry in per_class.items():
+        late = [r for r in after.get(name, []) if r["planned_ns"] / 1e9 >= judged_from]
+        entry["after_recovery_window"] = _error_budget(late, contract[name].get("error_rate"), judged_from)
+    everyone: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in records:
+        everyone[r["request_class"]].append((r["planned_ns"] / 1e9, _latencies(r)[0]))
+    problems = _problems(recovered_s, max_recovery_s, per_class, unaccounted)
     return {
         "switch_at_s": switch_s,
         "cut_at_s": cut_s,
@@ -299,9 +342,13 @@ def rehearsal_measures(
         "accounting": {"total": total, "classes": accounting, "unaccounted": unaccounted},
         "cut": total["cut"],
         "classes": per_class,
-        "surge": surge,
+        "surge": _surge(b0_samples, switch_s),
         "windows": windows,
-        "timeline": {**timeline, "b0_waiting": waiting, "b0_kv_usage": kv},
+        "timeline": {
+            **_timeline(everyone),
+            "b0_waiting": _series(b0_samples, WAITING),
+            "b0_kv_usage": _series(b0_samples, KV_USAGE),
+        },
         "passed": not problems,
         "problems": problems,
     }
