@@ -37,14 +37,16 @@ EXTRA_ARGS = ("long_prefill_token_threshold", "max_num_queued_reqs")
 def _workload_field(field: WorkloadField) -> forms.Field:
     """The create form's field for one of the workload's scalars (optional: the spec checker says
     what is missing, under the field)."""
-    shown: dict[str, Any] = {"required": False, "initial": field.default, "label": field.label}
-    if field.help:
-        shown["help_text"] = field.help
     if field.choices:
-        return forms.ChoiceField(choices=list(field.choices), **shown)
-    if field.kind is int:
-        return forms.IntegerField(**shown)
-    return forms.FloatField(**shown)
+        return forms.ChoiceField(
+            choices=list(field.choices),
+            required=False,
+            initial=field.default,
+            label=field.label,
+            help_text=field.help,
+        )
+    number = forms.IntegerField if field.kind is int else forms.FloatField
+    return number(required=False, initial=field.default, label=field.label, help_text=field.help)
 
 
 def _int_list(text: str) -> list[int]:

@@ -15,7 +15,7 @@ from apps.experiments.models import Experiment, RequestClass, ServerConfig, Work
 from apps.experiments.offers import spec_bind_errors, spec_offer_errors
 from apps.experiments.spec import FieldError, SpecError, SpecLimits, validate_spec
 from apps.experiments.spec_types import NormalizedSpec, RawSpec
-from apps.experiments.workload_fields import COLUMN_WORKLOAD_FIELDS, WORKLOAD_FIELDS
+from apps.experiments.workload_fields import COLUMN_WORKLOAD_FIELDS, WORKLOAD_FIELDS, Scalar
 from apps.lifecycle.planning import experiment_plan
 
 
@@ -214,12 +214,12 @@ def experiment_create_with_trace(
     return experiment_create(spec=spec, owner=owner)
 
 
-def _workload_columns(workload: Mapping[str, Any]) -> dict[str, Any]:
+def _workload_columns(workload: Mapping[str, object]) -> dict[str, object]:
     """A normalised spec's workload scalars that are columns of its Workload row."""
     return {f.name: workload.get(f.name, f.default) for f in COLUMN_WORKLOAD_FIELDS}
 
 
-def _workload_scalars(row: Workload, stored: Mapping[str, Any]) -> dict[str, Any]:
+def _workload_scalars(row: Workload, stored: Mapping[str, Any]) -> dict[str, Scalar]:
     """The workload's scalars for the export: the row's columns, the others from the stored spec."""
     return {
         f.name: getattr(row, f.name) if f.column else f.kind(stored.get(f.name, f.default))
