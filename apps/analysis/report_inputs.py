@@ -20,6 +20,7 @@ from typing import NotRequired, TypedDict, cast
 
 from apps.analysis.report_types import JSONObject, JSONValue
 from apps.experiments.spec_types import CandidateEngine
+from apps.runs.summary_types import QualityProbeAnswers
 
 
 class HostPrice(TypedDict, total=False):
@@ -132,13 +133,12 @@ class RollbackInput(TypedDict):
     baseline: str | None
 
 
-class QualityProbeInput(TypedDict):
-    """One done sweep run's quality probe: its answers (apps/analysis/quality.quality_check)."""
+class QualityProbeInput(QualityProbeAnswers):
+    """One done sweep run's quality probe: the answers its summary keeps (trace_sha256, outputs),
+    with the run and its cell (apps/analysis/quality.quality_check)."""
 
     run: str
     cell: str
-    trace_sha256: NotRequired[str]
-    outputs: list[JSONObject]  # {"index", "class", "token_ids", "text", "finish_reason", "error"?}
 
 
 class ExperimentInputs(TypedDict):

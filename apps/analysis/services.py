@@ -15,6 +15,8 @@ this module only turns rows into their plain inputs, efficiently:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -28,6 +30,18 @@ from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
 from apps.analysis.rehearsal import REHEARSAL_QUEUED, attempt_outcome, attempts_summary, rehearsal_measures
 from apps.analysis.report import build_report
+from apps.analysis.report_inputs import (
+    CellInput,
+    ClassInput,
+    ExperimentInput,
+    ExperimentInputs,
+    HostPrice,
+    MetricSampleInput,
+    QualityProbeInput,
+    RollbackInput,
+    StoredRun,
+    report_run,
+)
 from apps.analysis.report_types import RecoveryCheck, RehearsalEntry, Report, StoredReport
 from apps.analysis.server import COUNTERS, GAUGES
 from apps.analysis.validators import ValidatorBudget
@@ -46,15 +60,17 @@ _RUN_BATCH = 16
 _BOOL_FIELDS = frozenset({"warmup", "sent", "cancelled", "unfinished"})
 
 
-def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
+def _experiment_inputs(experiment: Experiment) -> ExperimentInputs:
     workload = getattr(experiment, "workload", None)
     spec_quality = {c["name"]: c.get("quality") for c in (experiment.spec or {}).get("classes") or []}
-    cells = [
+    cells: list[CellInput] = [
         {"cell_id": c.cell_id, "role": c.role, "args": c.args, "position": c.position, "engine": c.engine}
         for c in experiment.cells.all()
     ]
-    classes = [{**c, "quality": spec_quality.get(c["name"]) or {}} for c in _class_inputs(experiment)]
-    info = {
+    classes: list[ClassInput] = [
+        {**c, "quality": spec_quality.get(c["name"]) or {}} for c in _class_inputs(experiment)
+    ]
+    info: ExperimentInput = {
         "id": experiment.pk,
         "name": experiment.name,
         "model_revision": experiment.model_revision,
@@ -70,7 +86,7 @@ def _experiment_inputs(experiment: Experiment) -> dict[str, Any]:
     return {"experiment": info, "cells": cells, "classes": classes}
 
 
-def _class_inputs(experiment: Experiment) -> list[dict[str, Any]]:
+def _class_inputs(experiment: Experiment) -> list[ClassInput]:
     return [
         {
             "name": c.name,
@@ -86,7 +102,7 @@ def _class_inputs(experiment: Experiment) -> list[dict[str, Any]]:
     ]
 
 
-def _host_price(experiment: Experiment) -> dict[str, Any]:
+def _host_price(experiment: Experiment) -> HostPrice:
     """The price per GPU-hour of the host that served B0's sweep runs, when it gave one."""
     host = (
         Host.objects.filter(
@@ -98,7 +114,7 @@ def _host_price(experiment: Experiment) -> dict[str, Any]:
     return {"host_usd_per_gpu_hour": host.usd_per_gpu_hour, "host_name": host.name} if host else {}
 
 
-def _run_inputs(runs: list[Run]) -> list[dict[str, Any]]:
+def _run_inputs(runs: list[Run]) -> list[StoredRun]:
     return [
         {
             "key": str(r.run_id),
@@ -129,7 +145,7 @@ def _run_inputs(runs: list[Run]) -> list[dict[str, Any]]:
     ]
 
 
-def _load_table(run_inputs: list[dict[str, Any]]) -> RecordTable:
+def _load_table(run_inputs: Sequence[StoredRun]) -> RecordTable:
     """Every record of the given runs as columns.
 
     A plain client-side cursor per batch of runs: a server-side cursor (what
@@ -187,7 +203,7 @@ def _load_table(run_inputs: list[dict[str, Any]]) -> RecordTable:
     )
 
 
-def _stop_reasons(run_inputs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, int]]]:
+def _stop_reasons(run_inputs: Sequence[StoredRun]) -> dict[str, dict[str, dict[str, int]]]:
     """run key -> class -> finish_reason ("none" when the stream gave none) -> requests, warm-up
     requests left out: what the model did with the length it was allowed."""
     keys = {r["pk"]: r["key"] for r in run_inputs}
@@ -202,7 +218,7 @@ def _stop_reasons(run_inputs: list[dict[str, Any]]) -> dict[str, dict[str, dict[
     return {k: dict(v) for k, v in out.items()}
 
 
-def _cohort_histograms(run_inputs: list[dict[str, Any]], column: str) -> dict[tuple[str, str], GapHistogram]:
+def _cohort_histograms(run_inputs: Sequence[StoredRun], column: str) -> dict[tuple[str, str], GapHistogram]:
     """Merge one gap-histogram column per (run, class) cohort inside the database.
 
     One query per distinct observation window (usually one for the whole
@@ -219,7 +235,7 @@ def _cohort_histograms(run_inputs: list[dict[str, Any]], column: str) -> dict[tu
     else:
         each = f"json_each(r.{col}) AS j"
         value = "j.value"
-    by_window: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    by_window: dict[tuple[int, int], list[StoredRun]] = defaultdict(list)
     for run in run_inputs:
         w = run_window(run)
         by_window[(w.start_ns, w.end_ns)].append(run)
@@ -247,11 +263,11 @@ def _cohort_histograms(run_inputs: list[dict[str, Any]], column: str) -> dict[tu
     return out
 
 
-def _samples(run_inputs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def _samples(run_inputs: Sequence[StoredRun]) -> dict[str, list[MetricSampleInput]]:
     names = {n for group in (COUNTERS, GAUGES) for ns in group.values() for n in ns}
     names |= {f"{n}_total" for n in names}
     by_pk = {r["pk"]: r["key"] for r in run_inputs}
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    out: dict[str, list[MetricSampleInput]] = defaultdict(list)
     qs = (
         MetricSample.objects.filter(run_id__in=list(by_pk), name__in=sorted(names))
         .order_by()
@@ -272,7 +288,7 @@ def _samples(run_inputs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     return out
 
 
-def _rollback(experiment: Experiment) -> dict[str, Any]:
+def _rollback(experiment: Experiment) -> RollbackInput:
     # The reverse one-to-one raises an AttributeError subclass when absent.
     manifest = getattr(experiment, "manifest", None)
     if manifest is None:
@@ -303,8 +319,26 @@ def validator_budget() -> ValidatorBudget:
     )
 
 
-def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> Report:
-    """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
+@dataclass(frozen=True)
+class ReportRows:
+    """An experiment's rows as its report reads them (report_rows)."""
+
+    experiment: Experiment  # with its workload
+    inputs: ExperimentInputs  # build_report's experiment, cells and classes
+    runs: list[Run]  # every run but the rollback rehearsals, in plan order
+    run_inputs: list[StoredRun]  # the same runs as the report's inputs, with their primary keys
+
+    @property
+    def done(self) -> list[StoredRun]:
+        """The runs that count as data (any other leaves its cell incomplete)."""
+        return [r for r in self.run_inputs if r["status"] == Run.Status.DONE]
+
+
+def report_rows(*, experiment_id: int) -> ReportRows:
+    """The experiment, its report's inputs and its runs: every run but the rollback rehearsals
+    (rehearsal_inputs reads those), in plan order. The Run rows come too: the quality probes
+    (_quality_probes) read their summaries. For experiment_report_build and the recorded-set
+    export (bench/analysis/record_aa.py)."""
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     inputs = _experiment_inputs(experiment)
     runs = list(
@@ -312,14 +346,31 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         .select_related("cell")
         .order_by("plan_position", "id")
     )
-    run_inputs = _run_inputs(runs)
-    done = [r for r in run_inputs if r["status"] == Run.Status.DONE]
+    return ReportRows(experiment=experiment, inputs=inputs, runs=runs, run_inputs=_run_inputs(runs))
+
+
+def _quality_probes(runs: Sequence[Run]) -> list[QualityProbeInput]:
+    """The quality probe's answers of each done sweep run that ran it, in the runs' order."""
+    return [
+        {"run": str(r.run_id), "cell": r.cell.cell_id, **run_summary(r.summary)["quality_probe"]}
+        for r in runs
+        if r.status == Run.Status.DONE
+        and r.kind == Run.Kind.SWEEP
+        and run_summary(r.summary).get("quality_probe")
+    ]
+
+
+def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> Report:
+    """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
+    rows = report_rows(experiment_id=experiment_id)
+    experiment = rows.experiment
+    done = rows.done
     table = _load_table(done)
     if options is None:
         options = (experiment.spec or {}).get("analysis")
     report = build_report(
-        **inputs,
-        runs=[{k: v for k, v in r.items() if k != "pk"} for r in run_inputs],
+        **rows.inputs,
+        runs=[report_run(r) for r in rows.run_inputs],
         table=table,
         samples=_samples(done),
         token_hists=_cohort_histograms(done, "token_gaps"),
@@ -330,13 +381,7 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         rehearsals=rehearsal_inputs(experiment=experiment),
         rehearse=bool(recovery_options(experiment.spec or {})["rehearse"]),
         stop_reasons=_stop_reasons(done),
-        quality_probes=[
-            {"run": str(r.run_id), "cell": r.cell.cell_id, **run_summary(r.summary)["quality_probe"]}
-            for r in runs
-            if r.status == Run.Status.DONE
-            and r.kind == Run.Kind.SWEEP
-            and run_summary(r.summary).get("quality_probe")
-        ],
+        quality_probes=_quality_probes(rows.runs),
         validator_budget=validator_budget(),
     )
     # What the experiment's servers cost, by part, and what reuse and early stopping saved.

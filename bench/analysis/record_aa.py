@@ -314,26 +314,18 @@ def serve_and_run(data: Path, port: int, experiment_id: int) -> dict[str, Any]:
 
 def export(experiment_id: int, out: Path) -> dict[str, Any]:
     """The report's inputs as the service builds them, every record and the samples it reads."""
-    from apps.analysis.services import _experiment_inputs, _run_inputs, _samples
-    from apps.experiments.models import Experiment
+    from apps.analysis.report_inputs import report_run
+    from apps.analysis.services import _samples, report_rows
     from apps.runs.models import RequestRecord as RecordRow
-    from apps.runs.models import Run
     from workers.replay.records import SCALAR_RECORD_FIELDS, GapHistogram, RequestRecord
 
-    experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
-    inputs = _experiment_inputs(experiment)
-    runs = list(
-        experiment.runs.exclude(kind=Run.Kind.REHEARSAL)
-        .select_related("cell")
-        .order_by("plan_position", "id")
-    )
-    run_inputs = _run_inputs(runs)
-    done = [r for r in run_inputs if r["status"] == Run.Status.DONE]
+    rows = report_rows(experiment_id=experiment_id)
+    done = rows.done
     out.mkdir(parents=True, exist_ok=True)
     meta = {
-        **inputs,
-        "runs": [{k: v for k, v in r.items() if k != "pk"} for r in run_inputs],
-        "options": (experiment.spec or {}).get("analysis"),
+        **rows.inputs,
+        "runs": [report_run(r) for r in rows.run_inputs],
+        "options": (rows.experiment.spec or {}).get("analysis"),
         "rehearse": False,
     }
     (out / "experiment.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
@@ -352,7 +344,7 @@ def export(experiment_id: int, out: Path) -> dict[str, Any]:
         for key in sorted(samples):
             for s in samples[key]:
                 f.write(json.dumps({"run": key, **s}, separators=(",", ":"), default=str) + "\n")
-    return {"records": n, "runs": len(run_inputs), "done": len(done)}
+    return {"records": n, "runs": len(rows.run_inputs), "done": len(done)}
 
 
 def _p50(metrics: dict[str, Any], name: str) -> float | None:
