@@ -22,8 +22,9 @@ Each metric gets one-sided bootstrap p-values for "better" and "worse"; the
 gain family and Holm's adjustment are applied afterwards (apps/analysis/family.py).
 Draws are seeded by the options' seed and the (mixture, rate, class) key only.
 
-The options are apps/analysis/compare_options.py; what the repeat rounds themselves say (the
-run-level model each claim must also stand out from) is apps/analysis/rounds.py.
+The metrics compared and the options are apps/analysis/compare_options.py; what the repeat
+rounds themselves say (the run-level model each claim must also stand out from) is
+apps/analysis/rounds.py.
 """
 
 from __future__ import annotations
@@ -33,48 +34,15 @@ import math
 import zlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from apps.analysis import inference, rounds
+from apps.analysis.compare_options import HIGHER_IS_BETTER, LATENCY_KINDS, CompareOptions, latency_metric
 from apps.analysis.metrics import Derived
 from apps.analysis.report_types import MetricVerdict
 from apps.analysis.resample import Resampling, TailQuantile
 from workers.replay.records import GapHistogram
-
-if TYPE_CHECKING:  # the options module reads this one's metric names at import
-    from apps.analysis.compare_options import CompareOptions
-
-# Tail metrics per request: kind -> the Derived fields of its value and lower bound.
-LATENCY_KINDS: dict[str, tuple[str, str]] = {
-    "ttft": ("ttft_ms", "ttft_bound_ms"),
-    "e2e": ("e2e_ms", "e2e_bound_ms"),
-    "max_stall": ("stall_ms", "stall_bound_ms"),
-}
-LEVELS = ("p99", "p95")
-
-
-def latency_metric(kind: str, level: str) -> str:
-    return f"{kind}_{level}_ms"
-
-
-def metric_kind(metric: str) -> str | None:
-    """'e2e_p95_ms' -> 'e2e'; None for a metric that is not a per-request tail."""
-    for kind in LATENCY_KINDS:
-        if metric.startswith(kind + "_p"):
-            return kind
-    return None
-
-
-# metric -> True when higher is better.
-HIGHER_IS_BETTER: dict[str, bool] = {
-    "goodput_rps": True,
-    "contract_share": True,
-    **{latency_metric(k, lv): False for lv in LEVELS for k in LATENCY_KINDS},
-    "itl_p99_ms": False,
-}
-PRIMARY_CHOICES = tuple(latency_metric(k, "p99") for k in LATENCY_KINDS)
 
 
 def group_seed(seed: int, key: str) -> list[int]:

@@ -1,9 +1,10 @@
-"""The paired comparison's options (``analysis.compare`` in the spec): how many draws, the seed,
-the confidence, what counts as a material difference, the family-wise error rate, the
-non-inferiority margin, the contract test's level. Pure.
+"""What the paired comparison (apps/analysis/compare.py) compares, and its options. Pure.
 
-The metrics they speak of (``LATENCY_KINDS``, ``LEVELS``) are
-apps/analysis/compare.py's, which reads these options.
+The metrics: each per-request tail (TTFT, end-to-end, max stall) at p99, or p95 where the
+requests are too few for a p99, goodput, the contract share and the inter-token latency p99,
+and which way is better. The options (``analysis.compare`` in the spec): how many draws, the
+seed, the confidence, what counts as a material difference, the family-wise error rate, the
+non-inferiority margin, the contract test's level.
 """
 
 from __future__ import annotations
@@ -12,8 +13,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.analysis.compare import LATENCY_KINDS, LEVELS, latency_metric
 from apps.analysis.report_types import CompareOptionsJSON
+
+# Tail metrics per request: kind -> the Derived fields of its value and lower bound.
+LATENCY_KINDS: dict[str, tuple[str, str]] = {
+    "ttft": ("ttft_ms", "ttft_bound_ms"),
+    "e2e": ("e2e_ms", "e2e_bound_ms"),
+    "max_stall": ("stall_ms", "stall_bound_ms"),
+}
+LEVELS = ("p99", "p95")
+
+
+def latency_metric(kind: str, level: str) -> str:
+    return f"{kind}_{level}_ms"
+
+
+def metric_kind(metric: str) -> str | None:
+    """'e2e_p95_ms' -> 'e2e'; None for a metric that is not a per-request tail."""
+    for kind in LATENCY_KINDS:
+        if metric.startswith(kind + "_p"):
+            return kind
+    return None
+
+
+# metric -> True when higher is better.
+HIGHER_IS_BETTER: dict[str, bool] = {
+    "goodput_rps": True,
+    "contract_share": True,
+    **{latency_metric(k, lv): False for lv in LEVELS for k in LATENCY_KINDS},
+    "itl_p99_ms": False,
+}
+PRIMARY_CHOICES = tuple(latency_metric(k, "p99") for k in LATENCY_KINDS)
 
 
 def _default_abs() -> dict[str, float]:

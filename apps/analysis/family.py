@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apps.analysis import inference
-from apps.analysis.compare import PRIMARY_CHOICES, latency_metric, metric_kind
+from apps.analysis.compare_options import PRIMARY_CHOICES, latency_metric, metric_kind
 from apps.analysis.report_types import Comparison, FamilySummary
 
 # A contract key B0 broke -> the compared metric kind a candidate must improve.

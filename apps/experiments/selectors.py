@@ -16,8 +16,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from apps.accounts.roles import APPROVER, EXPERIMENTER, VIEWER, has_role
-from apps.analysis.compare import metric_kind
-from apps.analysis.compare_options import CompareOptions
+from apps.analysis.compare_options import CompareOptions, metric_kind
 from apps.analysis.family import primary_metrics
 from apps.analysis.inference import planned_power
 from apps.analysis.models import Decision

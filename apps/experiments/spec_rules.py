@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from apps.analysis.compare import PRIMARY_CHOICES
+from apps.analysis.compare_options import PRIMARY_CHOICES
 
 # Scheduler args a cell may vary, with their types. Everything else that
 # shapes the server is a frozen control (same for every cell) or is refused.

@@ -44,7 +44,7 @@ from typing import Any
 from scipy.stats import t as student_t
 
 from apps.analysis import inference
-from apps.analysis.compare import HIGHER_IS_BETTER
+from apps.analysis.compare_options import HIGHER_IS_BETTER
 from apps.analysis.report_types import StoredReport
 from apps.gate.verdict_types import CaseValues, GateCase, GateVerdict, Outcome, Unanswered, Verdict
 
