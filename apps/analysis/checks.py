@@ -16,10 +16,12 @@ from typing import Any, cast
 
 from apps.analysis import inference, lengths
 from apps.analysis.rehearsal import attempt_outcome, attempts_summary, attempts_tally
+from apps.analysis.report_inputs import CellInput, ExperimentInput
 from apps.analysis.report_types import (
     AcceptanceCheck,
     CellAcceptance,
     RecoveryCheck,
+    RunResult,
     ScenarioCheck,
     ValidityCheck,
 )
@@ -60,18 +62,18 @@ class _Problems:
 
 
 def _chosen_runs(
-    cells: Sequence[Mapping[str, Any]],
-    run_results: Sequence[Mapping[str, Any]],
+    cells: Sequence[CellInput],
+    run_results: Sequence[RunResult],
     combos: Sequence[tuple[str, str, int]],
     problems: _Problems,
-) -> dict[CellPoint, Mapping[str, Any]]:
+) -> dict[CellPoint, RunResult]:
     """Step 1: the done sweep run of each cell at each point (the first of duplicates); a point
     without one is missing, or says why early stopping skipped it."""
-    sweep: dict[CellPoint, list[Mapping[str, Any]]] = defaultdict(list)
+    sweep: dict[CellPoint, list[RunResult]] = defaultdict(list)
     for r in run_results:
         if not r.get("scenario"):
             sweep[(r["cell"], r["mixture"], r["rate"], int(r["repeat"]))].append(r)
-    chosen: dict[CellPoint, Mapping[str, Any]] = {}
+    chosen: dict[CellPoint, RunResult] = {}
     for cell in (c["cell_id"] for c in cells):
         for combo in combos:
             runs = sweep.get((cell, *combo), [])
@@ -102,11 +104,11 @@ class _Reference:
 
 
 def _reference(
-    experiment: Mapping[str, Any],
-    cells: Sequence[Mapping[str, Any]],
+    experiment: ExperimentInput,
+    cells: Sequence[CellInput],
     baseline: str,
     combos: Sequence[tuple[str, str, int]],
-    chosen: Mapping[CellPoint, Mapping[str, Any]],
+    chosen: Mapping[CellPoint, RunResult],
 ) -> _Reference:
     """The experiment's identity where it names it, else B0's first chosen run's."""
     values: dict[str, Any] = {}
@@ -138,10 +140,10 @@ def _reference(
 def _pairing_problems(
     cell: str,
     combo: tuple[str, str, int],
-    run: Mapping[str, Any],
-    base: Mapping[str, Any] | None,
+    run: RunResult,
+    base: RunResult | None,
     *,
-    experiment: Mapping[str, Any],
+    experiment: ExperimentInput,
     baseline: str,
     problems: _Problems,
 ) -> None:
@@ -179,7 +181,7 @@ def _pairing_problems(
             )
 
 
-def _length_shift(run: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, float]:
+def _length_shift(run: RunResult, base: RunResult) -> dict[str, float]:
     """class -> the relative shift of its mean tokens per completed request from B0's, where it is
     over lengths.MAX_OUTPUT_SHIFT. Per completed request: a cell that drops requests is a
     regression the comparison shows, not a length shift."""
@@ -193,7 +195,7 @@ def _length_shift(run: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, 
 
 
 def _identity_problems(
-    cell: str, combo: tuple[str, str, int], run: Mapping[str, Any], ref: _Reference, problems: _Problems
+    cell: str, combo: tuple[str, str, int], run: RunResult, ref: _Reference, problems: _Problems
 ) -> None:
     """Step 3: hardware, revisions, image and sampling settings as the reference has them."""
     for field in IDENTITY:
@@ -216,7 +218,7 @@ def _identity_problems(
         )
 
 
-def _dispatch_lag(run: Mapping[str, Any]) -> float | None:
+def _dispatch_lag(run: RunResult) -> float | None:
     """The run's dispatch lag p99 as the load generator measured it, else its lateness p99."""
     lag = run.get("dispatch_lag_p99_ms")
     if lag is None:
@@ -226,10 +228,10 @@ def _dispatch_lag(run: Mapping[str, Any]) -> float | None:
 
 def validity_check(
     *,
-    experiment: Mapping[str, Any],
-    cells: Sequence[Mapping[str, Any]],
+    experiment: ExperimentInput,
+    cells: Sequence[CellInput],
     baseline: str,
-    run_results: Sequence[Mapping[str, Any]],
+    run_results: Sequence[RunResult],
     combos: Sequence[tuple[str, str, int]],
 ) -> ValidityCheck:
     """Are all cells comparable? Every problem names its cell; a cell with one is invalid.

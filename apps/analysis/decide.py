@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from apps.analysis.checks import rounded
+from apps.analysis.report_inputs import CellInput
 from apps.analysis.report_types import (
     AcceptanceCheck,
     CellAcceptance,
@@ -144,7 +145,7 @@ def _considered(
 
 def decide(
     *,
-    cells: Sequence[Mapping[str, Any]],
+    cells: Sequence[CellInput],
     baseline: str,
     validity: ValidityCheck,
     acceptance: AcceptanceCheck,

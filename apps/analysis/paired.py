@@ -26,11 +26,13 @@ from apps.analysis import compare, decide, family, inference
 from apps.analysis.columns import RecordTable
 from apps.analysis.compare_options import CompareOptions
 from apps.analysis.metrics import Derived
+from apps.analysis.report_inputs import CellInput, ClassInput
 from apps.analysis.report_types import (
     AcceptanceCheck,
     Comparison,
     Decision,
     FamilySummary,
+    RunResult,
     Statistics,
     ValidityCheck,
 )
@@ -44,8 +46,8 @@ class Sweep:
     d: Derived
     table: RecordTable
     groups: Mapping[tuple[str, str], np.ndarray]  # (run key, class) -> cohort rows of the table
-    done: Mapping[tuple[str, str, str, int], Mapping[str, Any]]  # (cell, mixture, rate, repeat) -> run
-    run_by_key: Mapping[str, Mapping[str, Any]]
+    done: Mapping[tuple[str, str, str, int], RunResult]  # (cell, mixture, rate, repeat) -> run
+    run_by_key: Mapping[str, RunResult]
     token_hists: Mapping[tuple[str, str], GapHistogram]
     cell_ids: Sequence[str]
     baseline: str
@@ -56,7 +58,7 @@ class Sweep:
 
 # One (mixture, rate, class) point of B0's: its done runs by repeat and each run's cohort
 # request indices (the frames every cell is aligned to).
-Group = tuple[str, str, str, list[tuple[int, Mapping[str, Any]]], list[np.ndarray]]
+Group = tuple[str, str, str, list[tuple[int, RunResult]], list[np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class _Judging:
     """What every comparison and decision of one sweep shares (judge_sweep builds it once)."""
 
     sweep: Sweep
-    cells: Sequence[Mapping[str, Any]]
+    cells: Sequence[CellInput]
     validity: ValidityCheck
     acceptance: AcceptanceCheck
     agreed: Sequence[tuple[str, str, int]]
@@ -81,8 +83,8 @@ class _Judging:
 def judge_sweep(
     sweep: Sweep,
     *,
-    cells: Sequence[Mapping[str, Any]],
-    classes: Sequence[Mapping[str, Any]],
+    cells: Sequence[CellInput],
+    classes: Sequence[ClassInput],
     validity: ValidityCheck,
     acceptance: AcceptanceCheck,
     agreed: Sequence[tuple[str, str, int]],
@@ -172,16 +174,16 @@ def _b0_frames(sweep: Sweep) -> list[Group]:
     return groups_in
 
 
-def _aa_cells(cells: Sequence[Mapping[str, Any]], baseline: str) -> list[str]:
+def _aa_cells(cells: Sequence[CellInput], baseline: str) -> list[str]:
     """A/A control cells: candidates that run B0's own arguments on B0's engine. Their pairing with
     B0 shows the spread between whole runs directly (the noise floor)."""
-    b0_spec = next((c for c in cells if c["cell_id"] == baseline), {})
+    b0_spec = next((c for c in cells if c["cell_id"] == baseline), None)
+    b0_args = (b0_spec.get("args") if b0_spec else None) or {}
+    b0_engine = b0_spec.get("engine") if b0_spec else None
     return [
         c["cell_id"]
         for c in cells
-        if c["cell_id"] != baseline
-        and (c.get("args") or {}) == (b0_spec.get("args") or {})
-        and c.get("engine") == b0_spec.get("engine")
+        if c["cell_id"] != baseline and (c.get("args") or {}) == b0_args and c.get("engine") == b0_engine
     ]
 
 

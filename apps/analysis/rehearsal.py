@@ -38,7 +38,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
+
+from apps.analysis.report_inputs import ClassInput, SampleValue
 
 OUTCOMES = ("ok", "cut", "rejected", "errored", "cancelled", "unfinished", "not_sent")
 WAITING = "vllm:num_requests_waiting"
@@ -47,7 +49,29 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 REQUEST_SUCCESS = "vllm:request_success_total"
 
 
-def outcome(r: Mapping[str, Any]) -> str:
+class _RecordKeys(TypedDict):
+    request_class: str
+    planned_ns: int
+
+
+class RehearsalRecord(_RecordKeys, total=False):
+    """One request record of the rehearsal run, as the measures read it: the record's scalar
+    fields (workers/replay/records.py; apps/analysis/services reads the stored ones)."""
+
+    index: int
+    sent: bool
+    cut: bool
+    http_status: int | None
+    error_kind: str | None
+    cancelled: bool
+    unfinished: bool
+    first_token_ns: int | None
+    end_ns: int | None
+    max_gap_ns: int | None
+    backend: str | None
+
+
+def outcome(r: RehearsalRecord) -> str:
     """The one accounting bucket of a record (see the module docstring)."""
     if not r.get("sent", True):
         return "not_sent"
@@ -76,19 +100,20 @@ def _ms(x: float) -> float | None:
     return None if math.isinf(x) else round(x, 3)
 
 
-def _latencies(r: Mapping[str, Any]) -> tuple[float, float, float]:
+def _latencies(r: RehearsalRecord) -> tuple[float, float, float]:
     """(TTFT, E2E, max stall) in ms from the planned arrival; inf where the request has none."""
     planned = r["planned_ns"]
     first = r.get("first_token_ns")
     ttft = (first - planned) / 1e6 if first is not None else math.inf
     ok = outcome(r) == "ok"
-    e2e = (r["end_ns"] - planned) / 1e6 if ok and r.get("end_ns") is not None else math.inf
+    end = r.get("end_ns")
+    e2e = (end - planned) / 1e6 if ok and end is not None else math.inf
     gap = r.get("max_gap_ns")
     stall = 0.0 if ok and gap is None else (gap / 1e6 if gap is not None and ok else math.inf)
     return ttft, e2e, stall
 
 
-def _undetermined(r: Mapping[str, Any], ttft: float, limit: float | None, deadline_s: float | None) -> bool:
+def _undetermined(r: RehearsalRecord, ttft: float, limit: float | None, deadline_s: float | None) -> bool:
     """A request with no first token whose wait was cut short by the run's own end.
 
     All we know is TTFT > (end - arrival). When that bound is below the class's limit the
@@ -102,23 +127,21 @@ def _undetermined(r: Mapping[str, Any], ttft: float, limit: float | None, deadli
     return waited_ms < float(limit) and r.get("error_kind") is None and r.get("http_status") in (None, 200)
 
 
-def _series(samples: Iterable[Mapping[str, Any]], name: str) -> list[tuple[float, float]]:
+def _series(samples: Iterable[SampleValue], name: str) -> list[tuple[float, float]]:
     by_t: dict[int, float] = defaultdict(float)
     for s in samples:
-        if s["name"] == name and s.get("value") is not None and s["kind"] == "gauge":
-            by_t[s["t_ns"]] += float(s["value"])
+        value = s.get("value")
+        if s["name"] == name and value is not None and s["kind"] == "gauge":
+            by_t[s["t_ns"]] += float(value)
     return [(t / 1e9, v) for t, v in sorted(by_t.items())]
 
 
-def _counter_delta(samples: Iterable[Mapping[str, Any]], name: str, since_s: float) -> float | None:
+def _counter_delta(samples: Iterable[SampleValue], name: str, since_s: float) -> float | None:
     by_t: dict[int, float] = defaultdict(float)
     for s in samples:
-        if (
-            s["name"] in (name, name.removesuffix("_total"))
-            and s["kind"] == "counter"
-            and s.get("value") is not None
-        ):
-            by_t[s["t_ns"]] += float(s["value"])
+        value = s.get("value")
+        if s["name"] in (name, name.removesuffix("_total")) and s["kind"] == "counter" and value is not None:
+            by_t[s["t_ns"]] += float(value)
     points = sorted(by_t.items())
     before = [v for t, v in points if t / 1e9 <= since_s]
     after = [v for t, v in points if t / 1e9 > since_s]
@@ -171,12 +194,12 @@ def recovery_time(
 
 
 def _accounting(
-    records: Sequence[Mapping[str, Any]], contract: Mapping[str, Mapping[str, Any]], switch_s: float
-) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, list[Mapping[str, Any]]]]:
+    records: Sequence[RehearsalRecord], contract: Mapping[str, ClassInput], switch_s: float
+) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, list[RehearsalRecord]]]:
     """(class -> outcome -> requests, outcome -> requests, class -> its arrivals from the switch on)."""
     accounting: dict[str, dict[str, int]] = {name: dict.fromkeys(OUTCOMES, 0) for name in contract}
     total = dict.fromkeys(OUTCOMES, 0)
-    after: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    after: dict[str, list[RehearsalRecord]] = defaultdict(list)
     for r in records:
         bucket = outcome(r)
         accounting.setdefault(r["request_class"], dict.fromkeys(OUTCOMES, 0))[bucket] += 1
@@ -187,8 +210,8 @@ def _accounting(
 
 
 def _after_switch(
-    rows: Sequence[Mapping[str, Any]],
-    c: Mapping[str, Any],
+    rows: Sequence[RehearsalRecord],
+    c: ClassInput,
     counts: Mapping[str, int],
     deadline_s: float | None,
 ) -> tuple[dict[str, Any], list[tuple[float, float]]]:
@@ -208,14 +231,13 @@ def _after_switch(
         "cut": counts["cut"],
         "cut_share": (counts["cut"] / sum(counts.values())) if sum(counts.values()) else 0.0,
     }
-    for key, i, limit_key in (
-        ("ttft_p99_ms", 0, "ttft_p99_ms"),
-        ("e2e_p99_ms", 1, "e2e_p99_ms"),
-        ("max_stall_p99_ms", 2, "max_stall_ms"),
+    for key, i, limit in (
+        ("ttft_p99_ms", 0, c.get("ttft_p99_ms")),
+        ("e2e_p99_ms", 1, c.get("e2e_p99_ms")),
+        ("max_stall_p99_ms", 2, c.get("max_stall_ms")),
     ):
         values = [x[i] for x in lat]
         p99 = _p99(values) if values else None
-        limit = c.get(limit_key)
         entry[key] = {
             "value": None if p99 is None else _ms(p99),
             "censored": p99 is not None and math.isinf(p99),
@@ -226,7 +248,7 @@ def _after_switch(
 
 
 def _error_budget_from(
-    after: Mapping[str, Sequence[Mapping[str, Any]]],
+    after: Mapping[str, Sequence[RehearsalRecord]],
     *,
     switch_s: float,
     max_recovery_s: float,
@@ -243,7 +265,7 @@ def _error_budget_from(
 
 
 def _error_budget(
-    late: Sequence[Mapping[str, Any]], budget: float | None, judged_from: float
+    late: Sequence[RehearsalRecord], budget: float | None, judged_from: float
 ) -> dict[str, Any]:
     """One class's arrivals from ``judged_from`` on that did not end ok, against its error budget."""
     late_bad = sum(1 for r in late if outcome(r) != "ok")
@@ -257,7 +279,7 @@ def _error_budget(
     }
 
 
-def _surge(b0_samples: Sequence[Mapping[str, Any]], switch_s: float) -> dict[str, Any]:
+def _surge(b0_samples: Sequence[SampleValue], switch_s: float) -> dict[str, Any]:
     """B0's peak queue and KV-cache use after the switch, and its preemptions and successes since."""
     after_samples = [s for s in b0_samples if s["t_ns"] / 1e9 >= switch_s]
     return {
@@ -296,10 +318,10 @@ def _problems(
 
 def rehearsal_measures(
     *,
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[RehearsalRecord],
     planned: int,
-    b0_samples: Sequence[Mapping[str, Any]],
-    classes: Sequence[Mapping[str, Any]],
+    b0_samples: Sequence[SampleValue],
+    classes: Sequence[ClassInput],
     switch_s: float,
     cut_s: float,
     end_s: float,

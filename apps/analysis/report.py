@@ -52,6 +52,8 @@ from apps.analysis.report_types import (
     AcceptanceCheck,
     Aggregate,
     Checks,
+    ClassMetrics,
+    Comparison,
     Decision,
     DiffPoint,
     QualityCheck,
@@ -100,7 +102,7 @@ def _merge(hists: Sequence[GapHistogram | None]) -> GapHistogram | None:
     return out
 
 
-def _headline(m: Mapping[str, Any]) -> dict[str, float]:
+def _headline(m: ClassMetrics) -> dict[str, float]:
     return {
         "goodput_rps": m["goodput_rps"] if m["goodput_rps"] is not None else math.nan,
         "contract_share": m["contract_share"] if m["contract_share"] is not None else math.nan,
@@ -111,7 +113,7 @@ def _headline(m: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def _variation(per_repeat: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _variation(per_repeat: Sequence[ClassMetrics]) -> dict[str, Any]:
     out = {}
     for name in HEADLINE:
         vals = [_headline(m)[name] for m in per_repeat]
@@ -563,7 +565,7 @@ def build_report(
     return jsonable(report)
 
 
-def skipped_cells(run_results: Sequence[Mapping[str, Any]]) -> list[SkippedCell]:
+def skipped_cells(run_results: Sequence[RunResult]) -> list[SkippedCell]:
     """The cells early stopping cut short, in the runs' order: cell, the reason, the skipped runs."""
     out: dict[str, SkippedCell] = {}
     for r in run_results:
@@ -576,17 +578,18 @@ def skipped_cells(run_results: Sequence[Mapping[str, Any]]) -> list[SkippedCell]
 
 
 def _costs(
-    experiment: Mapping[str, Any],
+    experiment: ExperimentInput,
     opts: ReportOptions,
     *,
-    cells: Sequence[Mapping[str, Any]],
-    run_results: Sequence[Mapping[str, Any]],
+    cells: Sequence[CellInput],
+    run_results: Sequence[RunResult],
     agreed: Sequence[tuple[str, str, int]],
 ) -> dict[str, Any]:
     """Cost per 1M output tokens per cell: the spec's price, else the host's, else none."""
     price, source = opts.usd_per_gpu_hour, "spec (analysis.usd_per_gpu_hour)"
-    if price is None and experiment.get("host_usd_per_gpu_hour") is not None:
-        price = float(experiment["host_usd_per_gpu_hour"])
+    host_price = experiment.get("host_usd_per_gpu_hour")
+    if price is None and host_price is not None:
+        price = float(host_price)
         source = f"host {experiment.get('host_name') or ''} (TAILTUNE_USD_PER_GPU_HOUR)".replace("  ", " ")
     if price is None:
         source = "not given: set analysis.usd_per_gpu_hour or TAILTUNE_USD_PER_GPU_HOUR on the host"
@@ -603,9 +606,9 @@ def _costs(
 def charts(
     *,
     cell_ids: Sequence[str],
-    aggregates: Sequence[Mapping[str, Any]],
-    comparisons: Sequence[Mapping[str, Any]],
-    run_results: Sequence[Mapping[str, Any]],
+    aggregates: Sequence[Aggregate],
+    comparisons: Sequence[Comparison],
+    run_results: Sequence[RunResult],
 ) -> ReportCharts:
     """Small aggregates the UI plots directly (it never reads records)."""
     per_group: dict[tuple[str, str, str], dict[str, Any]] = {}

@@ -114,16 +114,22 @@ def report_run(run: StoredRun) -> RunInput:
     return cast(RunInput, {k: v for k, v in run.items() if k != "pk"})
 
 
-class MetricSampleInput(TypedDict):
-    """One /metrics sample of a run (apps/analysis/server.py reads them)."""
+class SampleValue(TypedDict):
+    """One /metrics sample's value: when (from the replay's origin), which series, what kind."""
 
     t_ns: int
-    phase: str
-    epoch: int
     name: str
     labels: dict[str, str]
     kind: str  # "counter" | "gauge"
     value: float | None
+
+
+class MetricSampleInput(SampleValue):
+    """One /metrics sample of a run with its phase and the server's epoch (apps/analysis/server.py
+    reads them; a restart starts a new epoch)."""
+
+    phase: str
+    epoch: int
 
 
 class RollbackInput(TypedDict):

@@ -28,7 +28,13 @@ from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, RecordTable, error_co
 from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
-from apps.analysis.rehearsal import REHEARSAL_QUEUED, attempt_outcome, attempts_summary, rehearsal_measures
+from apps.analysis.rehearsal import (
+    REHEARSAL_QUEUED,
+    RehearsalRecord,
+    attempt_outcome,
+    attempts_summary,
+    rehearsal_measures,
+)
 from apps.analysis.report import build_report
 from apps.analysis.report_inputs import (
     CellInput,
@@ -39,6 +45,7 @@ from apps.analysis.report_inputs import (
     MetricSampleInput,
     QualityProbeInput,
     RollbackInput,
+    SampleValue,
     StoredRun,
     report_run,
 )
@@ -465,7 +472,7 @@ def rehearsal_inputs(*, experiment: Experiment) -> dict[str, RehearsalEntry]:
     the top of the entry, for the results page's timeline.
     """
     options = recovery_options(experiment.spec or {})
-    classes = [
+    classes: list[ClassInput] = [
         {
             "name": c.name,
             "ttft_p99_ms": c.ttft_p99_ms,
@@ -548,14 +555,23 @@ def _has_retry(run: Run) -> bool:
         return False
 
 
-def _rehearsal_measures(run: Run, *, classes: list[dict[str, Any]], options: Any) -> dict[str, Any] | None:
+def _rehearsal_measures(run: Run, *, classes: list[ClassInput], options: Any) -> dict[str, Any] | None:
     """What one done rehearsal run measured (apps/analysis/rehearsal.py); None without its facts."""
     facts = rehearsal_facts(run_summary(run.summary))
     if not facts:
         return None
-    records = list(RecordRow.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS))
-    samples = list(
-        MetricSample.objects.filter(run=run, server="b0").values("t_ns", "name", "kind", "value", "labels")
+    # values() loses the fields' types: these are RequestRecord's scalar fields and a sample's value.
+    records = cast(
+        list[RehearsalRecord],
+        list(RecordRow.objects.filter(run=run).order_by("index").values(*SCALAR_RECORD_FIELDS)),
+    )
+    samples = cast(
+        list[SampleValue],
+        list(
+            MetricSample.objects.filter(run=run, server="b0").values(
+                "t_ns", "name", "kind", "value", "labels"
+            )
+        ),
     )
     measures = rehearsal_measures(
         records=records,
