@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 
 from apps.analysis import inference, metrics
-from apps.analysis.checks import lag_over_tolerance
 from apps.analysis.columns import RecordTable
+from apps.analysis.validity import lag_over_tolerance
 
 # The contract keys in the order acceptance judges them, and a p99 limit's allowed share.
 KEYS = ("ttft", "e2e", "stall", "error_rate")
@@ -236,7 +236,7 @@ def doomed(
 def unusable(*, status: str, reason: str, lag_p99_ms: float | None, max_lag_ms: float | None) -> str | None:
     """Why a sweep run that has ended can never be a point's done run in the analysis, or None.
 
-    Such a run makes its cell invalid (checks.validity_check): it ended ``invalid`` or
+    Such a run makes its cell invalid (validity.validity_check): it ended ``invalid`` or
     ``failed`` (a run is retried only when its worker or host was lost, and then not through
     this path), or it is done with its load generator's dispatch lag p99 over the tolerance.
     A gate's answer is then inconclusive whatever its other runs show (apps/gate/verdict.py),

@@ -25,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.analysis.early_stop import doomed, unusable
-from apps.analysis.report import ReportOptions, agreed_combos, sweep_combos
+from apps.analysis.report_options import ReportOptions, agreed_combos, sweep_combos
 from apps.analysis.services import runs_over_limit
 from apps.audit.services import audit_record
 from apps.experiments.models import Experiment
