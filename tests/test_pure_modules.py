@@ -32,6 +32,8 @@ PURE = [
     "apps.analysis.compare",
     "apps.analysis.compare_options",
     "apps.analysis.rounds",
+    "apps.analysis.measured",
+    "apps.analysis.validity",
     "apps.analysis.report_options",
     "apps.analysis.scenarios",
     "apps.analysis.scenario_records",
