@@ -14,7 +14,6 @@ REPO = Path(__file__).resolve().parent.parent
 PURE = [
     "apps.runs.capacity",
     "apps.runs.summary_types",
-    "apps.runs.summary_types",
     "apps.analysis.inference",
     "apps.analysis.resample",
     "apps.analysis.family",

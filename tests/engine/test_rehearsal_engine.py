@@ -23,11 +23,11 @@ from apps.analysis.checks import recovery_check
 from apps.analysis.services import rehearsal_inputs
 from apps.experiments.models import Experiment
 from apps.experiments.services import experiment_create
+from apps.lifecycle.rehearsal_schedule import rehearsal_start
+from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.hosts import host_register_local
 from apps.runs.models import MetricSample, RequestRecord, Run
-from apps.lifecycle.rehearsal_schedule import rehearsal_start
-from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.workloads.services import trace_load
 from tests.dispatch_support import hold_tasks
 from tests.engine_support import ENGINE_MARKS
