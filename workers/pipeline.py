@@ -61,8 +61,8 @@ from workers.engine.launcher import HostConfig, LaunchError
 from workers.engine.procs import proc_info
 from workers.engine.scrape import Scraper
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
-from workers.quality import sweep_probe
-from workers.rehearsal import rehearsal_execute
+from workers.quality_probe import sweep_probe
+from workers.rehearsal_run import rehearsal_execute
 from workers.replay.config import ReplayConfig
 from workers.replay.result import ReplayResult
 from workers.replay.run import processes_for, run_replay

@@ -4,7 +4,7 @@ The spec's ``recovery.switch`` and ``recovery.router`` are names; :func:`route_r
 them in this worker's own environment (``TAILTUNE_SWITCH_COMMANDS``, ``TAILTUNE_ROUTERS``), never
 from the spec or a database row, and refuses (:class:`SwitchFailed`, naming the setting) names
 its host does not offer. At ``switch_at_s`` after the replay's origin, :class:`Switchover` (a
-thread beside the replay, workers/rehearsal.py) runs the switch command and starts a cold B0.
+thread beside the replay, workers/rehearsal_run.py) runs the switch command and starts a cold B0.
 The switch command runs without a shell, with a minimal environment (none of the worker's
 secrets), the two servers' URLs as whole-argument placeholders and environment variables, and a
 time limit; one that exits non-zero (or times out) stops the replay and fails the run with its

@@ -1,7 +1,7 @@
 """The watch beside a running run: its cancel, its phase, its live values.
 
 A :class:`RunWatcher` thread runs beside each run the pipeline (workers/pipeline.py) or a
-rehearsal (workers/rehearsal.py) executes. Every ``WATCH_INTERVAL_S`` it looks at the run's row:
+rehearsal (workers/rehearsal_run.py) executes. Every ``WATCH_INTERVAL_S`` it looks at the run's row:
 
 - a cancel (of the run or its experiment) sets the run's stop event, which ends the replay
   within a second, and stops a server still starting (:attr:`RunWatcher.server`);

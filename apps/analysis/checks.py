@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from apps.analysis import inference
-from apps.analysis.rehearsal import attempt_outcome, attempts_summary, attempts_tally
+from apps.analysis.rehearsal_measures import attempt_outcome, attempts_summary, attempts_tally
 from apps.analysis.report_types import (
     AcceptanceCheck,
     CellAcceptance,
@@ -135,7 +135,7 @@ def scenario_check(
 ) -> ScenarioCheck:
     """Failure-scenario runs, listed apart from the sweep with what held and what did not.
 
-    ``verdicts`` (run key -> apps.analysis.scenarios.scenario_verdict) says what each
+    ``verdicts`` (run key -> apps.analysis.scenario_checks.scenario_verdict) says what each
     scenario must show and hold; without one a run is judged by its classes' contracts.
     """
     verdicts = verdicts or {}
@@ -194,7 +194,7 @@ def recovery_check(
     rehearse: bool = True,
     rehearsal: Mapping[str, Any] | None = None,
 ) -> RecoveryCheck:
-    """Check 4: the rollback to B0, rehearsed for real (apps/analysis/rehearsal.py).
+    """Check 4: the rollback to B0, rehearsed for real (apps/analysis/rehearsal_measures.py).
 
     ``rehearsal`` is the chosen cell's entry of the report's ``rehearsals``: its latest
     attempt's {"run", "status", "reason", "measures"} and ``attempts``, every attempt in order

@@ -25,7 +25,7 @@ from apps.analysis.columns import RecordTable
 from apps.analysis.report_inputs import CellInput, ClassInput, ExperimentInput, MetricSampleInput, RunInput
 from apps.analysis.report_options import ReportOptions, agreed_combos, sweep_combos
 from apps.analysis.report_types import Aggregate, ClassMetrics, RunResult
-from apps.analysis.server import server_metrics
+from apps.analysis.server_metrics import server_metrics
 from workers.replay.records import GapHistogram
 
 HEADLINE = ("goodput_rps", "contract_share", "ttft_p99", "e2e_p99", "max_stall_p99", "itl_p99")

@@ -12,7 +12,7 @@ are optional), as the database loader (apps/analysis/services.py) builds them fr
 - rollback: RollbackInput, {"exists": bool, "baseline": str | None}.
 - quality_probes: QualityProbeInput, one per done sweep run that ran the probe.
 - rehearsals: cell -> its rollback rehearsals: the latest attempt's {"run", "status",
-  "reason", "measures"} (measures from apps/analysis/rehearsal.py) and ``attempts``, every
+  "reason", "measures"} (measures from apps/analysis/rehearsal_measures.py) and ``attempts``, every
   attempt with its outcome (report_types.RehearsalEntry); rehearse: whether the spec asks for
   one. Check 4 judges every attempt of the chosen cell (checks.recovery_check); rehearsal runs
   are not in ``runs``.
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import cost, findings, lengths, measured, metrics, paired, quality, rejections
+from apps.analysis import cost, findings, lengths, measured, metrics, paired, quality_verdict, rejections
 from apps.analysis.checks import acceptance_check, recovery_check, scenario_check
 from apps.analysis.columns import RecordTable
 from apps.analysis.report_inputs import (
@@ -131,11 +131,11 @@ def _uncompared_checks(
         alpha=opts.compare.contract_alpha,
         skipped=skipped,
     )
-    # Check 2 also holds each class to its quality contract (apps/analysis/quality.py).
-    probe_result = quality.quality_check(
+    # Check 2 also holds each class to its quality contract (apps/analysis/quality_verdict.py).
+    probe_result = quality_verdict.quality_check(
         cells=cells, classes=classes, baseline=baseline, probes=quality_probes, budget=validator_budget
     )
-    quality.apply_to_acceptance(acceptance, probe_result, baseline=baseline)
+    quality_verdict.apply_to_acceptance(acceptance, probe_result, baseline=baseline)
     # The decision table's rejecting rows, which the decision reads.
     rejected = rejections.rejections(
         cells=cells,
@@ -313,7 +313,7 @@ def build_report(
         "output_mode": "natural" if natural else "exact",
         "stop_reasons": lengths.stop_reasons_by_cell(run_results, stop_reasons or {}),
         "costs": _costs(experiment, opts, cells=plan.cells, run_results=run_results, agreed=points.agreed),
-        # Each rehearsed cell's attempts, the latest one's measures in full (apps/analysis/rehearsal.py).
+        # Each rehearsed cell's attempts, the latest one's measures in full (apps/analysis/rehearsal_measures.py).
         "rehearsals": dict(rehearsals or {}),
         "charts": charts(
             cell_ids=plan.cell_ids, aggregates=aggregates, comparisons=comparisons, run_results=run_results

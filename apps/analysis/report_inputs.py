@@ -72,7 +72,7 @@ class ClassInput(TypedDict):
     input_tokens: NotRequired[int]
     output_tokens: NotRequired[int]
     primary_metric: NotRequired[str | None]
-    quality: NotRequired[JSONObject]  # the class's quality contract (apps/analysis/quality.py)
+    quality: NotRequired[JSONObject]  # the class's quality contract (apps/analysis/quality_verdict.py)
 
 
 class RunInput(TypedDict):
@@ -125,7 +125,7 @@ class SampleValue(TypedDict):
 
 
 class MetricSampleInput(SampleValue):
-    """One /metrics sample of a run with its phase and the server's epoch (apps/analysis/server.py
+    """One /metrics sample of a run with its phase and the server's epoch (apps/analysis/server_metrics.py
     reads them; a restart starts a new epoch)."""
 
     phase: str

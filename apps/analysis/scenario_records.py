@@ -1,6 +1,6 @@
 """A scenario run's records, one by one: each one's outcome and the measures the scenario checks
 read from them (TTFT percentiles, the oldest wait, streams in flight, the decode pace). Pure;
-the checks themselves are apps/analysis/scenarios.py.
+the checks themselves are apps/analysis/scenario_checks.py.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, RecordTable, error_co
 from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
-from apps.analysis.rehearsal import (
+from apps.analysis.rehearsal_measures import (
     REHEARSAL_QUEUED,
     RehearsalRecord,
     attempt_outcome,
@@ -54,7 +54,7 @@ from apps.analysis.report_inputs import (
     report_run,
 )
 from apps.analysis.report_types import RecoveryCheck, RehearsalEntry, Report, StoredReport
-from apps.analysis.server import COUNTERS, GAUGES
+from apps.analysis.server_metrics import COUNTERS, GAUGES
 from apps.analysis.validators import ValidatorBudget
 from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
@@ -560,7 +560,7 @@ def _has_retry(run: Run) -> bool:
 
 
 def _rehearsal_measures(run: Run, *, classes: list[ClassInput], options: Any) -> dict[str, Any] | None:
-    """What one done rehearsal run measured (apps/analysis/rehearsal.py); None without its facts."""
+    """What one done rehearsal run measured (apps/analysis/rehearsal_measures.py); None without its facts."""
     facts = rehearsal_facts(run_summary(run.summary))
     if not facts:
         return None

@@ -1,6 +1,6 @@
 """What a quality validator's JSON schema may be: bounded before it is stored. Pure: no Django.
 
-A class's ``json_schema`` (apps/experiments/quality.py) is validated against every probe answer
+A class's ``json_schema`` (apps/experiments/quality_contract.py) is validated against every probe answer
 of every run when the experiment is analysed, and by the gate. The ``jsonschema`` library
 follows each ``$ref`` every time it meets it, so a schema of a few hundred bytes whose local
 references fan out (``allOf: [$ref next, $ref next]`` per level) costs 2**depth subschemas per

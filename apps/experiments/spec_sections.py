@@ -2,7 +2,7 @@
 analysis options, the quality probe and the rollback rehearsal (recovery).
 
 Pure: no Django at import. Where a section's rules belong to another module (the analysis's
-ReportOptions, the scenario generators, apps/experiments/quality.py and recovery.py), the
+ReportOptions, the scenario generators, apps/experiments/quality_contract.py and recovery.py), the
 checker imports it when the section is present and reports its problems as field errors.
 """
 
@@ -74,7 +74,7 @@ def _check_calibration(c: _Checker, raw: Any) -> Calibration:
 
 def _check_scenarios(c: _Checker, raw: Any, cell_ids: set[str]) -> dict[str, ScenarioSpec]:
     """Failure scenarios: name -> {cells, params}; parameters checked by the generator's own rules."""
-    from apps.workloads.scenarios import DEFAULTS, scenario_params
+    from apps.workloads.scenario_traces import DEFAULTS, scenario_params
 
     data = c.mapping(raw, "scenarios")
     out: dict[str, ScenarioSpec] = {}
@@ -136,7 +136,7 @@ def _check_quality(
     c: _Checker, top: Mapping[str, Any], spec: dict[str, Any], max_model_len: int | None
 ) -> None:
     """The quality probe's options, checked against each class's quality floor: fills ``spec["quality"]``."""
-    from apps.experiments.quality import check_quality
+    from apps.experiments.quality_contract import check_quality
 
     options, problems = check_quality(top.get("quality"))
     for where, message in problems:

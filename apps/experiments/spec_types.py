@@ -105,7 +105,7 @@ class QualityValidators(TypedDict, total=False):
 
 
 class ClassQuality(TypedDict, total=False):
-    """A class's quality contract (apps/experiments/quality.py): only the keys given."""
+    """A class's quality contract (apps/experiments/quality_contract.py): only the keys given."""
 
     min_exact_match: float
     min_agreement_tokens: float

@@ -99,7 +99,7 @@ def _check_classes(
                 "contract": contract,
             }
             if cls.get("quality") is not None:
-                from apps.experiments.quality import check_class_quality
+                from apps.experiments.quality_contract import check_class_quality
 
                 quality, problems = check_class_quality(cls.get("quality"), f"{path}.quality")
                 for where, message in problems:

@@ -129,7 +129,7 @@ def _check_class_quality(base: Baseline) -> None:
     """The gate file's quality contracts, bounded as an experiment's are (a validator's schema
     within apps/experiments/schema_bounds.py): refused in the request, before any window is read.
     The analysis then runs them within the host's validator budget, as for any experiment."""
-    from apps.experiments.quality import check_class_quality
+    from apps.experiments.quality_contract import check_class_quality
 
     errors = []
     for i, cls in enumerate(base.classes):

@@ -87,7 +87,7 @@ def _contract_failures(acceptance: Mapping[str, Any], cell: str) -> dict[tuple[s
 
 def _quality_point(quality: Mapping[str, Any]) -> str:
     """What of the quality contract broke, and why each failing validator failed (by reason, as
-    apps/analysis/quality.py counted them: a validator past its time budget says so)."""
+    apps/analysis/quality_verdict.py counted them: a validator past its time budget says so)."""
     parts = []
     for what in quality.get("broken") or []:
         kind = what.removeprefix("validator ")
@@ -234,7 +234,7 @@ class _Judge:
         if "error_rate" not in metrics:
             metrics.append("error_rate")
         if (name, "quality") in self.cand_broken:
-            metrics.append("quality")  # check 2's quality contract (apps/analysis/quality.py)
+            metrics.append("quality")  # check 2's quality contract (apps/analysis/quality_verdict.py)
         return metrics
 
     def case(self, name: str, metric: str, entries: Sequence[Mapping[str, Any]]) -> GateCase:

@@ -3,7 +3,7 @@
 A rehearsal is a Run with ``kind = "rehearsal"`` (apart from the sweep: the
 paired analysis never reads it). It replays one frozen sweep trace (by default
 the first mixture at its highest agreed rate, repeat 1) against the candidate
-and rolls back to B0 mid-way (workers/rehearsal.py runs it; apps/analysis/
+and rolls back to B0 mid-way (workers/rehearsal_run.py runs it; apps/analysis/
 rehearsal.py measures it, from the rows apps/analysis/services.rehearsal_inputs
 reads; check 4 judges it).
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import transaction
 
-from apps.analysis.rehearsal import REHEARSAL_QUEUED
+from apps.analysis.rehearsal_measures import REHEARSAL_QUEUED
 from apps.audit.services import audit_record
 from apps.experiments.models import Experiment, RunsRefused, ServerConfig
 from apps.experiments.recovery import recovery_options

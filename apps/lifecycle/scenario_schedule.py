@@ -4,7 +4,7 @@ Scenario runs are ordinary Run rows (``kind="scenario"``, ``scenario=<name>``) e
 same pipeline as the sweep; they follow the sweep in the plan (:func:`scenario_runs_build`).
 Their traces are sized from B0's decode pace, measured by the capacity probe or by one short
 pace run (:func:`scenario_pace_probe`), and frozen once (:func:`scenario_traces_freeze`) before
-any run is dispatched. The generators are pure (apps/workloads/scenarios.py); what each run must
+any run is dispatched. The generators are pure (apps/workloads/scenario_traces.py); what each run must
 show and hold is judged from its records by apps/runs/scenario_reports.py.
 """
 
@@ -16,14 +16,14 @@ from typing import Any
 
 from django.db import transaction
 
-from apps.analysis.scenarios import decode_step_ms
+from apps.analysis.scenario_checks import decode_step_ms
 from apps.experiments.models import Experiment, ServerConfig
 from apps.lifecycle.runs import run_build
 from apps.runs.models import RequestRecord, Run
 from apps.runs.scenario_reports import failure_scenario_runs, scheduling_policy
 from apps.workloads.models import Trace
 from apps.workloads.prompts import PromptTokenizer
-from apps.workloads.scenarios import (
+from apps.workloads.scenario_traces import (
     GENERATORS_OF,
     PRIORITY_CHECK,
     ScenarioContext,
@@ -137,7 +137,7 @@ def experiment_pace(*, experiment: Experiment) -> tuple[float | None, str | None
 
     The probe's lowest-rate finished step on B0 that has a pace: the least
     batching, so the closest to the step time of one stream alone (the bound
-    apps/workloads/scenarios.py sizes the scenarios with). (None, None) when
+    apps/workloads/scenario_traces.py sizes the scenarios with). (None, None) when
     no probe ran.
     """
     probes = (

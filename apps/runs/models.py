@@ -222,7 +222,7 @@ class RequestRecord(models.Model):
     finish_reason = models.CharField(max_length=32, null=True)
     cancelled = models.BooleanField(default=False)
     unfinished = models.BooleanField(default=False)
-    # Recovery rehearsals (workers/replay/rehearsal.py): cut at the drain deadline after the
+    # Recovery rehearsals (workers/replay/rehearsal_client.py): cut at the drain deadline after the
     # switch, and the server that answered; False and "" for every other run.
     cut = models.BooleanField(default=False)
     backend = models.CharField(max_length=64, blank=True, default="")

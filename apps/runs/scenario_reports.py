@@ -1,6 +1,6 @@
 """Failure-scenario runs judged: what each one had to show and hold, from its records.
 
-The checks are pure (apps/analysis/scenarios.py); this module reads the rows they judge. The
+The checks are pure (apps/analysis/scenario_checks.py); this module reads the rows they judge. The
 runs are planned and their traces frozen by apps/lifecycle/scenario_schedule.py.
 """
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from apps.analysis.scenarios import scenario_verdict, scenarios_summary
-from apps.analysis.server import server_metrics
+from apps.analysis.scenario_checks import scenario_verdict, scenarios_summary
+from apps.analysis.server_metrics import server_metrics
 from apps.experiments.models import Experiment, ServerConfig
 from apps.runs.models import MetricSample, RequestRecord, Run
 from workers.replay.records import SCALAR_RECORD_FIELDS
@@ -27,7 +27,7 @@ def scheduling_policy(cell: ServerConfig) -> str:
 
 
 def scenario_reports(*, experiment_id: int) -> dict[str, Any]:
-    """Every scenario run of the experiment judged (apps/analysis/scenarios.py), plus the probe's derivation.
+    """Every scenario run of the experiment judged (apps/analysis/scenario_checks.py), plus the probe's derivation.
 
     Runs that never finished are listed with their status and no verdict.
     """

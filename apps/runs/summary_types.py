@@ -3,7 +3,7 @@ the run's columns. Types only: no Django, nothing runs here but two readers' cas
 
 Written when the run ends: by workers/pipeline.py for a sweep, calibration or scenario run (the
 replay's :class:`~workers.replay.result.ReplaySummary`, then the engine's time, the server's reuse,
-the idle check, the quality probe's answers, the scrape errors), by workers/rehearsal.py for a
+the idle check, the quality probe's answers, the scrape errors), by workers/rehearsal_run.py for a
 rollback rehearsal (the replay's summary, the rehearsal's facts, both servers' pids), and once
 more by workers/slot.py, which adds a kept server's stop to the last run's ``engine_time``.
 tests/runs/test_run_summary.py walks summaries the worker really wrote against these types.
@@ -40,7 +40,7 @@ class ServerReuse(TypedDict):
     started_by: str  # the run id of the run whose start the server is
 
 
-# One quality probe answer (workers/quality.py run_probe); "class" is a keyword, hence this form.
+# One quality probe answer (workers/quality_probe.py run_probe); "class" is a keyword, hence this form.
 ProbeOutput = TypedDict(
     "ProbeOutput",
     {
@@ -60,7 +60,7 @@ class QualityProbeAnswers(TypedDict):
 
 
 class RehearsalWorkerFacts(TypedDict):
-    """What the rehearsal's worker (workers/rehearsal.py) knows besides its client's facts."""
+    """What the rehearsal's worker (workers/rehearsal_run.py) knows besides its client's facts."""
 
     standby: str  # warm | cold
     split: str  # how the host was split between the two servers

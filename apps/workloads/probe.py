@@ -1,4 +1,4 @@
-"""The quality probe's frozen prompt set (apps/experiments/quality.py): a canonical trace.
+"""The quality probe's frozen prompt set (apps/experiments/quality_contract.py): a canonical trace.
 
 ``prompts_per_class`` prompts of each class, at the class's input length, drawn from the
 experiment seed with the same corpus and tokenizer as the sweep's traces, each capped at the

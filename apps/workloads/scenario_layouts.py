@@ -3,7 +3,7 @@ priority and role (the burst, the backlog, the boundary input...). Pure: no Djan
 
 Each builder takes the experiment's ``ScenarioContext`` and the scenario's sized parameters
 (apps/workloads/scenario_sizing.py) and returns the planned requests and the observation
-window; apps/workloads/scenarios.py turns them into a trace.
+window; apps/workloads/scenario_traces.py turns them into a trace.
 """
 
 from __future__ import annotations
@@ -192,6 +192,6 @@ BUILDERS = {
     "kv_pressure": _kv_pressure,
     "priority_flood": _priority_flood,
 }
-# The one list of the failure scenarios: each has a generator here, and apps/analysis/scenarios.py
+# The one list of the failure scenarios: each has a generator here, and apps/analysis/scenario_checks.py
 # reads this list to find each one's check (``_<name>`` there; a missing one fails its import).
 SCENARIOS = tuple(BUILDERS)

@@ -1,7 +1,7 @@
 """A failure scenario's parameters and sizes: the defaults, the spec's overrides, the sizes
 derived from B0's measured decode pace and the run's windows. Pure: no Django.
 
-The traces themselves are apps/workloads/scenarios.py (docs/SCENARIOS.md in prose); the
+The traces themselves are apps/workloads/scenario_traces.py (docs/SCENARIOS.md in prose); the
 request layout of each scenario is apps/workloads/scenario_layouts.py.
 """
 

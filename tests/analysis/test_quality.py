@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from apps.analysis.quality import agreement, quality_check
+from apps.analysis.quality_verdict import agreement, quality_check
 from apps.analysis.validators import ValidatorBudget
 from apps.experiments.spec import SpecError, validate_spec
 from tests.analysis.builders import Plan, build

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from apps.analysis.checks import recovery_check
-from apps.analysis.rehearsal import (
+from apps.analysis.rehearsal_measures import (
     attempt_outcome,
     attempts_summary,
     outcome,

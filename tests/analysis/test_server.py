@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.analysis.server import MAX_POINTS, counter_delta, server_metrics
+from apps.analysis.server_metrics import MAX_POINTS, counter_delta, server_metrics
 
 
 def s(t, name, value, epoch=0, kind="counter", labels=None):

@@ -180,7 +180,7 @@ def test_it_runs_the_cpu_engine_as_a_python_module(tmp_path):
 
 
 def test_a_rehearsal_splits_the_host_between_its_two_servers():
-    from workers.rehearsal import split_host
+    from workers.rehearsal_run import split_host
 
     cpu = HostConfig(vllm_command=("python",))
     (a, _), (b, _), note = split_host(cpu, {}, cpus=[0, 1, 2, 3])

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
-from apps.experiments import quality
+from apps.experiments import quality_contract as quality
 from apps.experiments.spec import SpecError, validate_spec
 from tests.experiments.factories import UserFactory, small_spec
 

@@ -10,7 +10,7 @@ from tests.replay.mockserver import Behaviour, MockConfig, MockServer
 from tests.support_router import running_router
 from workers.engine.launcher import free_port
 from workers.replay.config import ReplayConfig
-from workers.replay.rehearsal import CUT_ERROR
+from workers.replay.rehearsal_client import CUT_ERROR
 from workers.replay.run import run_replay
 
 
@@ -152,7 +152,7 @@ def test_a_stream_whose_end_a_stalled_client_saw_only_after_the_deadline_is_cut(
     # are handled in one pass. The stream was open at the deadline: it is cut, never "ok".
     import time
 
-    from workers.replay.rehearsal import RehearsalReplay
+    from workers.replay.rehearsal_client import RehearsalReplay
 
     requests = make_requests(1, output_tokens=50) + make_requests(1, output_tokens=2, start_s=0.35)
     requests[1]["index"] = 1

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from apps.analysis import lengths
-from apps.analysis.quality import quality_check
+from apps.analysis.quality_verdict import quality_check
 from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.server import EngineServer
-from workers.quality import run_probe
+from workers.quality_probe import run_probe
 from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 

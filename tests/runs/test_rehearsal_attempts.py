@@ -2,7 +2,7 @@
 repeat needs a reason that goes to the audit log (issue #31, item 2).
 
 The worker's part is done by hand here (records and the switch facts written as
-workers/rehearsal.py writes them); the rest is the real path: the analysis task queues the
+workers/rehearsal_run.py writes them); the rest is the real path: the analysis task queues the
 first attempt, the results page's form repeats it, the analysis task analyses again, the
 report command prints the report, an approver approves and the manifest is read back.
 """

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from apps.workloads.prompts import PromptTokenizer
-from apps.workloads.scenarios import ScenarioContext
+from apps.workloads.scenario_traces import ScenarioContext
 from workers.engine.tinymodel import build_tokenizer
 
 CLASSES = [

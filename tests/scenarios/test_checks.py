@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.analysis.scenarios import decode_step_ms, priority_order, scenario_verdict, scenarios_summary
+from apps.analysis.scenario_checks import decode_step_ms, priority_order, scenario_verdict, scenarios_summary
 
 MS = 1_000_000
 

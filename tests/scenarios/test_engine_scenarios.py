@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from apps.analysis.scenarios import OVERTAKE_MARGIN_MS, decode_step_ms, scenario_verdict
-from apps.analysis.server import server_metrics
+from apps.analysis.scenario_checks import OVERTAKE_MARGIN_MS, decode_step_ms, scenario_verdict
+from apps.analysis.server_metrics import server_metrics
 from apps.experiments.models import Experiment
 from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.lifecycle.scenario_schedule import pace_trace
@@ -35,7 +35,7 @@ from apps.runs.hosts import host_queue, host_register_local
 from apps.runs.models import RequestRecord, Run
 from apps.runs.scenario_reports import scenario_reports
 from apps.workloads.prompts import PromptTokenizer
-from apps.workloads.scenarios import (
+from apps.workloads.scenario_traces import (
     PRIORITY_CHECK,
     ScenarioContext,
     kv_capacity_tokens,

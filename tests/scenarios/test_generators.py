@@ -7,7 +7,7 @@ import math
 import pytest
 
 from apps.workloads.generate import GenerateError
-from apps.workloads.scenarios import (
+from apps.workloads.scenario_traces import (
     FALLBACK,
     MAX_DERIVED_REQUESTS,
     PRIORITY_CHECK,
@@ -229,8 +229,8 @@ def test_it_makes_decode_pressure_streams_outlast_their_ramp(context, tokenizer)
 
 
 def test_every_failure_scenario_has_one_generator_one_check_and_its_defaults():
-    from apps.analysis.scenarios import _CHECKS
-    from apps.workloads.scenarios import DEFAULTS
+    from apps.analysis.scenario_checks import _CHECKS
+    from apps.workloads.scenario_traces import DEFAULTS
 
     assert tuple(_CHECKS) == SCENARIOS
     assert set(DEFAULTS) == {*SCENARIOS, PRIORITY_CHECK}
@@ -239,7 +239,7 @@ def test_every_failure_scenario_has_one_generator_one_check_and_its_defaults():
 def test_a_failure_scenario_with_a_generator_and_no_check_is_refused(monkeypatch: pytest.MonkeyPatch):
     """The checks read the scenarios' one list (scenario_layouts.SCENARIOS): a name added there
     and not given its check fails, naming it."""
-    import apps.analysis.scenarios as checks
+    import apps.analysis.scenario_checks as checks
 
     monkeypatch.setattr(checks, "SCENARIOS", (*SCENARIOS, "prefix_storm"))
     with pytest.raises(ImportError, match="prefix_storm"):

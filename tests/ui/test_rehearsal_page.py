@@ -7,7 +7,7 @@ import json
 import pytest
 
 from apps.analysis.models import Decision
-from apps.analysis.rehearsal import rehearsal_measures
+from apps.analysis.rehearsal_measures import rehearsal_measures
 from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
 from apps.runs.models import Run

@@ -333,7 +333,7 @@ class _Replay:
             record.unfinished = True
             record.end_ns = now - self.origin_ns
 
-    # -- hooks a recovery rehearsal (workers/replay/rehearsal.py) overrides -------------------
+    # -- hooks a recovery rehearsal (workers/replay/rehearsal_client.py) overrides -------------------
 
     def _more_pools(self) -> list[rawhttp.Pool]:
         """Other servers this replay sends to (made inside the loop, closed with the run's)."""

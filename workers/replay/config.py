@@ -18,7 +18,7 @@ from workers.replay.request import ENDPOINTS
 
 
 class RehearsalOptions(TypedDict):
-    """A recovery rehearsal's client (:mod:`workers.replay.rehearsal`): JSON, it crosses into the
+    """A recovery rehearsal's client (:mod:`workers.replay.rehearsal_client`): JSON, it crosses into the
     replay's own process."""
 
     switch_at_s: float  # from the origin: requests planned at or after it go to B0 (or the router)

@@ -2,7 +2,7 @@
 
 Pure: what goes on the wire and what is written down before a request is sent, with no I/O,
 shared by the one-loop send loop (:mod:`workers.replay.client`), the process fan-out
-(:mod:`workers.replay.shard`) and the rehearsal client (:mod:`workers.replay.rehearsal`).
+(:mod:`workers.replay.shard`) and the rehearsal client (:mod:`workers.replay.rehearsal_client`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from workers.replay.records import RequestRecord
 
 
 class RehearsalClientFacts(TypedDict):
-    """What a recovery rehearsal's client saw (:meth:`workers.replay.rehearsal.RehearsalReplay.facts`),
+    """What a recovery rehearsal's client saw (:meth:`workers.replay.rehearsal_client.RehearsalReplay.facts`),
     times from the origin in seconds."""
 
     switch_at_s: float
@@ -88,7 +88,7 @@ class ReplayResult:
     # The send loop's scheduling class ("realtime", or "normal (why)"); None for a loop in the
     # caller's own process (runtime.realtime_send_loop).
     send_priority: str | None = None
-    # A recovery rehearsal's own facts (workers/replay/rehearsal.py): the switch, B0 ready, cuts.
+    # A recovery rehearsal's own facts (workers/replay/rehearsal_client.py): the switch, B0 ready, cuts.
     rehearsal: RehearsalClientFacts | None = None
     # The fields every request body carried besides its own (the sampling settings): what the
     # server was asked for, recorded with the run so cells can be checked for the same settings.

@@ -19,7 +19,7 @@ from typing import Any
 from workers.replay.batches import BatchCallback, ProgressCallback
 from workers.replay.client import _Replay, drive
 from workers.replay.config import ReplayConfig
-from workers.replay.rehearsal import RehearsalReplay
+from workers.replay.rehearsal_client import RehearsalReplay
 from workers.replay.request import check_requests
 from workers.replay.result import ReplayResult
 from workers.replay.runtime import burst_size

@@ -53,7 +53,7 @@ from typing import IO, Any
 from workers.replay.batches import BatchCallback, Batcher, ProgressCallback
 from workers.replay.client import _Replay, drive
 from workers.replay.records import RequestRecord
-from workers.replay.rehearsal import RehearsalReplay
+from workers.replay.rehearsal_client import RehearsalReplay
 from workers.replay.request import new_record
 from workers.replay.result import ReplayResult, summarise
 from workers.replay.runtime import realtime_send_loop

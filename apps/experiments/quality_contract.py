@@ -3,7 +3,7 @@
 The spec's ``quality`` section turns on a **quality probe**: a small frozen prompt set
 (``prompts_per_class`` prompts of each class, or a stored canonical trace by ``trace_sha256``),
 replayed with greedy decoding on every sweep run right after warm-up; each candidate's
-outputs are compared token by token with B0's on the same prompts (apps/analysis/quality.py).
+outputs are compared token by token with B0's on the same prompts (apps/analysis/quality_verdict.py).
 A class's own ``quality`` sets the minimum exact-match share and mean agreement length, and
 optional validators (a regular expression, a JSON schema, or "must stop with
 finish_reason stop"). Checked here like every other section: every problem names its field.

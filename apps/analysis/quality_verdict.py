@@ -1,6 +1,6 @@
 """The quality probe judged (check 2): does a candidate say what B0 says? Pure.
 
-Each done sweep run that ran the probe (workers/quality.py) carries its greedy answers to the
+Each done sweep run that ran the probe (workers/quality_probe.py) carries its greedy answers to the
 frozen prompt set. Per cell and class, against B0's first such run (the reference), on the same
 prompts:
 

@@ -1,4 +1,4 @@
-"""The quality probe on a started server (apps/experiments/quality.py): greedy answers to the
+"""The quality probe on a started server (apps/experiments/quality_contract.py): greedy answers to the
 frozen prompt set, one request at a time, with the token ids vLLM generated.
 
 Run on every sweep run right after warm-up, before the replay: the server is then idle, and

@@ -1,7 +1,7 @@
 """What each failure scenario must show, and whether it did. Pure: plain inputs, no Django.
 
 A scenario run is judged from its records (one per planned request), the
-server-side metrics of the run (apps/analysis/server.py ``server_metrics``)
+server-side metrics of the run (apps/analysis/server_metrics.py ``server_metrics``)
 and the meta of its trace, which names each request's role (the burst, the
 backlog, the input past the context window...). Every verdict has two parts:
 
@@ -393,7 +393,7 @@ def _checks_by_name() -> dict[str, Any]:
     missing = [name for name in SCENARIOS if not callable(globals().get(f"_{name}"))]
     if missing:
         raise ImportError(
-            f"no check in apps/analysis/scenarios.py for failure scenario(s) {', '.join(missing)}"
+            f"no check in apps/analysis/scenario_checks.py for failure scenario(s) {', '.join(missing)}"
         )
     return {name: globals()[f"_{name}"] for name in SCENARIOS}
 

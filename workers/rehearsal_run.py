@@ -11,7 +11,7 @@ Steps of :func:`rehearsal_execute` (called by the run pipeline for a run whose
 2. Start the candidate (confirm its args, warm it up). Warm standby: start,
    confirm and warm B0 too, before the replay. Cold standby: B0 is started
    only at the switch, by a timer on the shared monotonic clock.
-3. Replay the frozen trace (workers/replay/rehearsal.py) with a fixed origin:
+3. Replay the frozen trace (workers/replay/rehearsal_client.py) with a fixed origin:
    at ``switch_at_s`` new requests go to B0 (or, with a router, the switch
    command runs and every request goes to the router); streams still open
    on the candidate at the drain deadline after the switch are cut.

@@ -5,7 +5,7 @@ format as the sweep's, see docs/TRACES.md) built from the experiment's
 classes, tokenizer and seed, so a scenario trace is hashed, stored once and
 replayed by the same pipeline as any other run. The meta of every scenario
 trace names the role of each request (``meta.roles``: role -> indices), so
-the checks in apps/analysis/scenarios.py know which requests were the burst,
+the checks in apps/analysis/scenario_checks.py know which requests were the burst,
 the backlog or the boundary input without guessing from timings.
 
 Scenarios (parameters and defaults in ``DEFAULTS``, prose in docs/SCENARIOS.md):
