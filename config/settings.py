@@ -190,7 +190,7 @@ USE_TZ = True
 # --- Uploads (config/uploadhandlers.py) --------------------------------------
 # Every uploaded file streams to a temporary file on the data volume, capped while it arrives;
 # the rest of a request body (form fields, JSON) is capped by Django itself. A trace uploaded
-# with a new experiment is then imported by a worker (apps/experiments/uploads.py).
+# with a new experiment is then imported by a worker (apps/lifecycle/trace_upload.py).
 TAILTUNE_MAX_UPLOAD_BYTES = envint("TAILTUNE_MAX_UPLOAD_BYTES", 512 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("TAILTUNE_MAX_REQUEST_BYTES", 8 * 1024 * 1024)
 # A request carries at most this many files (the create page sends two) and form fields (Django's

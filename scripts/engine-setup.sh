@@ -40,8 +40,18 @@ else
         "${ENGINE_PYTHON:-python3}" -m venv "$VENV"
     fi
     log "installing $VLLM_SPEC (first time: several minutes)"
-    # shellcheck disable=SC2086  # ENGINE_PIP_ARGS is deliberately word-split
-    "$PY" -m pip install --quiet ${ENGINE_PIP_ARGS:-} "$VLLM_SPEC" 2>&1 | pip_filter
+    # A download cut short fails pip's hash check ("THESE PACKAGES DO NOT MATCH THE HASHES",
+    # seen once in a clean-clone CI run on this machine while the same wheel had installed
+    # minutes before): try again, without pip's cache, before giving up.
+    for attempt in 1 2 3; do
+        cache=()
+        [[ $attempt -gt 1 ]] && cache=(--no-cache-dir) && log "attempt $attempt of 3"
+        # shellcheck disable=SC2086  # ENGINE_PIP_ARGS is deliberately word-split
+        if "$PY" -m pip install --quiet "${cache[@]}" ${ENGINE_PIP_ARGS:-} "$VLLM_SPEC" 2>&1 | pip_filter; then
+            break
+        fi
+        [[ $attempt -eq 3 ]] && { log "pip could not install $VLLM_SPEC (3 attempts)"; exit 1; }
+    done
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
     # vLLM's import on a CPU; triton is unused on CPU and weighs a gigabyte.
     "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton 2>&1 | pip_filter

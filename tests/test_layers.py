@@ -60,21 +60,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("apps.experiments.offers", "apps.runs.models"): (
         "a spec's engine and image are checked against the registered hosts: as model_roots"
     ),
-    ("apps.experiments.selectors", "apps.analysis.models"): (
-        "the experiment page's reads of the decision: they move up beside the pages that show them"
-    ),
-    ("apps.experiments.selectors", "apps.runs.models"): (
-        "the experiment page's reads of runs, records and gauges: as the line above"
-    ),
-    ("apps.experiments.selectors", "apps.runs.selectors"): "as the line above (goodput settings)",
-    ("apps.experiments.services", "apps.lifecycle.planning"): (
-        "creating an experiment plans it: experiment_create (and the upload's import that calls "
-        "it, apps/experiments/uploads.py) move up beside experiment_plan"
-    ),
-    ("apps.experiments.uploads", "apps.runs.dispatch"): (
-        "queueing a trace's import after the upload: the import moves up to apps/lifecycle, or "
-        "dispatch moves down"
-    ),
 }
 
 

@@ -11,7 +11,7 @@ the change a plan finds with 80% power is the larger of two limits, as in the re
   the pool.
 
 Nothing has run yet, so the spread is the one measured by the last analysed experiment of the
-same model on the same hardware (the caller looks it up: apps/experiments/selectors.py), else
+same model on the same hardware (the caller looks it up: apps/lifecycle/selectors.py), else
 ``DEFAULT_RUN_SD_REL``, stated as assumed. The change the verdict must be able to see is the
 non-inferiority margin; where the plan cannot find it with 80% power, ``repeats_needed`` is the
 fewest repeats that would.

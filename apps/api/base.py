@@ -26,9 +26,9 @@ from apps.accounts.models import ApiToken
 from apps.accounts.roles import VIEWER, has_role
 from apps.accounts.tokens import READ
 from apps.audit.services import bind_token, unbind_token
-from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, load_yaml
+from apps.lifecycle import selectors
 from config.bodylimits import too_much_message
 from config.params import declared_length
 from config.uploadhandlers import too_large_message
@@ -140,7 +140,7 @@ SPEC_ERRORS = inline_serializer(
 
 
 def upload_resource(row: Any, *, url_name: str) -> dict[str, Any]:
-    """What the API says of any upload a worker imports (apps/experiments/uploads.py): where it
+    """What the API says of any upload a worker imports (apps/lifecycle/trace_upload.py): where it
     is, its file and status, and once failed its errors, stored as "field: message"."""
     body: dict[str, Any] = {
         "upload": row.pk,

@@ -34,10 +34,11 @@ from apps.api.base import SPEC_ERRORS, ApiView, SpecJsonParser, YamlParser, _cle
 from apps.approvals.models import RollbackManifest
 from apps.approvals.services import ApprovalError, approval_revoke, experiment_approve
 from apps.approvals.views import manifest_response
-from apps.experiments import selectors
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create, spec_limits
+from apps.experiments.services import spec_limits
 from apps.experiments.spec import SpecError, validate_spec
+from apps.lifecycle import selectors
+from apps.lifecycle.creation import experiment_create
 
 
 def _summary(experiment: Experiment) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class TraceUpload(ApiView):
     def post(self, request: Request) -> Response:
         from apps.experiments.model_roots import model_path_error
         from apps.experiments.models import TraceUpload as Upload
-        from apps.experiments.uploads import upload_queue
+        from apps.lifecycle.trace_upload import upload_queue
         from apps.workloads.importers import DEFAULT_MAX_BYTES, parse_class_thresholds
         from apps.workloads.services import tokenizer_dir
 

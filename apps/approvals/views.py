@@ -19,9 +19,9 @@ from apps.approvals.services import (
     scenario_evidence,
 )
 from apps.audit.models import AuditEvent
-from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.views import require_reader
+from apps.lifecycle import selectors
 from config.params import BadValue, parse_id
 
 AUDIT_PAGE = 100

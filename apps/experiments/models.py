@@ -283,7 +283,7 @@ class TraceUpload(models.Model):
 
     The web process streams the file to disk (``path``), checks the fields and saves this row;
     the ``tailtune.import_trace`` task parses the file, cuts the busiest window, builds the
-    prompts and stores the trace, all in one transaction (apps/experiments/uploads.py). What
+    prompts and stores the trace, all in one transaction (apps/lifecycle/trace_upload.py). What
     else it makes is the ``kind``'s: the create page's experiment (from ``spec``), nothing for a
     trace uploaded alone (``POST /api/v1/traces``: it keeps ``trace_sha256``), or a gate's
     experiment, started (``POST /api/v1/gates``, apps/gate/uploads.py).

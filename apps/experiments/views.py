@@ -21,18 +21,18 @@ from django.views.decorators.http import require_http_methods, require_POST
 from apps.accounts.roles import APPROVER, has_role
 from apps.analysis import charts
 from apps.analysis.services import recovery_check_now
-from apps.experiments import selectors
 from apps.experiments.form_spec import attach_spec_errors, build_spec, spec_from_upload, validate_built
 from apps.experiments.forms import CellFormSet, ClassFormSet, ExperimentForm
 from apps.experiments.models import Experiment, RunsRefused, TraceUpload, runs_refusal
 from apps.experiments.offers import offers_for
-from apps.experiments.services import experiment_create, experiment_to_spec
+from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, dump_spec
 from apps.experiments.spec_types import NormalizedSpec
-from apps.experiments.uploads import trace_upload_queue
-from apps.lifecycle import running
+from apps.lifecycle import running, selectors
 from apps.lifecycle.calibration import GoodputRequestError, goodput_capacity_request
+from apps.lifecycle.creation import experiment_create
 from apps.lifecycle.rehearsal_schedule import rehearsal_cost_s
+from apps.lifecycle.trace_upload import trace_upload_queue
 from apps.runs.engine_time import engine_time_summary
 from apps.runs.models import Run
 from apps.runs.scheduling import hosts_by_qualification

@@ -16,9 +16,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.experiments import selectors
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create
 from apps.experiments.spec import FieldError, SpecError
 from apps.gate.build import (
     MIN_REPEATS,
@@ -33,6 +31,8 @@ from apps.gate.build import (
 )
 from apps.gate.verdict import gate_verdict
 from apps.gate.verdict_types import GateResource
+from apps.lifecycle import selectors
+from apps.lifecycle.creation import experiment_create
 from apps.runs.models import Run
 from clients.tailtune_gate import FORMATS as GATE_FORMATS  # one list for the client and the server
 

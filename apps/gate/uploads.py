@@ -17,9 +17,9 @@ from typing import Any
 from django.core.files.uploadedfile import UploadedFile
 
 from apps.experiments.models import TraceUpload
-from apps.experiments.uploads import ImportRefused, trace_upload_import, upload_queue
 from apps.gate.build import GateInput
 from apps.gate.services import GateUnavailable, gate_create
+from apps.lifecycle.trace_upload import ImportRefused, trace_upload_import, upload_queue
 
 
 def gate_upload_queue(*, owner: Any, upload: UploadedFile, fields: dict[str, Any]) -> TraceUpload:

@@ -150,7 +150,7 @@ def _reconcile_uploads(now: Any) -> list[dict[str, Any]]:
     from django.db.models import Q
 
     from apps.experiments.models import TraceUpload
-    from apps.experiments.uploads import IMPORT_LOST_AFTER
+    from apps.lifecycle.trace_upload import IMPORT_LOST_AFTER
 
     stuck = TraceUpload.objects.select_for_update(skip_locked=True).filter(
         Q(status=TraceUpload.Status.QUEUED, updated_at__lt=now - _stale_after())

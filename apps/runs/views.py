@@ -8,9 +8,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 
 from apps.analysis import charts
-from apps.experiments import selectors
 from apps.experiments.models import RequestClass
 from apps.experiments.views import require_reader
+from apps.lifecycle import selectors
 from apps.runs.models import Run
 from apps.runs.selectors import run_record
 

@@ -108,7 +108,7 @@ class Worker:
 
 
 def experiment(name: str, **workload: Any) -> Any:
-    from apps.experiments.services import experiment_create
+    from apps.lifecycle.creation import experiment_create
     from tests.experiments.factories import UserFactory, small_spec
 
     spec = small_spec(name=name)

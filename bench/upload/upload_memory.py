@@ -9,7 +9,7 @@ from disk (httpx), once small and once big, by each route that takes one: the cr
 /api/v1/gates`` (a token; a host row with a fresh heartbeat so the gate is accepted). For each
 upload it reads the gunicorn worker's peak resident memory (VmHWM, /proc) before and after.
 The web request only streams the file to a temporary file (config/uploadhandlers.py) and
-queues its import (apps/experiments/uploads.py, apps/gate/uploads.py); no worker runs here, so
+queues its import (apps/lifecycle/trace_upload.py, apps/gate/uploads.py); no worker runs here, so
 nothing parses it. The claim: the web worker's peak does not grow with the file.
 """
 

@@ -221,7 +221,7 @@ def test_a_trace_upload_is_imported_by_a_worker_and_a_bad_one_names_the_line(
 
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from apps.experiments.uploads import trace_upload_import
+    from apps.lifecycle.trace_upload import trace_upload_import
     from apps.runs.dispatch import IMPORT_TRACE
     from apps.workloads.models import Trace
     from tests.dispatch_support import hold_tasks
@@ -337,7 +337,7 @@ def test_a_canonical_trace_upload_is_stored_as_sent(
 ) -> None:  # type: ignore[no-untyped-def]
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from apps.experiments.uploads import trace_upload_import
+    from apps.lifecycle.trace_upload import trace_upload_import
     from apps.runs.dispatch import IMPORT_TRACE
     from apps.workloads.tracefile import Trace, TraceRequest, trace_dumps, trace_sha256
     from tests.dispatch_support import hold_tasks

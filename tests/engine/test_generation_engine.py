@@ -14,7 +14,7 @@ import pytest
 
 from apps.analysis.services import experiment_report_build
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create
+from apps.lifecycle.creation import experiment_create
 from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.hosts import host_register_local

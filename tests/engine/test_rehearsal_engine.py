@@ -22,7 +22,7 @@ import pytest
 from apps.analysis.checks import recovery_check
 from apps.analysis.services import rehearsal_inputs
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create
+from apps.lifecycle.creation import experiment_create
 from apps.lifecycle.rehearsal_schedule import rehearsal_start
 from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL

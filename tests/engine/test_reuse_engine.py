@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings
 
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create
+from apps.lifecycle.creation import experiment_create
 from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
 from apps.runs.models import Host, RequestRecord, Run

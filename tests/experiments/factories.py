@@ -8,7 +8,7 @@ from typing import Any
 import factory
 from django.contrib.auth import get_user_model
 
-from apps.experiments.services import experiment_create
+from apps.lifecycle.creation import experiment_create
 
 SMALL_SPEC: dict[str, Any] = {
     "name": "small",

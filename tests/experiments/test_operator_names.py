@@ -16,8 +16,8 @@ from rest_framework.test import APIClient
 
 from apps.accounts.tokens import token_create
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create
 from apps.experiments.spec import SpecError, dump_spec
+from apps.lifecycle.creation import experiment_create
 from apps.runs.models import Host, Run
 from tests.experiments.factories import SMALL_SPEC
 from tests.ui.forms_data import form_data

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from apps.analysis import inference, planned
 from apps.analysis.models import Decision
-from apps.experiments import selectors
 from apps.experiments.models import Experiment
 from apps.experiments.spec import validate_spec
+from apps.lifecycle import selectors
 from apps.runs.models import Host
 from tests.experiments.factories import make_experiment, small_spec
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create
 from apps.experiments.spec import SpecError
+from apps.lifecycle.creation import experiment_create
 from tests.experiments.factories import small_spec
 
 

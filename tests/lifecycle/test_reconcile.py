@@ -124,7 +124,7 @@ def test_a_trace_upload_whose_import_was_lost_is_sent_again_once(
     author, tmp_path, django_capture_on_commit_callbacks, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     from apps.experiments.models import TraceUpload
-    from apps.experiments.uploads import IMPORT_LOST_AFTER
+    from apps.lifecycle.trace_upload import IMPORT_LOST_AFTER
     from apps.runs.dispatch import IMPORT_TRACE
 
     sent = hold_tasks(monkeypatch, IMPORT_TRACE)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from apps.experiments.services import experiment_create, experiment_to_spec
+from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import SpecError, validate_spec
+from apps.lifecycle.creation import experiment_create
 from apps.runs.hosts import _engines
 from tests.experiments.factories import UserFactory, small_spec
 from tests.runs.factories import make_host

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.experiments import selectors
+from apps.lifecycle import selectors
 from apps.runs.models import Run
 from tests.experiments.factories import make_experiment
 from workers.engine.gauges import latest_gauges

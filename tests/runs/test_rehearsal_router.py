@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create
+from apps.lifecycle.creation import experiment_create
 from apps.lifecycle.rehearsal_schedule import rehearsal_start
 from apps.lifecycle.running import experiment_freeze_and_enqueue
 from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL

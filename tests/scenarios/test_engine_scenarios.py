@@ -320,7 +320,7 @@ def test_priority_scheduling_serves_the_high_priority_flood_before_the_backlog(t
 
 @pytest.mark.django_db(transaction=True)
 def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline(monkeypatch) -> None:
-    from apps.experiments.services import experiment_create
+    from apps.lifecycle.creation import experiment_create
 
     enqueued = hold_tasks(monkeypatch, HOST_PULL)
     spec = small_spec()

@@ -190,7 +190,7 @@ def _calibrated_experiment(
         "observation_s": 20,
         "drain_deadline_s": 5,
     }
-    from apps.experiments.services import experiment_create
+    from apps.lifecycle.creation import experiment_create
     from tests.experiments.factories import UserFactory
 
     return experiment_create(spec=spec, owner=UserFactory(roles=["experimenter"]))

@@ -7,7 +7,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment, TraceUpload
-from apps.experiments.uploads import trace_upload_import
+from apps.lifecycle.trace_upload import trace_upload_import
 from apps.runs.dispatch import IMPORT_TRACE
 from tests.dispatch_support import hold_tasks
 from tests.ui.forms_data import form_data
@@ -255,7 +255,7 @@ def test_an_import_whose_worker_died_is_taken_over_once_and_a_live_one_is_left_a
 ) -> None:  # type: ignore[no-untyped-def]
     import datetime
 
-    from apps.experiments.uploads import IMPORT_LOST_AFTER
+    from apps.lifecycle.trace_upload import IMPORT_LOST_AFTER
 
     hold_tasks(monkeypatch, IMPORT_TRACE)
     client.force_login(author)

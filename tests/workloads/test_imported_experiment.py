@@ -10,8 +10,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from apps.experiments.models import Experiment
-from apps.experiments.services import experiment_create, experiment_to_spec
+from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import SpecError
+from apps.lifecycle.creation import experiment_create
 from apps.lifecycle.running import experiment_freeze_and_enqueue
 from tests.experiments.factories import UserFactory, small_spec
 from tests.runs.factories import make_host

@@ -5,8 +5,9 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from apps.experiments.services import experiment_create, spec_limits
+from apps.experiments.services import spec_limits
 from apps.experiments.spec import SpecError, parse_spec
+from apps.lifecycle.creation import experiment_create
 
 
 class Command(BaseCommand):

@@ -29,8 +29,9 @@ from django.utils import timezone
 
 from apps.audit.services import audit_record
 from apps.experiments.models import TraceUpload
-from apps.experiments.services import experiment_create_with_trace, spec_limits
+from apps.experiments.services import spec_limits
 from apps.experiments.spec import SpecError, validate_spec
+from apps.lifecycle.creation import experiment_create_with_trace
 from apps.runs import dispatch
 
 log = logging.getLogger(__name__)

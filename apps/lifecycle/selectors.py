@@ -3,6 +3,10 @@
 Every query here is bounded: pages never pull an experiment's request records
 into Python. A live run's TTFT comes from at most ``LIVE_RECORD_LIMIT`` of its
 newest records; distributions are bucketed by the database.
+
+It lives in the lifecycle app because it reads every layer below (runs, records, gauges, the
+decision) for the pages above; it stays one module over 500 lines because the pages share its
+role checks and bounded queries, which split by page would be written twice.
 """
 
 from __future__ import annotations
