@@ -24,7 +24,9 @@ PY="$VENV/bin/python"
 VENV_STAMP="$VENV/.tailtune-engine-stamp"
 VENV_STAMP_TEXT="$VLLM_SPEC setup-v$SETUP_VERSION"
 MODEL_STAMP="$MODEL_DIR/.tailtune-model-stamp"
-MODEL_STAMP_TEXT="$MODEL_REVISION setup-v$SETUP_VERSION"
+# Bump when the tiny model's files change (2: the tokenizer's chat template), so old builds are redone.
+MODEL_VERSION="2"
+MODEL_STAMP_TEXT="$MODEL_REVISION model-v$MODEL_VERSION setup-v$SETUP_VERSION"
 
 log() { printf '[engine-setup] %s\n' "$*"; }
 # Some machines' pip configuration names index folders that do not exist, and

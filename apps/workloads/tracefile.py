@@ -1,8 +1,8 @@
 """The canonical trace file: JSONL, one header line then one request per line.
 
-Pure: standard library only. This is the contract between workloads (which
-write traces), the replay client (which sends them) and orchestration (which
-stores them by hash). The bytes are canonical, so ``trace_sha256`` names the
+Pure: standard library only (and apps/workloads/corpus.py's message check). This is the
+contract between workloads (which write traces), the replay client (which sends them) and
+orchestration (which stores them by hash). The bytes are canonical, so ``trace_sha256`` names the
 traffic exactly: ``trace_dumps(trace_loads(data)) == data`` for every file
 ``trace_loads`` accepts, and it refuses any file that is not spelled
 canonically. The format is documented in docs/TRACES.md.
@@ -17,11 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from apps.workloads.corpus import CorpusError, check_messages
+
 FORMAT = "tailtune-trace"
 VERSION = 1
 # Required keys of a request line; OPTIONAL_KEYS may be present.
 REQUEST_KEYS = ("index", "t_offset_s", "class", "input_tokens", "output_tokens", "priority", "warmup")
-OPTIONAL_KEYS = ("prompt_token_ids", "prompt", "cancel_after_tokens", "hash_ids", "scenario")
+OPTIONAL_KEYS = ("prompt_token_ids", "prompt", "messages", "cancel_after_tokens", "hash_ids", "scenario")
 T_DECIMALS = 6
 
 
@@ -45,6 +47,9 @@ class TraceRequest:
     warmup: bool = False
     prompt_token_ids: list[int] | None = None
     prompt: str | None = None
+    # A chat request's messages (a request log's, apps/workloads/requestlog.py): sent to
+    # /v1/chat/completions; input_tokens is then the chat template's rendered count.
+    messages: list[dict[str, str]] | None = None
     cancel_after_tokens: int | None = None
     hash_ids: list[int] | None = None
     scenario: str | None = None
@@ -179,8 +184,18 @@ def _request(
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise TraceFormatError(line, "prompt must be a non-empty string")
         req.prompt = obj["prompt"]
-    if req.prompt_token_ids is None and req.prompt is None:
-        raise TraceFormatError(line, "a request needs prompt_token_ids or prompt")
+    if "messages" in obj:
+        if req.prompt_token_ids is not None or req.prompt is not None:
+            raise TraceFormatError(line, "a chat request's messages go without prompt or prompt_token_ids")
+        try:
+            messages = check_messages(obj["messages"], line)
+        except CorpusError as exc:
+            raise TraceFormatError(line, exc.message) from None
+        if messages != obj["messages"]:
+            raise TraceFormatError(line, "messages must be {role, content[, name]} objects with text content")
+        req.messages = messages
+    if req.prompt_token_ids is None and req.prompt is None and req.messages is None:
+        raise TraceFormatError(line, "a request needs prompt_token_ids, prompt or messages")
     if "cancel_after_tokens" in obj:
         req.cancel_after_tokens = _int(obj, "cancel_after_tokens", line)
     if "hash_ids" in obj:

@@ -63,11 +63,22 @@ def _corpus(lines: int, seed: int) -> list[str]:
     return out
 
 
+# A plain chat template (Jinja, as Hugging Face tokenizers carry it): BOS, then each message as
+# "<|role|>" on its own line, its text and EOS, then the assistant's opener when asked. vLLM
+# renders /v1/chat/completions with it, and tailtune counts chat prompts with the same one
+# (apps/workloads/chat_template.py), both through transformers' apply_chat_template.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+
 def build_tokenizer(out_dir: Path, *, vocab_size: int = VOCAB_SIZE, seed: int = 7) -> Path:
     """Train a byte-level BPE on generated text and save it as a fast tokenizer.
 
-    Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json,
-    which is what transformers' AutoTokenizer (and so vLLM) loads.
+    Writes tokenizer.json, tokenizer_config.json (with the chat template) and
+    special_tokens_map.json, which is what transformers' AutoTokenizer (and so vLLM) loads.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -105,6 +116,7 @@ def build_tokenizer(out_dir: Path, *, vocab_size: int = VOCAB_SIZE, seed: int = 
                 "add_eos_token": False,
                 "model_max_length": 8192,
                 "clean_up_tokenization_spaces": False,
+                "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )
