@@ -76,5 +76,5 @@ def test_it_refuses_a_missing_or_foreign_header(tmp_path: Path) -> None:
 def test_it_refuses_a_request_without_any_prompt(tmp_path: Path) -> None:
     bad = _request(0, 0.5)
     del bad["prompt_token_ids"]
-    with pytest.raises(TraceError, match="line 2: needs prompt_token_ids or prompt"):
+    with pytest.raises(TraceError, match="line 2: needs prompt_token_ids, prompt or messages"):
         trace_read(path=_write(tmp_path, [HEADER, bad]))

@@ -61,7 +61,7 @@ from typing import Any
 from workers.replay import rawhttp
 from workers.replay.batches import BatchCallback, Batcher, ProgressCallback
 from workers.replay.records import RequestRecord
-from workers.replay.request import ENDPOINTS, OUTPUT_MODES, new_record, request_body
+from workers.replay.request import OUTPUT_MODES, new_record, request_body, request_path
 from workers.replay.result import ReplayResult, summarise
 from workers.replay.runtime import burst_size, quiet_interpreter, raise_fd_limit
 from workers.replay.stream import (
@@ -141,7 +141,6 @@ class _Replay:
         self.output_mode = output_mode
         self.requests = requests
         self.base_url = base_url
-        self.path = ENDPOINTS[endpoint]
         self._pool: rawhttp.Pool
         self.model = model
         self.run_id = run_id
@@ -366,7 +365,9 @@ class _Replay:
             body = self._body(request)
         except Exception:  # the stream task records the error
             return None
-        response = self._pool_for(record).send_nowait(self.path, body, self._headers(record))
+        response = self._pool_for(record).send_nowait(
+            request_path(request, endpoint=self.endpoint), body, self._headers(record)
+        )
         if response is not None:
             record.sent = True
             record.sent_ns = response.written_ns - self.origin_ns
@@ -401,7 +402,9 @@ class _Replay:
                     # The idle connection had just been closed by the server: nothing
                     # was processed, send again on a fresh one (same sent time).
                     body = self._body(request)
-                    response = await self._pool_for(record).post(self.path, body, self._headers(record))
+                    response = await self._pool_for(record).post(
+                        request_path(request, endpoint=self.endpoint), body, self._headers(record)
+                    )
             else:
                 if semaphore is not None:
                     await semaphore.acquire()
@@ -415,7 +418,9 @@ class _Replay:
                 record.sent_ns = released - origin
                 record.admission_delay_ns = released - dispatched if semaphore is not None or held else 0
                 self.sent_count += 1
-                response = await self._pool_for(record).post(self.path, body, headers, on_written=written)
+                response = await self._pool_for(record).post(
+                    request_path(request, endpoint=self.endpoint), body, headers, on_written=written
+                )
             assert response is not None
             record.http_status = response.status
             self._on_response(record, response)

@@ -19,10 +19,18 @@ ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 def check_requests(requests: Sequence[dict[str, Any]], *, endpoint: str) -> None:
     """Refuse a request the endpoint cannot send, naming its position."""
     for position, request in enumerate(requests):
+        if request.get("messages") is not None:
+            continue  # a chat request: /v1/chat/completions whatever the endpoint
         if endpoint == "chat" and not isinstance(request.get("prompt"), str):
-            raise ValueError(f"request {position}: the chat endpoint needs a text 'prompt'")
+            raise ValueError(f"request {position}: the chat endpoint needs a text 'prompt' or 'messages'")
         if request.get("prompt") is None and request.get("prompt_token_ids") is None:
-            raise ValueError(f"request {position}: needs prompt_token_ids or prompt")
+            raise ValueError(f"request {position}: needs prompt_token_ids, prompt or messages")
+
+
+def request_path(request: dict[str, Any], *, endpoint: str) -> str:
+    """Where one request goes: a request with ``messages`` (a logged chat request) to
+    ``/v1/chat/completions``, any other to the replay's endpoint."""
+    return ENDPOINTS["chat"] if request.get("messages") is not None else ENDPOINTS[endpoint]
 
 
 OUTPUT_MODES = ("exact", "natural")
@@ -44,7 +52,12 @@ def request_body(
     """
     output_tokens = int(request["output_tokens"])
     body: dict[str, Any] = {"model": model}
-    if endpoint == "chat":
+    if request.get("messages") is not None:
+        # A logged conversation, sent whole: the server renders it with the chat template,
+        # as the trace's input_tokens were counted (apps/workloads/chat_template.py).
+        body["messages"] = request["messages"]
+        body["max_completion_tokens"] = output_tokens
+    elif endpoint == "chat":
         body["messages"] = [{"role": "user", "content": request["prompt"]}]
         body["max_completion_tokens"] = output_tokens
     else:

@@ -94,8 +94,15 @@ def request_problem(request: Any, *, position: int | None = None) -> str | None:
         return "output_tokens must be >= 1"
     prompt = request.get("prompt")
     ids = request.get("prompt_token_ids")
-    if prompt is None and ids is None:
-        return "needs prompt_token_ids or prompt"
+    messages = request.get("messages")
+    if prompt is None and ids is None and messages is None:
+        return "needs prompt_token_ids, prompt or messages"
+    if messages is not None and (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
+        return "field 'messages' must be a non-empty list of objects with a role"
     if prompt is not None and not isinstance(prompt, str):
         return "field 'prompt' must be a string"
     if ids is not None and (not isinstance(ids, list) or not all(type(t) is int for t in ids)):

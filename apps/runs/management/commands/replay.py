@@ -8,9 +8,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from workers.replay.client import ENDPOINTS
 from workers.replay.config import ReplayConfig
 from workers.replay.records import RequestRecord
+from workers.replay.request import ENDPOINTS
 from workers.replay.run import run_replay
 from workers.replay.summary import class_summary, format_table
 from workers.replay.trace import TraceError, trace_read
