@@ -12,6 +12,7 @@ from workers.engine.confirm import (
     local_install_digest,
     parse_dict_repr,
     parse_non_default_args,
+    repr_value,
 )
 from workers.engine.server import failure_reason
 from workers.engine.tinymodel import REVISION_FILE
@@ -119,6 +120,53 @@ def test_it_is_invalid_without_the_startup_line():
 def test_it_treats_booleans_and_numbers_strictly():
     conf = confirm(requested={**REQUESTED, "enable_prefix_caching": 0})
     assert "enable_prefix_caching" in conf.mismatches
+
+
+PASS_LOG = LOG.replace(
+    "'max_num_seqs': 8}",
+    "'max_num_seqs': 8, 'block_size': 64, 'enforce_eager': True, 'compilation_config': "
+    "CompilationConfig(mode=<CompilationMode.VLLM_COMPILE: 3>, cudagraph_capture_sizes=[1, 2], "
+    "pass_config=PassConfig(fuse_norm_quant=False), cache_dir='')}",
+)
+
+
+def test_it_holds_flags_that_pass_through_to_the_log_like_the_schedulers():
+    wanted = {
+        **REQUESTED,
+        "block_size": 64,
+        "enforce_eager": True,
+        "compilation_config": {"cudagraph_capture_sizes": [1, 2], "mode": 3},
+        # Left at the parser's default, so absent from the line: accepted by default-equality.
+        "kv_cache_dtype": "auto",
+    }
+    cache = {**CACHE, "block_size": "64"}
+    conf = confirm(requested=wanted, log=PASS_LOG, cache=cache)
+    assert conf.ok, conf.reason
+    assert (conf.effective_args["block_size"], conf.effective_args["enforce_eager"]) == (64, True)
+    assert conf.effective_args["kv_cache_dtype"] == "auto"
+    # A flag asked for that the server does not report, a JSON key with another value, and a block
+    # size the engine's metric contradicts: each one named.
+    conf = confirm(
+        requested={**wanted, "max_logprobs": 5, "compilation_config": {"mode": 2}},
+        log=PASS_LOG,
+        cache={**CACHE, "block_size": "128"},
+    )
+    assert set(conf.mismatches) == {"max_logprobs", "compilation_config", "block_size"}
+    assert conf.mismatches["max_logprobs"]["source"] == "non-default args (absent)"
+    assert conf.mismatches["block_size"] == {
+        "requested": 64,
+        "effective": "128",
+        "source": "cache_config_info",
+    }
+
+
+def test_it_reads_a_logged_config_objects_repr_as_data():
+    assert repr_value("KernelConfig(a=1, sub=Sub(b=[1, 2], c=<Mode.FULL: 'full'>), f=func)") == {
+        "a": 1,
+        "sub": {"b": [1, 2], "c": "full"},
+        "f": "func",
+    }
+    assert repr_value("not ) python") == "not ) python"
 
 
 def test_it_checks_revisions_against_the_model_directory(tmp_path):

@@ -77,11 +77,40 @@ def test_it_writes_false_booleans_as_no_flags():
     assert "--no-enable-chunked-prefill" in plan.argv and "--enable-chunked-prefill" not in plan.argv
 
 
-def test_it_refuses_a_flag_outside_the_allow_list_naming_it():
+def test_it_refuses_a_denied_or_unknown_flag_naming_it():
     with pytest.raises(DisallowedFlag) as info:
-        launch(cell={**CELL, "enforce_eager": True})
-    assert info.value.name == "enforce_eager"
-    assert "enforce_eager" in str(info.value)
+        launch(cell={**CELL, "trust_remote_code": True})
+    assert info.value.name == "trust_remote_code"
+    assert str(info.value).startswith("trust_remote_code: is denied: it runs Python code")
+    with pytest.raises(DisallowedFlag, match="swap_space: is not a flag of vLLM 0.32.0's server"):
+        launch(cell={**CELL, "swap_space": 16})
+    with pytest.raises(DisallowedFlag, match="port: is denied: it is set by tailtune's launcher"):
+        launch(cell={**CELL, "port": 9000})
+
+
+def test_it_passes_every_other_flag_through_after_its_own_in_a_fixed_order():
+    extra = {
+        "kv_cache_dtype": "fp8",
+        "enforce_eager": False,
+        "block_size": 16,
+        "cudagraph_capture_sizes": [1, 2],
+    }
+    plan = launch(cell={**CELL, **extra})
+    tail = plan.argv[-6:]
+    assert tail == [
+        "--block-size=16",
+        "--cudagraph-capture-sizes",
+        "1",
+        "2",
+        "--no-enforce-eager",
+        "--kv-cache-dtype=fp8",
+    ]
+    assert plan.requested["kv_cache_dtype"] == "fp8" and plan.requested["block_size"] == 16
+    # The same cell written in another order gives the same command.
+    assert launch(cell=dict(reversed(list({**CELL, **extra}.items())))).argv == plan.argv
+    with pytest.raises(InvalidArgValue) as info:
+        launch(cell={**CELL, "kv_cache_dtype": "fp9"})
+    assert info.value.name == "kv_cache_dtype"
 
 
 def test_it_refuses_a_frozen_control_set_by_a_cell():
@@ -160,10 +189,11 @@ def test_it_binds_the_configured_host_and_picks_a_free_port():
 
 def test_it_validates_spec_args_with_messages_keyed_by_name():
     assert validate_args(CELL) == []
-    errors = validate_args({"max_num_seqs": -1, "bogus_flag": 1, "dtype": "half"})
+    errors = validate_args({"max_num_seqs": -1, "bogus_flag": 1, "dtype": "half", "block_size": "16"})
     assert any(e.startswith("max_num_seqs:") for e in errors)
     assert any(e.startswith("bogus_flag:") for e in errors)
     assert any(e.startswith("dtype:") and "frozen control" in e for e in errors)
+    assert "block_size: must be an integer (got '16')" in errors
     assert validate_controls(CONTROLS) == []
     assert validate_controls({"max_model_len": "long"}) == ["max_model_len: must be an integer"]
     assert set(SCHEDULER_FLAGS).isdisjoint(CONTROL_FLAGS)

@@ -6,10 +6,13 @@ I/O). Three independent witnesses are compared with what was requested:
 1. vLLM's startup log line ``non-default args: {...}`` (vLLM 0.32 logs the
    Python repr of a dict of every CLI arg that differs from its parser default;
    a requested value equal to that default is therefore absent, and accepted
-   only if it equals the default recorded below);
+   only if it equals the parser's default in the flag catalogue,
+   workers/engine/vllm_args.py). Every requested arg is held to it, the flags
+   that pass through to the server as much as the scheduler's; a flag that takes
+   JSON is confirmed when each key requested has the value requested;
 2. ``/v1/models``: the served name and ``max_model_len``;
 3. the ``vllm:cache_config_info`` metric's labels: the KV cache size and
-   prefix caching as the engine configured them.
+   prefix caching as the engine configured them, and a requested block size.
 """
 
 from __future__ import annotations
@@ -27,19 +30,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-NON_DEFAULT_MARKER = "non-default args: "
+from workers.engine.vllm_args import catalogue
 
-# vLLM 0.32's parser defaults for the allow-listed flags whose default is a
-# value (not None). Read from the installed parser:
-# vars(make_arg_parser(FlexibleArgumentParser()).parse_args([])).
-VLLM_DEFAULTS: dict[str, Any] = {
-    "scheduling_policy": "fcfs",
-    "long_prefill_token_threshold": 0,
-    "dtype": "auto",
-    "tensor_parallel_size": 1,
-    "gpu_memory_utilization": 0.92,
-    "seed": 0,
-}
+NON_DEFAULT_MARKER = "non-default args: "
+# Requested args the engine's cache_config_info metric must report as asked, and those it is held
+# to where it reports them: the engine may override a block size it cannot use (vLLM's CPU
+# backend does for some attention kernels), which the startup line, logged before, cannot show.
+# (kv_cache_dtype is not among them: the metric reports "auto" resolved to the model's dtype.)
+CACHE_LABELS = ("kv_cache_memory_bytes", "enable_prefix_caching")
+CACHE_LABELS_WHERE_REPORTED = ("block_size",)
+
+
+# The parser's defaults of the flags whose default is a value (not None): an arg left out runs
+# with these (the pinned version's catalogue, read from vLLM's own parser).
+VLLM_DEFAULTS: dict[str, Any] = {k: v for k, v in catalogue().defaults().items() if v is not None}
 
 
 def _split_top_level(body: str) -> list[str]:
@@ -100,7 +104,55 @@ def parse_non_default_args(log_text: str) -> dict[str, Any] | None:
     return None if found is None else parse_dict_repr(found)
 
 
+# An enum in a logged repr (``<CUDAGraphMode.FULL: 2>``): its value.
+_ENUM_REPR = re.compile(r"<[A-Za-z_][\w.]*: ('(?:[^'\\]|\\.)*'|-?[\d.]+)>")
+
+
+def repr_value(text: str) -> Any:
+    """A logged config object's repr as data: ``Name(a=1, b=Sub(c='x'))`` -> {"a": 1, "b": {"c": "x"}}.
+
+    Literals stay literals; what is neither (a function, a path object) stays its source text;
+    text that is no Python expression at all comes back unchanged.
+    """
+    try:
+        tree = ast.parse(_ENUM_REPR.sub(r"\1", text.strip()), mode="eval")
+    except SyntaxError:
+        return text
+
+    def value(node: ast.expr) -> Any:
+        if isinstance(node, ast.Call) and node.keywords and not node.args:
+            return {kw.arg: value(kw.value) for kw in node.keywords if kw.arg}
+        if isinstance(node, ast.Dict):
+            return {
+                (value(k) if k is not None else None): value(v)
+                for k, v in zip(node.keys, node.values, strict=True)
+            }
+        if isinstance(node, ast.List | ast.Tuple | ast.Set):
+            return [value(e) for e in node.elts]
+        try:
+            return ast.literal_eval(node)
+        except ValueError:
+            return ast.unparse(node)
+
+    return value(tree.body)
+
+
+def _contains(requested: Any, effective: Any) -> bool:
+    """Whether each key of a requested JSON value has its requested value in the effective one."""
+    if isinstance(effective, str) and isinstance(requested, dict | list):
+        effective = repr_value(effective)
+    if isinstance(requested, dict):
+        return isinstance(effective, dict) and all(
+            k in effective and _contains(v, effective[k]) for k, v in requested.items()
+        )
+    if isinstance(requested, list) and isinstance(effective, list | tuple):
+        return len(requested) == len(effective) and all(map(_contains, requested, effective))
+    return _same(requested, effective)
+
+
 def _same(requested: Any, effective: Any) -> bool:
+    if isinstance(requested, dict | list) and not isinstance(requested, bool):
+        return _contains(requested, effective)
     if isinstance(requested, bool) or isinstance(effective, bool):
         return type(requested) is type(effective) and requested == effective
     if isinstance(requested, int | float) and isinstance(effective, int | float):
@@ -207,11 +259,12 @@ def compare_effective(
     if cache_config is None:
         mismatch("cache_config_info", "present", None, "/metrics")
     else:
-        for key in ("kv_cache_memory_bytes", "enable_prefix_caching"):
+        for key in (*CACHE_LABELS, *(k for k in CACHE_LABELS_WHERE_REPORTED if k in cache_config)):
             if key in requested and cache_config.get(key) != _label_value(requested[key]):
                 mismatch(key, requested[key], cache_config.get(key), "cache_config_info")
+        # What the engine chose where nothing was requested: facts beside the args.
         for key in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "cache_dtype"):
-            if key in cache_config:
+            if key in cache_config and key not in requested:
                 conf.effective_args[key] = cache_config[key]
     return conf
 

@@ -3,11 +3,15 @@
 Pure: no Django, no process started. The output is an argument list (never a
 shell string) plus the environment and port to run it with, so no value can
 smuggle in a command; values are also written as ``--flag=value`` and checked
-against a per-flag type, so none can smuggle in another flag either.
+against the flag's type, so none can smuggle in another flag either.
 
 Keys are snake_case, as in the experiment spec (``max_num_batched_tokens``);
-each maps to exactly one vLLM flag. Only the flags below exist here: anything
-else is refused with :class:`DisallowedFlag`, before anything starts.
+each maps to exactly one vLLM flag. The scheduler flags a sweep varies and the
+frozen controls have their own checks below; a cell may also carry any other
+flag of vLLM's own parser (workers/engine/vllm_args.py: the committed catalogue
+of the pinned vLLM version) that is not denied there, which passes through to
+the server unchanged. Anything else is refused with :class:`DisallowedFlag`,
+before anything starts.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.engine.model_paths import model_path_problem
+from workers.engine.vllm_args import DENIED, arg_argv, catalogue, check_arg
 
 # The CPU engine's interpreter runs the OpenAI server module directly: the
 # `vllm` console script looks up a distribution named "vllm", but the CPU
@@ -63,7 +68,7 @@ class LaunchError(ValueError):
 
 
 class DisallowedFlag(LaunchError):
-    """The key is not an allow-listed vLLM flag (or not allowed where it was given)."""
+    """The key is no vLLM flag, a denied one, or not allowed where it was given."""
 
 
 class InvalidArgValue(LaunchError):
@@ -72,7 +77,8 @@ class InvalidArgValue(LaunchError):
 
 @dataclass(frozen=True)
 class FlagSpec:
-    """One allow-listed flag: its vLLM spelling and what its value must be."""
+    """A scheduler flag or control: its vLLM spelling and what its value must be (tighter than the
+    catalogue's type: a budget is a positive integer)."""
 
     flag: str
     kind: str  # "int" | "float" | "bool" | "str" | "choice"
@@ -160,9 +166,26 @@ def _check(args: Mapping[str, Any], allowed: Mapping[str, FlagSpec], where: str)
     return errors
 
 
+def _check_cell_args(args: Mapping[str, Any]) -> list[LaunchError]:
+    """A cell's args: the scheduler flags with their own checks, any other catalogue flag that is
+    not denied with the catalogue's, and never a frozen control."""
+    errors: list[LaunchError] = []
+    for name, value in args.items():
+        if name in CONTROL_FLAGS:
+            errors.append(DisallowedFlag(name, "is a frozen control, not allowed in cell args"))
+            continue
+        spec = SCHEDULER_FLAGS.get(name)
+        problem = spec.check(name, value) if spec is not None else check_arg(name, value)
+        if problem is None:
+            continue
+        known = isinstance(name, str) and name in catalogue().flags and name not in DENIED
+        errors.append((InvalidArgValue if known else DisallowedFlag)(str(name), problem))
+    return errors
+
+
 def validate_args(args: Mapping[str, Any]) -> list[str]:
-    """Check a cell's args (scheduler flags only); return one "name: message" per problem."""
-    return [str(e) for e in _check(args, SCHEDULER_FLAGS, "cell args")]
+    """Check a cell's args; return one "name: message" per problem."""
+    return [str(e) for e in _check_cell_args(args)]
 
 
 def _server_controls(controls: Mapping[str, Any]) -> tuple[dict[str, Any], list[LaunchError]]:
@@ -281,7 +304,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def flag_argv(name: str, value: Any) -> list[str]:
-    """The argv items for one allow-listed key (``--flag=value``, or a bare boolean flag)."""
+    """The argv items for one scheduler flag or control (``--flag=value``, or a bare boolean flag)."""
     spec = ALL_FLAGS[name]
     if spec.kind == "bool":
         return [spec.flag if value else "--no-" + spec.flag[2:]]
@@ -311,7 +334,7 @@ def build_launch(
     if problem is not None:
         raise LaunchError("model", f"{model} {problem}")
     server_controls, errors = _server_controls(controls)
-    errors = _check(cell_args, SCHEDULER_FLAGS, "cell args") + errors
+    errors = _check_cell_args(cell_args) + errors
     if errors:
         raise errors[0]
     requested = {**server_controls, **cell_args}
@@ -336,6 +359,8 @@ def build_launch(
     for name in ALL_FLAGS:  # a fixed order, so the same cell always gives the same argv
         if name in requested:
             argv += flag_argv(name, requested[name])
+    for name in sorted(set(requested) - set(ALL_FLAGS)):  # the flags that pass through, by name
+        argv += arg_argv(name, requested[name])
 
     return LaunchPlan(
         argv=argv, env=env, host=host.bind_host, port=chosen_port, model=model, requested=requested
