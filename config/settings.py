@@ -17,7 +17,7 @@ import dj_database_url
 from csp.constants import NONE, SELF, UNSAFE_INLINE
 
 from config.clientip import trusted_networks
-from config.env import ImproperEnv, envbool, envint, envlist, envpaths, envstr
+from config.env import ImproperEnv, envbool, envint, envlist, envpaths, envstr, envurls
 from config.secretfiles import create_secret_file, read_secret_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -343,6 +343,10 @@ TAILTUNE_HOST = envstr("TAILTUNE_HOST", "local-cpu")
 TAILTUNE_MODEL_ROOTS = envpaths(
     "TAILTUNE_MODEL_ROOTS", [str(ENGINE_DIR / "models"), str(DATA_DIR / "models")]
 )
+# The running vLLM servers B0 may be captured from on the create page and through the API, by
+# name (docs/SPEC.md, "Capturing B0"): a JSON object, name -> base URL. A user picks a name, never
+# a URL; `manage.py baseline_capture --url` is the operator's and takes any.
+TAILTUNE_CAPTURE_SOURCES = envurls("TAILTUNE_CAPTURE_SOURCES")
 # Caps on one experiment's plan, checked when a spec is validated (docs/SPEC.md, "Limits").
 TAILTUNE_MAX_RUNS = envint("TAILTUNE_MAX_RUNS", 10_000)
 TAILTUNE_MAX_ENGINE_HOURS = envint("TAILTUNE_MAX_ENGINE_HOURS", 2_000)
