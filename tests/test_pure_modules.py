@@ -50,6 +50,7 @@ PURE = [
     "apps.experiments.spec_sections",
     "workers.engine.model_paths",
     "workers.engine.launcher",
+    "workers.engine.vllm_args",
     "workers.replay.records",
     "workers.replay.sse",
     "workers.replay.request",

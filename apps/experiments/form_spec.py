@@ -141,7 +141,8 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
         "baseline": {
             "id": d.get("baseline_id") or "",
             "captured_from": d.get("baseline_captured_from") or "",
-            "args": _args(d, "baseline_"),
+            # The typed scheduler fields win over the same flag written in the YAML field.
+            "args": {**(d.get("baseline_more_args") or {}), **_args(d, "baseline_")},
         },
         "candidates": candidates,
         # Blank rows drop out; the row index of every error is re-mapped below.
@@ -202,7 +203,7 @@ def spec_field_for(path: str, build: SpecBuild) -> tuple[str, int | None, str | 
         return (
             "form",
             None,
-            field if field in ExperimentForm.base_fields else "baseline_max_num_batched_tokens",
+            field if field in ExperimentForm.base_fields else "baseline_more_args",
         )
     m = _INDEXED.match(path)
     if m:

@@ -120,6 +120,13 @@ class ExperimentForm(forms.Form):
         required=False, label="long_prefill_token_threshold"
     )
     baseline_max_num_queued_reqs = forms.IntegerField(required=False, label="max_num_queued_reqs")
+    baseline_more_args = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="B0's other vLLM flags (YAML)",
+        help_text="Every other flag production sets, snake_case, e.g. {kv_cache_dtype: fp8, block_size: 16}; "
+        "every candidate keeps them unless it sets its own (docs/SPEC.md, 'Cell args').",
+    )
     # The candidate grid
     grid_max_num_batched_tokens = forms.CharField(
         required=False,
@@ -215,6 +222,7 @@ class ExperimentForm(forms.Form):
                 "baseline_scheduling_policy",
                 "baseline_long_prefill_token_threshold",
                 "baseline_max_num_queued_reqs",
+                "baseline_more_args",
             ),
         ),
         (
@@ -259,6 +267,18 @@ class ExperimentForm(forms.Form):
             raise ValidationError(f"not valid YAML; write it like {{temperature: 0.0}} ({exc})") from None
         if not isinstance(value, dict):
             raise ValidationError("must be a mapping, like {temperature: 0.0}")
+        return value
+
+    def clean_baseline_more_args(self) -> dict[str, Any]:
+        text = (self.cleaned_data.get("baseline_more_args") or "").strip()
+        if not text:
+            return {}
+        try:
+            value = load_yaml(text)
+        except SpecError as exc:
+            raise ValidationError(f"not valid YAML; write it like {{kv_cache_dtype: fp8}} ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValidationError("must be a mapping of flags, like {kv_cache_dtype: fp8}")
         return value
 
     def clean_extra(self) -> dict[str, Any]:

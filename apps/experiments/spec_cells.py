@@ -1,5 +1,5 @@
 """The spec's cells: the frozen controls (with their generation settings), and the baseline's
-and candidates' scheduler args.
+and candidates' args (the scheduler's, and any other flag of vLLM's parser that is not denied).
 
 Pure: no Django. Each checker reports into the shared ``_Checker`` and fills its section of the
 spec; apps/experiments/spec.validate_spec calls them in the spec's order.
@@ -7,6 +7,7 @@ spec; apps/experiments/spec.validate_spec calls them in the spec's order.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -22,6 +23,7 @@ from apps.experiments.spec_rules import (
     SCHEDULING_POLICIES,
 )
 from apps.experiments.spec_types import CandidateEngine, CandidateSpec, CellArgs, Controls, GenerationSettings
+from workers.engine.vllm_args import check_arg
 
 
 def _check_controls(c: _Checker, top: Mapping[str, Any], spec: dict[str, Any]) -> int | None:
@@ -77,7 +79,8 @@ def _check_candidates(
     c: _Checker, top: Mapping[str, Any], spec: dict[str, Any], max_model_len: int | None
 ) -> dict[str, str]:
     """The candidate cells, each {id, args} (and an optional engine override): fills
-    ``spec["candidates"]``; returns every cell id (the baseline's too) with its path, each once."""
+    ``spec["candidates"]``, each cell's args with B0's flags that are not the scheduler's where
+    the cell sets none of its own; returns every cell id (the baseline's too) with its path, each once."""
     candidates_raw = top.get("candidates")
     candidates: list[CandidateSpec] = []
     if not isinstance(candidates_raw, list) or not candidates_raw:
@@ -105,6 +108,12 @@ def _check_candidates(
                 if override:
                     cell["engine"] = cast(CandidateEngine, override)  # image and/or model_revision
             candidates.append(cell)
+    # The flags a sweep does not vary (all but the scheduler's, CELL_ARGS) are B0's in every cell
+    # unless the cell sets its own: a candidate differs from production only where it says so.
+    held = {k: v for k, v in spec["baseline"]["args"].items() if k not in CELL_ARGS}
+    for cell in candidates:
+        # A copy each: a value shared between cells would be written as a YAML alias on export.
+        cell["args"] = cast(CellArgs, {**copy.deepcopy(held), **cell["args"]})
     spec["candidates"] = candidates
     seen: dict[str, str] = {}
     for path, cell_id in [("baseline.id", spec["baseline"]["id"])] + [
@@ -124,12 +133,17 @@ def _check_args(c: _Checker, raw: Any, path: str, max_model_len: int | None) -> 
     out: dict[str, Any] = {}
     for key, value in args.items():
         where = f"{path}.{key}"
+        if key in CONTROL_KEYS:
+            c.fail(where, "is a frozen control: set it once under controls, not per cell")
+            continue
         if key not in CELL_ARGS:
-            if key in CONTROL_KEYS:
-                c.fail(where, "is a frozen control: set it once under controls, not per cell")
+            # Any other flag of vLLM's own parser passes through to the server, unless denied
+            # (workers/engine/vllm_args.py; docs/SPEC.md, "Every other vLLM flag").
+            problem = check_arg(key, value)
+            if problem is not None:
+                c.fail(where, problem)
             else:
-                allowed = ", ".join(sorted(CELL_ARGS))
-                c.fail(where, f"is not an allowed vLLM scheduler flag (allowed: {allowed})")
+                out[key] = value
             continue
         kind = CELL_ARGS[key]
         if kind is bool:
@@ -155,7 +169,7 @@ def _check_args(c: _Checker, raw: Any, path: str, max_model_len: int | None) -> 
             f"{budget} is below controls.max_model_len ({max_model_len}) with chunked prefill off; "
             "vLLM refuses that (raise it or set enable_chunked_prefill: true)",
         )
-    return cast(CellArgs, out)  # only CELL_ARGS keys, each of its type
+    return cast(CellArgs, out)  # CELL_ARGS keys each of its type, and checked pass-through flags
 
 
 def _check_generation(c: _Checker, data: Mapping[str, Any]) -> GenerationSettings:

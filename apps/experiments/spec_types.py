@@ -62,7 +62,9 @@ class EngineSpec(TypedDict):
 
 
 class CellArgs(TypedDict, total=False):
-    """The scheduler flags a cell may vary (spec_rules.CELL_ARGS); only those given are present."""
+    """A cell's vLLM args; only those given are present. The scheduler flags a sweep varies
+    (spec_rules.CELL_ARGS) are typed here; any other flag of vLLM's parser that is not denied
+    (workers/engine/vllm_args.py) may be present too, under its snake_case name, with a JSON value."""
 
     max_num_batched_tokens: int
     max_num_seqs: int

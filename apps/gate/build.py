@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.approvals import manifest as mf
-from apps.experiments.spec import CELL_ARGS, MAX_LATENCY_MS, FieldError, SpecError, load_yaml
+from apps.experiments.spec import CONTROL_KEYS, MAX_LATENCY_MS, FieldError, SpecError, load_yaml
 from apps.experiments.spec_types import RawSpec
+from workers.engine.vllm_args import check_arg
 
 BASELINE_ID = "B0"
 CANDIDATE_ID = "C1"
@@ -174,9 +175,10 @@ def baseline_from_manifest(doc: Mapping[str, Any]) -> dict[str, Any]:
         or (base.get("effective_args") or {}).get("args")
         or {}
     )
-    # The engine reports frozen controls among its args (max_model_len): those come from
-    # the manifest's controls; only the scheduler flags a cell may vary are B0's args.
-    args = {k: v for k, v in dict(args).items() if k in CELL_ARGS}
+    # The engine reports frozen controls among its args (max_model_len), and the KV cache facts it
+    # chose (num_gpu_blocks): the controls come from the manifest's controls, and B0's args are
+    # every arg a cell may carry (the scheduler's and the vLLM flags that pass through).
+    args = {k: v for k, v in dict(args).items() if k not in CONTROL_KEYS and check_arg(k, v) is None}
     controls = {k: v for k, v in (base.get("controls") or {}).items() if v is not None}
     model = base.get("model") or {}
     deployment = base.get("deployment") or {}

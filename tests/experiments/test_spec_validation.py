@@ -58,9 +58,15 @@ BAD_SPECS = [
     ),
     (
         "unknown vLLM flag",
-        ["candidates", 0, "args", "enforce_eager"],
+        ["candidates", 0, "args", "swap_space"],
+        16,
+        "candidates[0].args.swap_space",
+    ),
+    (
+        "denied vLLM flag",
+        ["baseline", "args", "trust_remote_code"],
         True,
-        "candidates[0].args.enforce_eager",
+        "baseline.args.trust_remote_code",
     ),
     (
         "control in a cell",
