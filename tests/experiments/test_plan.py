@@ -18,17 +18,33 @@ def _import(path: str) -> Experiment:
     return Experiment.objects.get(pk=int(out.getvalue().strip()))
 
 
-def _plan(experiment: Experiment) -> list[tuple[str, str, str, int, int]]:
+def _plan(experiment: Experiment, *, sweep_only: bool = False) -> list[tuple[str, str, str, int, int]]:
+    runs = Run.objects.filter(experiment=experiment)
+    if sweep_only:
+        runs = runs.filter(kind=Run.Kind.SWEEP)
     return [
         (r.cell.cell_id, r.mixture, r.rate_name, r.repeat, r.round_position)
-        for r in Run.objects.filter(experiment=experiment).select_related("cell").order_by("plan_position")
+        for r in runs.select_related("cell").order_by("plan_position")
     ]
 
 
 @pytest.mark.django_db
 def test_it_plans_the_seed_sweep_as_126_runs_each_cell_once_per_group(admin_user) -> None:
     experiment = _import(str(SEED_SPEC))
-    plan = _plan(experiment)
+    # Beside the sweep, the reference sweep plans its uniform companions (one per cell, mixture and
+    # rate) and its four failure scenarios against every cell; calibration probes and the rehearsal
+    # are made when the experiment starts and after its analysis.
+    others = Counter(
+        (r.kind, r.scenario) for r in Run.objects.filter(experiment=experiment).exclude(kind=Run.Kind.SWEEP)
+    )
+    assert others == {
+        ("uniform", ""): 7 * 3 * 2,
+        **{
+            ("scenario", name): 7
+            for name in ("long_burst", "kv_pressure", "context_boundary", "cancellation")
+        },
+    }
+    plan = _plan(experiment, sweep_only=True)
     assert len(plan) == 126
     assert experiment.status == Experiment.Status.PLANNED
     groups = Counter((m, r, rep) for _, m, r, rep, _ in plan)
