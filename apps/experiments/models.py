@@ -185,6 +185,10 @@ class ServerConfig(models.Model):
     # A candidate that is another engine build or model revision (blank: the experiment's).
     engine_image = models.CharField(max_length=200, blank=True, default="")
     model_revision = models.CharField(max_length=200, blank=True, default="")
+    # An A/A cell (the spec's ``control: true``): B0's effective config run again, planned and run
+    # like every cell; the report shows its difference from B0 as the measured noise floor and
+    # never recommends it (apps/analysis/decide.py).
+    control = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["position", "id"]

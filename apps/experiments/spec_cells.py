@@ -89,11 +89,14 @@ def _check_candidates(
         for i, item in enumerate(candidates_raw):
             path = f"candidates[{i}]"
             cand = c.mapping(item, path)
-            c.unknown(cand, {"id", "args", "engine"}, path)
+            c.unknown(cand, {"id", "args", "engine", "control"}, path)
             cell: CandidateSpec = {
                 "id": c.text(cand, "id", path, max_length=32),
                 "args": _check_args(c, cand.get("args"), f"{path}.args", max_model_len),
             }
+            if c.boolean(cand, "control", path, default=False):
+                # An A/A cell: B0's config run again (spec_cross.py holds it to B0's exactly).
+                cell["control"] = True
             if cand.get("engine") is not None:
                 # A candidate that is another engine build or model revision, not only other flags.
                 engine = c.mapping(cand.get("engine"), f"{path}.engine")

@@ -37,7 +37,8 @@ SMALL_SPEC: dict[str, Any] = {
             "name": "long",
             "input_tokens": 1024,
             "output_tokens": 8,
-            "priority": 1,
+            # 0: the cells schedule fcfs (vLLM's default), where vLLM refuses another priority.
+            "priority": 0,
             "contract": {"ttft_p99_ms": 8000, "e2e_p99_ms": 12000, "max_stall_ms": 4000, "error_rate": 0.05},
         },
     ],
