@@ -28,6 +28,10 @@ from apps.analysis.report_types import (
 
 RETAIN, RETUNE, ISOLATE, INCONCLUSIVE = "retain", "retune", "isolate", "inconclusive"
 P99_KEYS = {"ttft_ms": "ttft", "e2e_ms": "e2e", "max_stall_ms": "stall"}
+# Why an A/A control cell (the spec's ``control: true``) is never the retune.
+CONTROL_REASON = (
+    "A/A control cell (B0's configuration run again): it measures the noise floor, never recommended"
+)
 
 # A (mixture, rate, class, metric or why) a candidate is judged on.
 Point = tuple[str, str, str, str]
@@ -159,7 +163,8 @@ def decide(
     ``direction`` "better" only on a Holm-significant, material family member.
 
     1. B0 invalid or incomplete: inconclusive; nothing can be compared.
-    2. Eligible candidates: valid; every class keeps its contract at every agreed
+    2. Eligible candidates: not an A/A control cell (B0's config run again, the measured noise
+       floor: never recommended); valid; every class keeps its contract at every agreed
        (mixture, rate) (acceptance); no class materially worse than B0 on any
        judged metric there (uncorrected guard); every class's primary metric
        shown non-inferior (the interval's upper end within the margin); and a
@@ -183,6 +188,8 @@ def decide(
             "evidence": {"problems": [p for p in validity["problems"] if p["cell"] == baseline][:20]},
         }
     b0_passes = accept[baseline]["passed"]
+    # A/A control cells (B0's config run again) measure the noise floor: never recommended.
+    controls = {c["cell_id"] for c in cells if c.get("control") and c["cell_id"] != baseline}
     by_cell: dict[str, list[Comparison]] = defaultdict(list)
     for c in comparisons:
         if (c["mixture"], c["rate"]) in agreed_pairs:
@@ -197,6 +204,8 @@ def decide(
         claims = _claims(comps)
         rows = list((rejected or {}).get(cell) or [])
         reasons = _reasons(cell, claims, rows, accept=accept, invalid=invalid, b0_passes=b0_passes)
+        if cell in controls:
+            reasons.insert(0, CONTROL_REASON)
         min_gain, worst_ratio = _ranking(comps)
         considered.append(_considered(cell, claims, reasons, (min_gain, worst_ratio), rows))
         if not reasons:
@@ -210,7 +219,12 @@ def decide(
     if ranked:
         return _retune(ranked[0][3], b0_passes=b0_passes, evidence=evidence)
     return _no_candidate(
-        baseline, considered, accept=accept, invalid=invalid, b0_passes=b0_passes, evidence=evidence
+        baseline,
+        [c for c in considered if c["cell"] not in controls],
+        accept=accept,
+        invalid=invalid,
+        b0_passes=b0_passes,
+        evidence=evidence,
     )
 
 

@@ -155,14 +155,19 @@ def run_result(
     }
     all_rows = np.concatenate([cohorts.rows(key, n) for n in plan.class_names])
     total_tokens = sum(m["output_tokens"] for m in per_class.values())
+    warmup_s, drain_s = float(r["warmup_s"]), float(r["drain_deadline_s"])
     return {
         "key": key,
         "run_id": key,
+        # The method's names (apps/runs/record_names.py); ``cell`` and ``window`` below are their
+        # older aliases, which the report's own readers use.
+        "cell_id": r["cell"],
         "cell": r["cell"],
         "mixture": r["mixture"],
         "rate": r["rate"],
         "rate_rps": r.get("rate_rps"),
         "repeat": int(r["repeat"]),
+        "position": r.get("position"),
         "scenario": r.get("scenario") or "",
         "status": r["status"],
         # Why it ended so: a failure's cause, or early stopping's "cannot be accepted (...)".
@@ -177,11 +182,10 @@ def run_result(
         "effective_args": r.get("effective_args"),
         "generation": r.get("generation"),
         "dispatch_lag_p99_ms": r.get("dispatch_lag_p99_ms"),
-        "window": {
-            "warmup_s": float(r["warmup_s"]),
-            "observation_s": w.observation_s,
-            "drain_deadline_s": float(r["drain_deadline_s"]),
-        },
+        "warmup_seconds": warmup_s,
+        "observation_seconds": w.observation_s,
+        "drain_deadline_seconds": drain_s,
+        "window": {"warmup_s": warmup_s, "observation_s": w.observation_s, "drain_deadline_s": drain_s},
         "lateness_ms": metrics.plain_stats(cohorts.d.lateness_ms[all_rows]),
         # Absent, never 0, for a run that produced no records in its window.
         "tokens_per_s": round(total_tokens / w.observation_s, 6)

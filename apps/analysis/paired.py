@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, decide, family, inference
+from apps.analysis import compare, decide, family, inference, noise_floor
 from apps.analysis.columns import RecordTable
 from apps.analysis.compare_options import CompareOptions
 from apps.analysis.metrics import Derived
@@ -95,7 +95,7 @@ def judge_sweep(
     agreed_pairs = {(m, r) for m, r, _ in agreed}
     b0_cell = acceptance["cells"].get(sweep.baseline)
     b0_failures = b0_cell.get("failures", []) if b0_cell is not None else []
-    eligible = _gain_candidates(sweep, validity, acceptance)
+    eligible = _gain_candidates(sweep, validity, acceptance, noise_floor.control_cells(cells, sweep.baseline))
     # 1-2. B0's frames; one shared resampling per (mixture, rate, class), sized by the family.
     groups_in = _b0_frames(sweep)
     family_m = family.family_size(
@@ -120,7 +120,7 @@ def judge_sweep(
         b0_failures=b0_failures,
         eligible=eligible,
         draws=inference.family_resamples(options.resamples, family_m, options.family_alpha),
-        aa_cells=_aa_cells(cells, sweep.baseline),
+        aa_cells=noise_floor.aa_cells(cells, sweep.baseline),
     )
     comparisons, b0_own = _compare_all(ctx, groups_in, options.seed)
     fam, decision = _judged(ctx, comparisons)
@@ -142,15 +142,21 @@ def judge_sweep(
     return comparisons, decision, statistics
 
 
-def _gain_candidates(sweep: Sweep, validity: ValidityCheck, acceptance: AcceptanceCheck) -> set[str]:
-    """The gain family's candidates: valid and passing acceptance (family.py). A cell that breaks a
-    contract can never be adopted, so its gains are no claim the verdict rests on; and early
-    stopping (early_stop.py) relies on it: a stopped cell changes neither the family nor the draws."""
+def _gain_candidates(
+    sweep: Sweep, validity: ValidityCheck, acceptance: AcceptanceCheck, controls: Collection[str] = ()
+) -> set[str]:
+    """The gain family's candidates: valid and passing acceptance (family.py), and no A/A control.
+    A cell that breaks a contract can never be adopted, nor can a control (B0 run again), so their
+    gains are no claim the verdict rests on; and early stopping (early_stop.py) relies on it: a
+    stopped cell changes neither the family nor the draws."""
     accepted = {c for c, v in acceptance["cells"].items() if v.get("passed")}
     return {
         c
         for c in sweep.cell_ids
-        if c != sweep.baseline and c not in set(validity["invalid_cells"]) and c in accepted
+        if c != sweep.baseline
+        and c not in set(validity["invalid_cells"])
+        and c in accepted
+        and c not in controls
     }
 
 
@@ -172,19 +178,6 @@ def _b0_frames(sweep: Sweep) -> list[Group]:
             if sum(int(f.size) for f in frames):
                 groups_in.append((mix, rate, name, base_runs, frames))
     return groups_in
-
-
-def _aa_cells(cells: Sequence[CellInput], baseline: str) -> list[str]:
-    """A/A control cells: candidates that run B0's own arguments on B0's engine. Their pairing with
-    B0 shows the spread between whole runs directly (the noise floor)."""
-    b0_spec = next((c for c in cells if c["cell_id"] == baseline), None)
-    b0_args = (b0_spec.get("args") if b0_spec else None) or {}
-    b0_engine = b0_spec.get("engine") if b0_spec else None
-    return [
-        c["cell_id"]
-        for c in cells
-        if c["cell_id"] != baseline and (c.get("args") or {}) == b0_args and c.get("engine") == b0_engine
-    ]
 
 
 def _compare_all(
@@ -259,7 +252,7 @@ def _comparison(
         "requests": used,
         "level": res.levels[0] if res.levels else None,
         "metrics": res.metrics[cell],
-        "noise_floor": _noise_floor(
+        "noise_floor": noise_floor.noise_floor(
             res,
             cell,
             family.at_level(ctx.primary.get(name, "ttft_p99_ms"), level_of(res)),
@@ -366,44 +359,6 @@ def level_of(result: compare.GroupResult) -> str | None:
     return result.levels[0] if result.levels else None
 
 
-def _rel(sd: float | None) -> float | None:
-    return None if sd is None or not math.isfinite(sd) else round(math.expm1(sd), 6)
-
-
-def _noise_floor(
-    result: compare.GroupResult, cell: str, metric: str | None, aa_cells: Sequence[str]
-) -> dict[str, Any]:
-    """The spread between whole runs of the class's primary metric, shown beside its comparison.
-
-    ``b0_run_sd_rel``: B0's own repeats (the SD of their log values, as a relative change);
-    ``aa_run_sd_rel``: an A/A control cell's rounds paired with B0's, where the spec has one;
-    ``pooled_run_sd_rel``: the run-level model's (every complete cell of the point);
-    ``used_run_sd_rel``: what this comparison's run-level test allowed for (the pool's, or the
-    pair's own when larger). Relative: 0.2 means one run's value is typically 20% off another's.
-    """
-    repeats = len(next(iter(result.b0_repeats.values()), []))
-    floor: dict[str, Any] = {"metric": metric, "repeats": repeats}
-    if metric is None or metric not in result.b0_repeats:
-        floor["note"] = "not enough requests to judge the primary metric"
-        return floor
-    floor["b0_run_sd_rel"] = _rel(inference.run_spread(result.b0_repeats[metric]))
-    aa = next((a for a in aa_cells if a in result.repeats), None)
-    floor["aa_cell"] = aa
-    floor["aa_run_sd_rel"] = (
-        _rel(inference.pair_spread(result.repeats[aa][metric], result.b0_repeats[metric])) if aa else None
-    )
-    fit = result.cell_fits.get(cell, result.fits).get(metric)
-    floor["pooled_run_sd_rel"] = _rel(fit.sd) if fit is not None and fit.scale == "log" else None
-    floor["df"] = fit.df if fit is not None else None
-    verdict = result.metrics.get(cell, {}).get(metric)
-    floor["used_run_sd_rel"] = verdict.get("run_sd_rel") if verdict else None
-    if repeats < 2:
-        floor["note"] = (
-            "one repeat: the spread between runs cannot be estimated, so nothing is called material"
-        )
-    return floor
-
-
 def _power(
     b0_own: Mapping[tuple[str, str, str], Any],
     primary: Mapping[str, str],
@@ -458,7 +413,7 @@ def _power(
         entry.update(
             b0=b0,
             se_diff_ms=se,
-            run_sd_rel=_rel(run_sd),
+            run_sd_rel=noise_floor.rel(run_sd),
             run_df=fit.df if fit is not None else None,
             repeats=repeats,
             detectable_ms=effect,

@@ -61,6 +61,7 @@ from apps.analysis.report_types import (
     RecoveryCheck,
     RehearsalEntry,
     Report,
+    ReportCell,
     ReportCharts,
     ReportExperiment,
     RunResult,
@@ -297,9 +298,7 @@ def build_report(
         "experiment": _identity(experiment),
         "options": opts.to_json(),
         "baseline": plan.baseline,
-        "cells": [
-            {"cell_id": c["cell_id"], "role": c.get("role"), "args": c.get("args") or {}} for c in plan.cells
-        ],
+        "cells": [_report_cell(c) for c in plan.cells],
         "classes": [dict(c) for c in classes],
         "records": _records_summary(table, cohorts, plan),
         "runs": run_results,
@@ -320,6 +319,14 @@ def build_report(
         ),
     }
     return jsonable(report)
+
+
+def _report_cell(c: CellInput) -> ReportCell:
+    """A cell as the report lists it; ``control`` only on an A/A control cell."""
+    cell: ReportCell = {"cell_id": c["cell_id"], "role": c.get("role"), "args": c.get("args") or {}}
+    if c.get("control"):
+        cell["control"] = True
+    return cell
 
 
 def skipped_cells(run_results: Sequence[RunResult]) -> list[SkippedCell]:

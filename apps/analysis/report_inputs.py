@@ -59,6 +59,9 @@ class CellInput(TypedDict):
     args: NotRequired[JSONObject]
     position: NotRequired[int]
     engine: NotRequired[CandidateEngine]  # the cell's own image or model revision, when it names one
+    # An A/A control cell (the spec's ``control: true``): B0's config run again; its difference from
+    # B0 is the measured noise floor and it is never recommended (paired.py, decide.py).
+    control: NotRequired[bool]
 
 
 class ClassInput(TypedDict):
@@ -88,6 +91,7 @@ class RunInput(TypedDict):
     observation_s: float
     drain_deadline_s: float
     rate_rps: NotRequired[float | None]
+    position: NotRequired[int]  # in its repeat round
     scenario: NotRequired[str]
     reason: NotRequired[str]
     trace_sha256: NotRequired[str]

@@ -114,7 +114,7 @@ Comparison = TypedDict(
         "requests": list[int],
         "level": str | None,
         "metrics": dict[str, MetricVerdict],
-        # The spread between whole runs of the class's primary metric (paired._noise_floor).
+        # The spread between whole runs of the class's primary metric (noise_floor.noise_floor).
         "noise_floor": NotRequired[JSONObject],
         "primary": NotRequired[str | None],
         "repairs": NotRequired[list[str]],
@@ -314,11 +314,13 @@ class RunResult(TypedDict):
 
     key: str
     run_id: str
+    cell_id: str  # the method's name (apps/runs/record_names.py); ``cell`` is its older alias
     cell: str
     mixture: str
     rate: str
     rate_rps: float | None
     repeat: int
+    position: int | None  # in its repeat round (None: the run input did not say)
     scenario: str
     status: str
     reason: str
@@ -332,7 +334,10 @@ class RunResult(TypedDict):
     effective_args: JSONValue
     generation: JSONValue
     dispatch_lag_p99_ms: float | None
-    window: RunWindow
+    warmup_seconds: float
+    observation_seconds: float
+    drain_deadline_seconds: float
+    window: RunWindow  # the older alias of the three windows above
     lateness_ms: JSONObject
     tokens_per_s: float | None
     classes: dict[str, ClassMetrics]
@@ -371,6 +376,7 @@ class ReportCell(TypedDict):
     cell_id: str
     role: str | None
     args: JSONObject
+    control: NotRequired[bool]  # only on an A/A control cell (B0's config run again)
 
 
 class RecordsSummary(TypedDict):

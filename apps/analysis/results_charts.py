@@ -70,7 +70,15 @@ def noise_floor_text(floor: Mapping[str, Any] | None) -> str | None:
     used = floor.get("used_run_sd_rel")
     if used is not None:
         text += f"; the test allowed for {pct(used)}"
+    aa_diff = floor.get("aa_diff_rel")
+    if aa and aa_diff is not None:
+        text += f"; measured noise floor: A/A cell {aa} (B0 run again) {signed_pct(aa_diff)} against B0"
     return text
+
+
+def signed_pct(rel: float) -> str:
+    """0.031 -> '+3.1%', -0.25 -> '-25%'."""
+    return ("+" if rel >= 0 else "") + pct(rel)
 
 
 def comparison_rows(comparisons: Sequence[Comparison], *, mixture: str, rate: str) -> list[dict[str, Any]]:
@@ -89,6 +97,8 @@ def comparison_rows(comparisons: Sequence[Comparison], *, mixture: str, rate: st
         out.append(
             {
                 "cell": c["cell"],
+                # The A/A control cell's own row: its difference is the noise floor itself.
+                "control": floor.get("aa_cell") == c["cell"],
                 "class": c["class"],
                 "metric": metric,
                 "b0": b0,

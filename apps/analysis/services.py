@@ -74,10 +74,18 @@ _BOOL_FIELDS = frozenset({"warmup", "sent", "cancelled", "unfinished"})
 def _experiment_inputs(experiment: Experiment) -> ExperimentInputs:
     workload = getattr(experiment, "workload", None)
     spec_quality = {c["name"]: c.get("quality") for c in (experiment.spec or {}).get("classes") or []}
-    cells: list[CellInput] = [
-        {"cell_id": c.cell_id, "role": c.role, "args": c.args, "position": c.position, "engine": c.engine}
-        for c in experiment.cells.all()
-    ]
+    cells: list[CellInput] = []
+    for c in experiment.cells.all():
+        cell: CellInput = {
+            "cell_id": c.cell_id,
+            "role": c.role,
+            "args": c.args,
+            "position": c.position,
+            "engine": c.engine,
+        }
+        if c.control:
+            cell["control"] = True  # an A/A cell (B0 run again): the measured noise floor
+        cells.append(cell)
     classes: list[ClassInput] = [
         {**c, "quality": spec_quality.get(c["name"]) or {}} for c in _class_inputs(experiment)
     ]
@@ -135,6 +143,7 @@ def _run_inputs(runs: list[Run]) -> list[StoredRun]:
             "rate": r.rate_name,
             "rate_rps": r.rate_rps,
             "repeat": r.repeat,
+            "position": r.round_position,
             "scenario": r.scenario_label,
             "status": r.status,
             "reason": r.reason[:2000],

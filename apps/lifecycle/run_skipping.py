@@ -151,10 +151,15 @@ def experiment_skip_doomed(*, experiment_id: int, cell_id: str | None = None) ->
     )
     baselines = {r.cell.cell_id for r in runs if r.cell.role == "baseline"}
     baseline = next(iter(baselines), "")
+    # An A/A control cell is never recommended, so it is never stopped for failing acceptance:
+    # its runs are the measured noise floor, whatever its contracts show.
     queued = {
         r.cell.cell_id
         for r in runs
-        if r.status == Run.Status.QUEUED and r.cell.role != "baseline" and r.cell.cell_id not in baselines
+        if r.status == Run.Status.QUEUED
+        and r.cell.role != "baseline"
+        and not r.cell.control
+        and r.cell.cell_id not in baselines
     }
     judged = queued & ({cell_id} if cell_id is not None else queued)
     if not judged or not baseline:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from apps.analysis.models import Decision
-from apps.analysis.results_charts import noise_floor_text, pct, power_rows
+from apps.analysis.results_charts import noise_floor_text, pct, power_rows, signed_pct
 from tests.experiments.factories import make_experiment
 from tests.ui.factories import analysed
 
@@ -42,6 +42,12 @@ def test_the_noise_floor_in_words() -> None:
     unjudged = {"metric": None, "repeats": 2, "note": "not enough requests to judge the primary metric"}
     assert noise_floor_text(unjudged) == "not enough requests to judge the primary metric"
     assert noise_floor_text(None) is None and noise_floor_text({}) is None
+    # The A/A cell's observed difference from B0: the measured noise floor, signed.
+    assert noise_floor_text({**floor, "aa_diff": 9.1, "aa_diff_rel": 0.031}) == (
+        "runs spread by 18% (B0's 3 repeats; A/A cell C3: 7.0%); the test allowed for 24%; "
+        "measured noise floor: A/A cell C3 (B0 run again) +3.1% against B0"
+    )
+    assert signed_pct(-0.25) == "-25%"
 
 
 def test_the_power_rows_state_the_spread_only_where_the_report_has_it() -> None:
@@ -59,8 +65,8 @@ def test_each_comparison_shows_the_noise_floor_with_the_aa_cell(client, viewer, 
     workload = {**make_experiment.__globals__["SMALL_SPEC"]["workload"], "repeats": 2}
     candidates = [
         {"id": "C1", "args": {"max_num_batched_tokens": 512, "max_num_seqs": 8}},
-        # B0's own arguments: the A/A control cell.
-        {"id": "C3", "args": {"max_num_batched_tokens": 2048, "max_num_seqs": 8}},
+        # B0's own arguments: the A/A control cell (marked: the spec refuses an unmarked copy of B0).
+        {"id": "C3", "args": {"max_num_batched_tokens": 2048, "max_num_seqs": 8}, "control": True},
     ]
     experiment = analysed(
         make_experiment(owner=author, name="floor", workload=workload, candidates=candidates), per_run=320
@@ -83,6 +89,13 @@ def test_each_comparison_shows_the_noise_floor_with_the_aa_cell(client, viewer, 
             assert f"runs spread by {pct(floor['b0_run_sd_rel'])} (B0's 2 repeats; A/A cell C3:" in text
         if floor.get("used_run_sd_rel") is not None:
             assert f"the test allowed for {pct(floor['used_run_sd_rel'])}" in text
+        if floor.get("aa_diff_rel") is not None:
+            assert (
+                f"measured noise floor: A/A cell C3 (B0 run again) {signed_pct(floor['aa_diff_rel'])}" in text
+            )
+    assert any(c["noise_floor"].get("aa_diff_rel") is not None for c in comparisons)
+    assert table.count("(A/A: B0 run again)") == sum(c["cell"] == "C3" for c in comparisons)
+    assert experiment.decision.chosen_cell != "C3"
     assert any(noise_floor_text(c["noise_floor"]).startswith("runs spread by") for c in comparisons)  # type: ignore[union-attr]
     assert table.count("<tr><td>") == len(comparisons)
     # The power table states each class's spread between runs and what finding the margin takes.
