@@ -28,6 +28,7 @@ from typing import Any
 
 from apps.approvals import manifest as mf
 from apps.experiments.spec import CONTROL_KEYS, MAX_LATENCY_MS, FieldError, SpecError, load_yaml
+from apps.experiments.spec_cross import effective_config
 from apps.experiments.spec_types import RawSpec
 from workers.engine.vllm_args import check_arg
 
@@ -197,7 +198,8 @@ def baseline_from_manifest(doc: Mapping[str, Any]) -> dict[str, Any]:
             or f"manifest of experiment {evidence.get('id', '?')}"
         )[:200],
         "contracts": dict(base.get("abort_thresholds") or {}),
-        "drain_deadline_s": base.get("drain_deadline_s"),
+        # drain_deadline_seconds since manifest version 2; drain_deadline_s in older manifests.
+        "drain_deadline_s": base.get("drain_deadline_seconds", base.get("drain_deadline_s")),
     }
 
 
@@ -317,6 +319,13 @@ def _shares(counts: Mapping[str, int]) -> dict[str, float]:
     return {k: shares[k] for k in sorted(shares)}
 
 
+def _same_config(args: Any, engine: Mapping[str, Any], b0_args: Any) -> bool:
+    """The candidate runs B0's effective config (spec_cross.effective_config) on B0's engine."""
+    if not isinstance(args, Mapping) or not isinstance(b0_args, Mapping) or engine:
+        return False
+    return effective_config(args) == effective_config(b0_args)
+
+
 def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when: str) -> RawSpec:
     """The experiment spec the gate runs: B0 and the candidate, paired, on the frozen window.
 
@@ -376,6 +385,9 @@ def gate_spec(request: GateInput, base: Baseline, window: WindowSummary, *, when
                 "id": CANDIDATE_ID,
                 "args": candidate,
                 **({"engine": dict(request.candidate_engine)} if request.candidate_engine else {}),
+                # Unchanged (B0's effective config on B0's engine): an A/A gate, marked as the
+                # control cell the spec requires for a copy of B0 (spec_cross.py).
+                **({"control": True} if _same_config(candidate, request.candidate_engine, base.args) else {}),
             }
         ],
         "classes": classes,

@@ -11,6 +11,7 @@ from typing import Any
 
 from apps.experiments.models import Experiment
 from apps.experiments.spec import CALIBRATION_DEFAULTS
+from apps.runs.record_names import aliases, windows
 from apps.runs.summary_types import run_summary
 
 
@@ -112,47 +113,24 @@ def offered_load(*, experiment: Experiment) -> dict[str, Any]:
     return out
 
 
-# The fields that identify what a run measured and under what, in every report's run rows and in
-# the per-run export (docs/SPEC.md "The run record"); ``run_id`` is the run's UUID.
-RUN_RECORD_FIELDS = (
-    "run_id",
-    "cell",
-    "mixture",
-    "rate",
-    "rate_rps",
-    "repeat",
-    "scenario",
-    "status",
-    "trace_sha256",
-    "corpus_sha256",
-    "image_digest",
-    "vllm_version",
-    "model_revision",
-    "tokenizer_revision",
-    "hardware_id",
-    "effective_args",
-    "generation",
-    "dispatch_lag_p99_ms",
-    "window",
-)
-
-
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
 def run_record(run: Any) -> dict[str, Any]:
-    """One run as an export: the run record, then how it went (values it does not have are null).
+    """One run as an export: the run record under the method's names (apps/runs/record_names.py),
+    then how it went (values it does not have are null), then the older names as aliases.
 
     ``run`` is a :class:`apps.runs.models.Run` with its cell, experiment and host loaded.
     """
     record: dict[str, Any] = {
         "run_id": str(run.run_id),
-        "cell": run.cell.cell_id,
+        "cell_id": run.cell.cell_id,
         "mixture": run.mixture,
         "rate": run.rate_name,
         "rate_rps": run.rate_rps,
         "repeat": run.repeat,
+        "position": run.round_position,
         "scenario": run.scenario_label,
         "status": run.status,
         "trace_sha256": run.trace_sha256,
@@ -165,11 +143,7 @@ def run_record(run: Any) -> dict[str, Any]:
         "effective_args": run.effective_args,
         "generation": run.generation,
         "dispatch_lag_p99_ms": run.dispatch_lag_p99_ms,
-        "window": {
-            "warmup_s": run.warmup_seconds,
-            "observation_s": run.observation_seconds,
-            "drain_deadline_s": run.drain_deadline_seconds,
-        },
+        **windows(run.warmup_seconds, run.observation_seconds, run.drain_deadline_seconds),
     }
     summary = run_summary(run.summary)
     record.update(
@@ -185,8 +159,11 @@ def run_record(run: Any) -> dict[str, Any]:
         loop_stall_max_ms=summary.get("loop_stall_max_ms"),
         send_priority=summary.get("send_priority"),
         achieved_rate_rps=run.achieved_rate_rps,
+        created_at=_iso(run.created_at),
         started_at=_iso(run.started_at),
         finished_at=_iso(run.finished_at),
         summary=summary or None,
     )
+    # The older names (cell, window), kept for consumers of the earlier export.
+    record.update(aliases(record))
     return record

@@ -5,7 +5,9 @@ one directory per run, named by the run's UUID or by its key
 ``<cell>~<mixture>~<rate>~<repeat>`` (e.g. ``B0~80-20~near~1``), holding
 
 - ``run.json``: what the analysis needs of the run (status, trace and corpus
-  hashes, hardware id, revisions, dispatch lag), applied to the run's row;
+  hashes, hardware id, revisions, dispatch lag), applied to the run's row; it may be a
+  whole exported run record, in the method's names or the older ones (``cell``,
+  ``window``), whose identity and windows must then be the directory's run's;
 - ``records.jsonl``: one RequestRecord object per line;
 - ``metrics.jsonl`` (optional): one metric sample per line.
 
@@ -38,6 +40,7 @@ from apps.experiments.models import Experiment, RunsRefused
 from apps.lifecycle.transition import experiment_transition
 from apps.runs.models import MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
+from apps.runs.record_names import WINDOW_ALIAS, AliasConflict, resolve_aliases, windows
 from workers.replay.records import RequestRecord
 
 BATCH = 5_000
@@ -70,11 +73,37 @@ SAMPLE_TYPES: dict[str, str] = {
     "labels": "object", "histogram": "object or null", "taken_at": "ISO datetime", "server": _STR,
 }  # fmt: skip
 SAMPLE_REQUIRED = ("t_ns", "phase", "name", "kind")
+_NUM = "number"
+_OPT_NUM = "number or null"
+_ANY = "any value"
+_WINDOW = "an object of warmup_s, observation_s and drain_deadline_s (numbers)"
+# run.json may be a whole run record as tailtune exports it (docs/SPEC.md "The run record"), in
+# the method's names or the older ones (cell, window: apps/runs/record_names.py). What the run
+# measured and ran under is applied to the run's row:
 RUN_TYPES: dict[str, str] = {
     "status": _STR, "reason": _STR, "trace_sha256": _STR, "corpus_sha256": _STR, "hardware_id": _STR,
     "model_revision": _STR, "tokenizer_revision": _STR, "vllm_version": _STR, "image_digest": _STR,
-    "effective_args": "object or null", "generation": "object or null", "dispatch_lag_p99_ms": "number or null",
+    "effective_args": "object or null", "generation": "object or null", "dispatch_lag_p99_ms": _OPT_NUM,
+    "dispatch_lag_p50_ms": _OPT_NUM, "dispatch_lag_max_ms": _OPT_NUM, "achieved_rate_rps": _OPT_NUM,
+    "requests_planned": _OPT_INT, "requests_sent": _INT,
 }  # fmt: skip
+# what identifies the run in the plan must be the directory's run (its key and planned windows):
+RUN_IDENTITY: dict[str, str] = {
+    "cell_id": _STR, "mixture": _STR, "rate": _STR, "repeat": _INT,
+    "warmup_seconds": _NUM, "observation_seconds": _NUM, "drain_deadline_seconds": _NUM,
+}  # fmt: skip
+# and the exporting installation's own bookkeeping is read past, not applied.
+RUN_NOT_APPLIED = (
+    "run_id", "experiment", "position", "rate_rps", "scenario", "attempts", "retry_of", "host",
+    "loop_stall_max_ms", "send_priority", "created_at", "started_at", "finished_at", "summary",
+    "records_url",
+)  # fmt: skip
+RUN_JSON_TYPES: dict[str, str] = {
+    **RUN_TYPES,
+    **RUN_IDENTITY,
+    **dict.fromkeys(RUN_NOT_APPLIED, _ANY),
+    WINDOW_ALIAS: _WINDOW,  # a window resolve_aliases could not read
+}
 RUN_REQUIRED = ("status", "trace_sha256", "hardware_id")
 RUN_STATUSES = ("done", "invalid", "failed")
 # What a sweep run needs before the analysis can use it.
@@ -99,8 +128,12 @@ def _ok(kind: str, v: Any) -> bool:
             isinstance(k, str) and k.isdigit() and isinstance(c, (int, float)) and not isinstance(c, bool)
             for k, c in v.items()
         )
-    if kind == "number or null":
+    if kind == _OPT_NUM:
         return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+    if kind == _NUM:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if kind == _WINDOW:
+        return False  # a readable window was already mapped to the method's names
     if kind == "object":
         return isinstance(v, dict)
     if kind == "object or null":
@@ -221,7 +254,13 @@ class Command(BaseCommand):
             raise CommandError(f"{path}: not valid JSON ({exc})") from None
         if not isinstance(obj, dict):
             raise CommandError(f"{path}: expected a JSON object")
-        _check(path, 1, obj, RUN_TYPES, RUN_REQUIRED)
+        try:
+            obj = resolve_aliases(obj)
+        except AliasConflict as exc:
+            raise CommandError(f"{path}: {exc}") from None
+        _check(path, 1, obj, RUN_JSON_TYPES, RUN_REQUIRED)
+        self._same_run(path, obj, run)
+        obj = {k: v for k, v in obj.items() if k in RUN_TYPES}
         if obj["status"] not in RUN_STATUSES:
             raise CommandError(
                 f"{path}: field status must be one of {', '.join(RUN_STATUSES)}, got {obj['status']!r}"
@@ -230,6 +269,9 @@ class Command(BaseCommand):
             limit = getattr(Run._meta.get_field(name), "max_length", None)
             if isinstance(value, str) and limit and len(value) > limit:
                 raise CommandError(f"{path}: field {name} is {len(value)} characters; at most {limit}")
+        for name in ("requests_planned", "requests_sent"):
+            if (obj.get(name) or 0) < 0:
+                raise CommandError(f"{path}: field {name} must not be negative")
         for name in ("trace_sha256", "corpus_sha256"):
             value = obj.get(name)
             if value and (len(value) != 64 or any(c not in "0123456789abcdef" for c in value)):
@@ -238,6 +280,23 @@ class Command(BaseCommand):
         Run.objects.filter(pk=run.pk).update(
             **fields, reason=obj.get("reason", ""), finished_at=run.finished_at or timezone.now()
         )
+
+    @staticmethod
+    def _same_run(path: Path, obj: dict[str, Any], run: Run) -> None:
+        """An exported record's identity and windows must be the directory's run's."""
+        planned: dict[str, Any] = {
+            "cell_id": run.cell.cell_id,
+            "mixture": run.mixture,
+            "rate": run.rate_name,
+            "repeat": run.repeat,
+            **windows(run.warmup_seconds, run.observation_seconds, run.drain_deadline_seconds),
+        }
+        for name, value in planned.items():
+            if name in obj and obj[name] != value:
+                raise CommandError(
+                    f"{path}: field {name} is {obj[name]!r}, but the directory's run ({_key(run)}) "
+                    f"has {value!r}: this record is another run's"
+                )
 
     def _decide(self, experiment: Experiment) -> None:
         """Analyse when every sweep run is ready; else name what each run lacks."""
