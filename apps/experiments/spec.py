@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import yaml
 
+from apps.experiments.spec_capture import check_capture
 from apps.experiments.spec_cells import _check_args, _check_candidates, _check_controls
 from apps.experiments.spec_checker import FieldError, SpecError, _Checker
 from apps.experiments.spec_rules import (
@@ -228,12 +229,16 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
     }
 
     baseline = c.mapping(top.get("baseline"), "baseline")
-    c.unknown(baseline, {"id", "args", "captured_from"}, "baseline")
+    c.unknown(baseline, {"id", "args", "captured_from", "capture"}, "baseline")
     spec["baseline"] = {
         "id": c.text(baseline, "id", "baseline", max_length=32),
         "captured_from": c.text(baseline, "captured_from", "baseline", required=False),
         "args": _check_args(c, baseline.get("args"), "baseline.args", max_model_len),
     }
+    # Where B0 was captured (apps/experiments/spec_capture.py); absent: B0 typed by hand.
+    capture = check_capture(c, baseline.get("capture"))
+    if capture is not None:
+        spec["baseline"]["capture"] = capture
 
     seen = _check_candidates(c, top, spec, max_model_len)
 

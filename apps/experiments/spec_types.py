@@ -74,10 +74,22 @@ class CellArgs(TypedDict, total=False):
     max_num_queued_reqs: int
 
 
+class BaselineCapture(TypedDict):
+    """Where B0 was captured, when, and the sha256 of what was read (apps/experiments/spec_capture.py)."""
+
+    source: str  # spec_capture.CAPTURE_SOURCES
+    name: str
+    captured_at: str  # ISO 8601 with its offset
+    sha256: str
+    vllm_version: NotRequired[str]
+    notes: NotRequired[list[str]]
+
+
 class BaselineSpec(TypedDict):
     id: str
     captured_from: str
     args: CellArgs
+    capture: NotRequired[BaselineCapture]  # absent: B0 typed by hand
 
 
 class CandidateEngine(TypedDict, total=False):
