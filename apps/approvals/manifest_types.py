@@ -18,7 +18,7 @@ a ``StoredManifest`` with ``.get(...)`` and a default.
 from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
-from apps.experiments.spec_types import CandidateEngine, Contract, Controls
+from apps.experiments.spec_types import BaselineCapture, CandidateEngine, Contract, Controls
 
 # A value that really is arbitrary JSON (an engine's own report of its args): named, not typed.
 JSONValue = Any
@@ -109,6 +109,10 @@ class BaselineRecord(TypedDict):
     drain_deadline_s: float
     abort_thresholds: dict[str, Contract]  # class -> its contract: a rollout aborts past it
     owner: str
+    # Where B0 came from: "B0 typed by hand", or its capture in one line (spec_capture.b0_origin),
+    # and the spec's capture record when it has one. Absent from manifests written before.
+    b0_origin: NotRequired[str]
+    capture: NotRequired[BaselineCapture]
 
 
 class ApprovedCandidate(TypedDict):

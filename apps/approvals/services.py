@@ -32,6 +32,7 @@ from apps.approvals.manifest_types import (
 from apps.approvals.models import Approval, Revocation, RollbackManifest
 from apps.experiments.models import Experiment, ServerConfig
 from apps.experiments.recovery import recovery_options
+from apps.experiments.spec_capture import b0_origin
 from apps.lifecycle.transition import experiment_transition
 from apps.runs.models import Run
 from apps.runs.selectors import offered_load
@@ -91,7 +92,8 @@ def _baseline_record(
 ) -> BaselineRecord:
     cell = _cell_record(experiment, b0)
     w = experiment.workload
-    return {
+    baseline_spec = (experiment.spec or {}).get("baseline") or {}
+    record: BaselineRecord = {
         "cell_id": b0.cell_id,
         "image": experiment.engine_image,
         "image_digest": cell["image_digest"] or None,
@@ -140,7 +142,12 @@ def _baseline_record(
             for rc in experiment.classes.all()
         },
         "owner": experiment.owner.get_username(),
+        # Captured from production (its source, time and digest), or "B0 typed by hand".
+        "b0_origin": b0_origin(baseline_spec),
     }
+    if isinstance(baseline_spec.get("capture"), Mapping):
+        record["capture"] = baseline_spec["capture"]
+    return record
 
 
 def _rollback_reserve(experiment: Experiment) -> RollbackReserve:

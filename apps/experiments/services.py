@@ -66,7 +66,17 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
         },
         "controls": controls,
         "engine": {"image": experiment.engine_image},
-        "baseline": {"id": baseline.cell_id, "captured_from": baseline.captured_from, "args": baseline.args},
+        "baseline": {
+            "id": baseline.cell_id,
+            "captured_from": baseline.captured_from,
+            "args": baseline.args,
+            # Where B0 was captured (absent: typed by hand); kept only in the stored spec.
+            **(
+                {"capture": (experiment.spec or {})["baseline"]["capture"]}
+                if ((experiment.spec or {}).get("baseline") or {}).get("capture")
+                else {}
+            ),
+        },
         "candidates": [
             {"id": c.cell_id, "args": c.args, **({"engine": c.engine} if c.engine else {})}
             for c in cells

@@ -1,0 +1,121 @@
+"""Capture B0 for the create page, the API and ``manage.py baseline_capture``: each source
+resolved here, then read by apps/experiments/baseline_capture.py (docs/SPEC.md, "Capturing B0").
+
+Here because one source is this app's: the last approved rollback manifest of an earlier
+experiment (a sweep starts where the last one ended, as the gate does).
+
+The trust boundary (docs/SECURITY.md): a user picks a running server by a name the operator set
+in ``TAILTUNE_CAPTURE_SOURCES``, never by URL, so nobody can make the service fetch an address
+of their choosing; ``url`` is for the operator's command only. Pasted text is only parsed (by
+vLLM's own parser, in the engine's interpreter: nothing in it is run or fetched), and a
+manifest is read from this service's own approvals.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+
+from apps.approvals.models import Revocation, RollbackManifest
+from apps.experiments import baseline_capture as bc
+from apps.experiments.spec_capture import CAPTURE_SOURCES
+
+MAX_EXPERIMENT_ID = 2**63 - 1
+
+
+def capture_server_names() -> list[str]:
+    """The names of the servers a user may capture B0 from (TAILTUNE_CAPTURE_SOURCES)."""
+    return sorted(settings.TAILTUNE_CAPTURE_SOURCES)
+
+
+def engine_python() -> str:
+    """The interpreter of the engine in use, whose vLLM parser reads a deployment's text."""
+    return str(settings.ENGINE_DIR / "venv" / "bin" / "python")
+
+
+def _cache_defaults() -> dict[str, Any]:
+    """vLLM's defaults of the flags a server's cache_config_info shows (the pinned catalogue)."""
+    from workers.engine import vllm_args
+
+    defaults = vllm_args.catalogue().defaults()
+    return {dest: defaults[dest] for dest in bc.CACHE_LABEL_ARGS.values() if dest in defaults}
+
+
+def _from_server(*, server: str | None, url: str | None, at: str | None) -> bc.Captured:
+    if url is not None:  # the operator's own command
+        base, name = url, url
+    else:
+        names = settings.TAILTUNE_CAPTURE_SOURCES
+        if not server or server not in names:
+            offered = ", ".join(sorted(names)) or "none: the operator sets TAILTUNE_CAPTURE_SOURCES"
+            raise bc.CaptureError(
+                "server", f"{str(server or '')[:64]!r} is not a server the operator named (named: {offered})"
+            )
+        base, name = names[server], server
+    return bc.from_server(bc.fetch_server(base), name=name, defaults=_cache_defaults(), at=at)
+
+
+def _manifest(experiment: Any) -> tuple[RollbackManifest, int]:
+    if experiment in (None, ""):
+        revoked = Revocation.objects.values("approval_id")
+        row = RollbackManifest.objects.exclude(approval_id__in=revoked).order_by("-created_at", "-pk").first()
+        if row is None:
+            raise bc.CaptureError(
+                "experiment", "no approved manifest yet: give an experiment, or another source"
+            )
+        return row, row.experiment_id
+    text = str(experiment).strip()
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) <= MAX_EXPERIMENT_ID:
+        raise bc.CaptureError("experiment", f"must be an experiment's id (a whole number), got {text[:40]!r}")
+    pk = int(text)
+    row = RollbackManifest.objects.filter(experiment_id=pk).first()
+    if row is None:
+        raise bc.CaptureError("experiment", f"experiment {pk} has no approved rollback manifest")
+    if Revocation.objects.filter(approval_id=row.approval_id).exists():
+        raise bc.CaptureError(
+            "experiment",
+            f"the approval of experiment {pk} was revoked: its manifest is not what production runs",
+        )
+    return row, pk
+
+
+def baseline_capture(
+    *,
+    source: str,
+    text: str | None = None,
+    server: str | None = None,
+    experiment: Any = None,
+    container: str | None = None,
+    url: str | None = None,
+    at: str | None = None,
+) -> bc.Captured:
+    """B0 captured from one source; CaptureError (a SpecError) naming the field at fault.
+
+    ``source``: ``server`` (``server``: a name from TAILTUNE_CAPTURE_SOURCES; ``url``: the
+    operator's command only), ``command``, ``kubernetes`` or ``helm`` (``text``; ``container``
+    picks one where several start vLLM), or ``manifest`` (``experiment``: its id; none: the
+    newest approved manifest not revoked).
+    """
+    if source not in CAPTURE_SOURCES:
+        raise bc.CaptureError(
+            "source", f"must be one of {', '.join(CAPTURE_SOURCES)}, got {str(source)[:40]!r}"
+        )
+    if source == "server":
+        return _from_server(server=server, url=url, at=at)
+    if source == "manifest":
+        row, pk = _manifest(experiment)
+        raw, _ = row.file("json")
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            raise bc.CaptureError("experiment", f"the manifest of experiment {pk} cannot be read") from None
+        return bc.from_manifest(doc, raw, name=f"experiment {pk} (manifest sha256 {row.sha256})", at=at)
+    return bc.from_text(
+        source,
+        text or "",
+        engine_python=engine_python(),
+        container=(container or "").strip() or None,
+        at=at,
+    )
