@@ -78,7 +78,12 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
             ),
         },
         "candidates": [
-            {"id": c.cell_id, "args": c.args, **({"engine": c.engine} if c.engine else {})}
+            {
+                "id": c.cell_id,
+                "args": c.args,
+                **({"engine": c.engine} if c.engine else {}),
+                **({"control": True} if c.control else {}),
+            }
             for c in cells
             if c.role == ServerConfig.Role.CANDIDATE
         ],

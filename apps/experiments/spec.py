@@ -21,6 +21,7 @@ import yaml
 from apps.experiments.spec_capture import check_capture
 from apps.experiments.spec_cells import _check_args, _check_candidates, _check_controls
 from apps.experiments.spec_checker import FieldError, SpecError, _Checker
+from apps.experiments.spec_cross import check_cross
 from apps.experiments.spec_rules import (
     ARRIVAL_PROCESSES,
     CALIBRATION_DEFAULTS,
@@ -270,6 +271,9 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
             c, top.get("recovery"), spec["workload"], set(mixtures), set(rates)
         )
     _check_counts(c, spec)
+    # Rules across sections (a class priority under fcfs, two cells with one config, a budget
+    # below a class's prompt): apps/experiments/spec_cross.py.
+    check_cross(c, spec)
     if not c.errors:
         _check_plan_size(c, cast(NormalizedSpec, spec), limits)
 

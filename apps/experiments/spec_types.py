@@ -103,6 +103,7 @@ class CandidateSpec(TypedDict):
     id: str
     args: CellArgs
     engine: NotRequired[CandidateEngine]
+    control: NotRequired[bool]  # an A/A cell: B0's effective config run again (spec_cross.py)
 
 
 class Contract(TypedDict):
