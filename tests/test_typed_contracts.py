@@ -243,5 +243,5 @@ def test_it_declares_every_key_of_a_manifest(analysed_experiment, approver, chos
     assert _problems(mf.document(content, manifest.sha256), ManifestDocument, "manifest") == []
     if chosen == "C1":  # the overlay, the rehearsal's measures and both override reasons are there
         assert content["overlay"]["cell_id"] == "C1"
-        assert content["evidence"]["recovery"]["exercised"]["drain_deadline_s"] == 20.0
+        assert content["evidence"]["recovery"]["exercised"]["drain_deadline_seconds"] == 20.0
         assert content["evidence"]["failure_scenarios"]["override_reason"] == "burst is not our traffic"

@@ -19,7 +19,7 @@ import copy
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -41,7 +41,8 @@ from apps.approvals.manifest_types import (
 from apps.experiments.spec_types import CandidateEngine
 
 MANIFEST_FORMAT = "tailtune-rollback-manifest"
-MANIFEST_VERSION = 1
+# 2: the run record's names of the method (drain_deadline_seconds, was drain_deadline_s; issue #34).
+MANIFEST_VERSION = 2
 CONFIRMED = "confirmed by the engine"
 REQUESTED = "requested (not confirmed by the engine)"
 # vLLM's OpenAI server answers 200 on /health once the engine is ready.
@@ -102,6 +103,29 @@ def effective_args(
         "agreeing_runs": n,
         "distinct": len(counts),
     }
+
+
+def complete_args(
+    args: Mapping[str, Any], defaults: Mapping[str, Any], flags: Collection[str]
+) -> dict[str, Any]:
+    """The complete effective arguments: every arg of vLLM's parser with the value the server ran
+    with. Steps:
+
+    1. the parser's defaults that are values (``defaults``; one the engine resolves at start-up,
+       None in the parser, is absent unless the server set it);
+    2. overlaid with the confirmed args (``args``, test-run values already split off) that are
+       parser flags (``flags``): the requested ones, with the value the engine reported;
+    3. overlaid with everything vLLM logged as non-default (``vllm_non_default_args``).
+
+    The test run's own values (where it listened, the model path it was handed) are left out:
+    they are no part of what is deployed or rolled back to.
+    """
+    logged = args.get("vllm_non_default_args")
+    out = {k: v for k, v in defaults.items() if v is not None}
+    out.update({k: v for k, v in args.items() if k in flags})
+    if isinstance(logged, Mapping):
+        out.update(logged)
+    return {k: out[k] for k in sorted(out) if k not in TEST_RUN_LOCAL and k != "model"}
 
 
 def overlay_changes(

@@ -37,6 +37,11 @@ class EffectiveArgs(TypedDict):
     # Only when the engine confirmed them: the test run's own values, and how many runs agreed.
     test_run_only: NotRequired[JSONObject]
     agreeing_runs: NotRequired[int]
+    # Every arg of vLLM's parser the server ran with (manifest.complete_args): its parser defaults
+    # overlaid with what the engine confirmed; ``complete_from`` says from what, or why there is
+    # none (no flag catalogue for the engine's version). Absent from manifests written before.
+    complete: NotRequired[JSONObject]
+    complete_from: NotRequired[str]
 
 
 class CellRecord(TypedDict):
@@ -106,7 +111,7 @@ class BaselineRecord(TypedDict):
     deployment: Deployment
     health_probe: HealthProbe
     capacity: Capacity
-    drain_deadline_s: float
+    drain_deadline_seconds: float  # drain_deadline_s in manifests of version 1
     abort_thresholds: dict[str, Contract]  # class -> its contract: a rollout aborts past it
     owner: str
     # Where B0 came from: "B0 typed by hand", or its capture in one line (spec_capture.b0_origin),
@@ -167,7 +172,7 @@ class ScenarioEvidence(TypedDict):
 
 
 class ExercisedLimits(TypedDict):
-    drain_deadline_s: float
+    drain_deadline_seconds: float  # drain_deadline_s in manifests of version 1
     abort_thresholds: str
 
 

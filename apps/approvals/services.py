@@ -24,6 +24,7 @@ from apps.approvals.manifest_types import (
     ApprovedCandidate,
     BaselineRecord,
     CellRecord,
+    EffectiveArgs,
     Evidence,
     RecoveryEvidence,
     RollbackReserve,
@@ -36,6 +37,7 @@ from apps.experiments.spec_capture import b0_origin
 from apps.lifecycle.transition import experiment_transition
 from apps.runs.models import Run
 from apps.runs.selectors import offered_load
+from workers.engine import vllm_args
 
 
 class ApprovalError(ValueError):
@@ -77,14 +79,34 @@ def _cell_record(experiment: Experiment, cell: ServerConfig) -> CellRecord:
         .values("effective_args", "image_digest", "hardware_id", "vllm_version")
     )
     first: Mapping[str, Any] = dict(runs[0]) if runs else {}
+    effective = mf.effective_args(cell.args, [r["effective_args"] for r in runs])
+    _complete(effective, str(first.get("vllm_version") or ""))
     return {
         "cell_id": cell.cell_id,
-        "effective_args": mf.effective_args(cell.args, [r["effective_args"] for r in runs]),
+        "effective_args": effective,
         "requested_args": cell.args,
         "image_digest": first.get("image_digest") or "",
         "vllm_version": first.get("vllm_version") or "",
         "hardware_id": first.get("hardware_id") or "",
     }
+
+
+def _complete(effective: EffectiveArgs, version: str) -> None:
+    """Add the complete effective arguments (manifest.complete_args) from the flag catalogue of the
+    vLLM version the cell's runs reported, or say why there are none."""
+    if effective["source"] != mf.CONFIRMED:
+        effective["complete_from"] = "none: no run confirmed the args the engine ran with"
+        return
+    try:
+        catalogue = vllm_args.catalogue(version or None)
+    except vllm_args.UnknownVersion:
+        effective["complete_from"] = f"none: no flag catalogue for vLLM {version or '(version not reported)'}"
+        return
+    effective["complete"] = mf.complete_args(effective["args"], catalogue.defaults(), catalogue.flags)
+    effective["complete_from"] = (
+        f"vLLM {catalogue.version}'s parser defaults, overlaid with the args the engine confirmed "
+        "and logged as non-default"
+    )
 
 
 def _baseline_record(
@@ -130,7 +152,7 @@ def _baseline_record(
             "max_model_len": experiment.max_model_len,
             "rollback_reserve": _rollback_reserve(experiment),
         },
-        "drain_deadline_s": w.drain_deadline_s,
+        "drain_deadline_seconds": w.drain_deadline_s,
         # A rollout aborts (and rolls back) when a class breaks its contract.
         "abort_thresholds": {
             rc.name: {
@@ -261,7 +283,7 @@ def _recovery_evidence(
                 "unaccounted": (measures.get("accounting") or {}).get("unaccounted"),
                 # The deadline and thresholds the rehearsal exercised are the baseline record's.
                 "exercised": {
-                    "drain_deadline_s": round(
+                    "drain_deadline_seconds": round(
                         float(measures["cut_at_s"]) - float(measures["switch_at_s"]), 3
                     ),
                     "abort_thresholds": "baseline.abort_thresholds (each class's contract)",

@@ -11,7 +11,7 @@ from apps.approvals import manifest as mf
 BASELINE = {
     "cell_id": "B0",
     "effective_args": {"args": {"max_num_batched_tokens": 8192, "max_num_seqs": 64}, "source": mf.CONFIRMED},
-    "drain_deadline_s": 60,
+    "drain_deadline_seconds": 60,
 }
 CANDIDATE = {
     "cell_id": "C3",
@@ -83,3 +83,19 @@ def test_values_local_to_the_test_run_are_kept_apart_and_do_not_split_the_vote()
     assert eff["test_run_only"] == {"served_model_name": "tiny", "vllm_non_default_args.port": 41129}
     assert (eff["confirmed_runs"], eff["agreeing_runs"], eff["distinct"]) == (2, 2, 1)
     assert "port" not in json.dumps(eff["args"])
+
+
+def test_the_complete_args_are_the_defaults_under_what_the_engine_confirmed_and_logged() -> None:
+    defaults = {"scheduling_policy": "fcfs", "swap_space": 4, "port": 8000, "max_num_seqs": None}
+    flags = {"scheduling_policy", "swap_space", "port", "max_num_seqs", "max_num_batched_tokens"}
+    args = {
+        "max_num_batched_tokens": 2048,  # confirmed and a flag
+        "kv_cache_size_tokens": 32768,  # confirmed, but no flag of the parser
+        "vllm_non_default_args": {"swap_space": 16, "max_num_seqs": 8, "port": 38001},
+    }
+    assert mf.complete_args(args, defaults, flags) == {
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 8,  # None in the parser: present because the server set it
+        "scheduling_policy": "fcfs",
+        "swap_space": 16,
+    }

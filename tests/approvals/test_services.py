@@ -58,7 +58,8 @@ def test_it_approves_and_freezes_the_manifest(analysed_experiment, approver) -> 
     assert reserve["standby"] in ("warm", "cold") and reserve["statement"].startswith("reserve one B0 server")
     assert base["health_probe"]["path"] == "/health"
     assert base["capacity"]["hardware_id"] == "cpu-test"
-    assert base["drain_deadline_s"] == 20
+    assert base["drain_deadline_seconds"] == 20 and "drain_deadline_s" not in base  # the method's name
+    assert doc["version"] == 2
     assert base["abort_thresholds"]["short"] == {
         "ttft_p99_ms": 2000,
         "e2e_p99_ms": 5000,
@@ -94,6 +95,48 @@ def test_it_falls_back_to_requested_args_when_the_engine_confirmed_none(
     assert eff["source"] == mf.REQUESTED
     assert eff["args"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 8}
     assert manifest.content["overlay"] is None
+    # Nothing the engine confirmed: no complete args are claimed, and the manifest says why.
+    assert "complete" not in eff and eff["complete_from"].startswith("none: no run confirmed")
+
+
+@pytest.mark.django_db
+def test_the_manifest_holds_the_complete_effective_arguments(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    from workers.engine.vllm_args import catalogue
+
+    # What the engine reports: the requested args, and its log's non-default args (a production
+    # flag tailtune does not vary among them, and the test run's own port and model path).
+    logged = {
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 8,
+        "swap_space": 16,
+        "port": 38001,
+        "model": "/m",
+    }
+    Run.objects.filter(experiment=analysed_experiment, cell__cell_id="B0").update(
+        effective_args={"max_num_batched_tokens": 2048, "max_num_seqs": 8, "vllm_non_default_args": logged}
+    )
+    manifest = experiment_approve(
+        deployment_revision="rel-1",
+        route_target="svc/llm",
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="keep",
+    )
+    eff = manifest.content["baseline"]["effective_args"]
+    complete = eff["complete"]
+    defaults = {k: v for k, v in catalogue("0.32.0").defaults().items() if v is not None}
+    # Every flag with a default is there; the server's own values win over the defaults.
+    assert set(defaults) - mf.TEST_RUN_LOCAL - {"model"} <= set(complete)
+    assert (complete["max_num_batched_tokens"], complete["max_num_seqs"], complete["swap_space"]) == (
+        2048,
+        8,
+        16,
+    )
+    assert complete["scheduling_policy"] == defaults["scheduling_policy"] == "fcfs"
+    assert "port" not in complete and "model" not in complete
+    assert eff["complete_from"].startswith("vLLM 0.32.0's parser defaults")
+    assert mf.verify(mf.document(manifest.content, manifest.sha256))
 
 
 @pytest.mark.django_db
@@ -345,7 +388,7 @@ def test_a_passed_rehearsal_goes_into_the_manifest_without_an_override(analysed_
     assert recovery["check"] == "pass" and recovery["run"] == "run-uuid"
     assert (recovery["standby"], recovery["time_to_recover_s"], recovery["cut_streams"]) == ("cold", 31.5, 3)
     assert recovery["surge"]["peak_waiting"] == 12.0
-    assert recovery["exercised"]["drain_deadline_s"] == 20.0
+    assert recovery["exercised"]["drain_deadline_seconds"] == 20.0
     assert "override_reason" not in recovery
 
 

@@ -70,6 +70,10 @@ def test_it_takes_a_manifest_this_service_issued_in_either_form(analysed_experim
             )
         )
         assert base.args == {"max_num_batched_tokens": 2048, "max_num_seqs": 8}
+        # The manifest's drain_deadline_seconds (version 2; a version 1 manifest's drain_deadline_s
+        # is read in tests/gate/test_gate_api.py) becomes the gate's drain deadline.
+        assert issued.content["baseline"]["drain_deadline_seconds"] == 20
+        assert base.workload["drain_deadline_s"] == 20
 
 
 def test_it_refuses_a_superseded_manifest_saying_who_revoked_it_and_when(
