@@ -2,7 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.permissions import AllowAny
 
-from apps.api import gates, views, views_hosts, views_runs, views_traces
+from apps.api import gates, views, views_capture, views_hosts, views_runs, views_traces
 
 app_name = "api"
 OPEN = {"authentication_classes": [], "permission_classes": [AllowAny]}
@@ -21,6 +21,7 @@ urlpatterns = [
     path("experiments/<int:pk>/revoke", views.ExperimentRevoke.as_view(), name="revoke"),
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
     path("hosts/offers", views_hosts.HostOffers.as_view(), name="host-offers"),
+    path("baselines/capture", views_capture.BaselineCapture.as_view(), name="baseline-capture"),
     path("runs/<str:run_id>", views_runs.RunDetail.as_view(), name="run"),
     path("runs/<str:run_id>/records", views_runs.RunRecords.as_view(), name="records"),
     path("traces", views_traces.TraceUpload.as_view(), name="traces"),

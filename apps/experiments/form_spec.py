@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from apps.experiments.form_capture import capture_record
 from apps.experiments.forms import (
     EXTRA_ARGS,
     TYPED_SECTIONS,
@@ -124,6 +125,8 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
             entry["primary_metric"] = cls["primary_metric"]
         class_list.append(entry)
 
+    # The typed scheduler fields win over the same flag written in the YAML field.
+    baseline_args = {**(d.get("baseline_more_args") or {}), **_args(d, "baseline_")}
     arrival: dict[str, Any] = {"process": d.get("arrival_process") or "poisson"}
     if d.get("arrival_cv") is not None:
         arrival["cv"] = d["arrival_cv"]
@@ -141,8 +144,13 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
         "baseline": {
             "id": d.get("baseline_id") or "",
             "captured_from": d.get("baseline_captured_from") or "",
-            # The typed scheduler fields win over the same flag written in the YAML field.
-            "args": {**(d.get("baseline_more_args") or {}), **_args(d, "baseline_")},
+            "args": baseline_args,
+            # The record of a "Capture B0" on this page (apps/experiments/form_capture.py).
+            **(
+                {"capture": capture_record(d["baseline_capture"], baseline_args, controls)}
+                if d.get("baseline_capture")
+                else {}
+            ),
         },
         "candidates": candidates,
         # Blank rows drop out; the row index of every error is re-mapped below.
@@ -182,6 +190,7 @@ _DIRECT: dict[str, str] = {
     "engine.image": "engine_image",
     "baseline.id": "baseline_id",
     "baseline.captured_from": "baseline_captured_from",
+    "baseline.capture": "capture_source",
     "workload.mixtures": "mixtures",
     "workload.rates": "rates",
     "workload.arrival.process": "arrival_process",

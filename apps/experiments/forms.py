@@ -9,10 +9,12 @@ its path. Nothing is saved here: the view calls the service only once the whole 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.forms import formset_factory
 
@@ -28,8 +30,17 @@ from apps.experiments.workload_fields import FORM_WORKLOAD_FIELDS, WorkloadField
 from apps.workloads.importers import FORMATS as TRACE_FORMATS
 
 MAX_SPEC_BYTES = 1_000_000
+CAPTURE_SECTION = "Capture B0 from production (optional)"
 POLICY_CHOICES = [("", "(vLLM default)")] + [(p, p) for p in SCHEDULING_POLICIES]
 CHUNKED_CHOICES = [("", "(vLLM default)"), ("true", "on"), ("false", "off")]
+CAPTURE_CHOICES = [
+    ("", "(B0 typed by hand below)"),
+    ("server", "a running server"),
+    ("command", "a vllm serve command line"),
+    ("kubernetes", "a Kubernetes Deployment or Pod"),
+    ("helm", "Helm values"),
+    ("manifest", "an earlier experiment's approved manifest"),
+]
 # Optional scheduler args shown for B0 and each single cell (beside the grid's two axes).
 EXTRA_ARGS = ("long_prefill_token_threshold", "max_num_queued_reqs")
 
@@ -100,6 +111,33 @@ class ExperimentForm(forms.Form):
         help_text="e.g. {temperature: 0.0, ignore_eos: true}",
     )
     engine_image = forms.CharField(max_length=300, required=False, label="Engine image")
+    # Capture B0 from production (apps/experiments/form_capture.py): the source, then "Capture B0"
+    # fills the model, controls and B0 fields below and keeps the capture's record.
+    capture_source = forms.ChoiceField(choices=CAPTURE_CHOICES, required=False, label="Capture B0 from")
+    capture_server = forms.ChoiceField(
+        choices=[("", "—")],
+        required=False,
+        label="Server",
+        help_text="A running vLLM server, by the name the operator gave it (TAILTUNE_CAPTURE_SOURCES).",
+    )
+    capture_text = forms.CharField(
+        required=False,
+        max_length=1_000_000,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        label="Command line, manifest or values",
+        help_text="A `vllm serve ...` command line, a Deployment or Pod manifest, or Helm values that hold one.",
+    )
+    capture_experiment = forms.CharField(
+        max_length=20,
+        required=False,
+        label="Experiment id",
+        help_text="Whose approved rollback manifest; empty: the newest one not revoked.",
+    )
+    capture_container = forms.CharField(
+        max_length=253, required=False, label="Container", help_text="Where several containers start vLLM."
+    )
+    # The record of the capture, kept across previews (never typed): apps/experiments/spec_capture.py.
+    baseline_capture = forms.CharField(required=False, widget=forms.HiddenInput, max_length=20_000)
     # B0
     baseline_id = forms.CharField(max_length=32, required=False, initial="B0", label="Baseline id")
     baseline_captured_from = forms.CharField(
@@ -212,6 +250,10 @@ class ExperimentForm(forms.Form):
             ),
         ),
         (
+            CAPTURE_SECTION,
+            ("capture_source", "capture_server", "capture_text", "capture_experiment", "capture_container"),
+        ),
+        (
             "Baseline B0 (production's args)",
             (
                 "baseline_id",
@@ -247,6 +289,24 @@ class ExperimentForm(forms.Form):
         ),
         ("Real trace (optional)", ("trace_file", "trace_format", "trace_classes", "trace_busiest_s")),
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The operator's names only: a URL cannot be chosen here (docs/SECURITY.md).
+        names = sorted(getattr(settings, "TAILTUNE_CAPTURE_SOURCES", {}) or {})
+        self.fields["capture_server"].choices = [("", "—")] + [(n, n) for n in names]  # type: ignore[attr-defined]
+
+    def clean_baseline_capture(self) -> dict[str, Any] | None:
+        text = (self.cleaned_data.get("baseline_capture") or "").strip()
+        if not text:
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise ValidationError("the capture's record cannot be read: capture B0 again") from None
+        if not isinstance(value, dict):
+            raise ValidationError("the capture's record cannot be read: capture B0 again")
+        return value
 
     def sections(self) -> list[tuple[str, list[forms.BoundField]]]:
         return [(title, [self[name] for name in names]) for title, names in self.SECTIONS]

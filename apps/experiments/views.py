@@ -22,11 +22,12 @@ from apps.accounts.roles import APPROVER, has_role
 from apps.analysis import charts
 from apps.analysis.services import recovery_check_now
 from apps.experiments.form_spec import attach_spec_errors, build_spec, spec_from_upload, validate_built
-from apps.experiments.forms import CellFormSet, ClassFormSet, ExperimentForm
+from apps.experiments.forms import CAPTURE_SECTION, CellFormSet, ClassFormSet, ExperimentForm
 from apps.experiments.models import Experiment, RunsRefused, TraceUpload, runs_refusal
 from apps.experiments.offers import offers_for
 from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, dump_spec
+from apps.experiments.spec_capture import b0_origin
 from apps.experiments.spec_types import NormalizedSpec
 from apps.lifecycle import running, selectors
 from apps.lifecycle.calibration import GoodputRequestError, goodput_capacity_request
@@ -105,6 +106,8 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         classes = ClassFormSet(prefix="classes")
         return _render_new(request, form, cells, classes, estimate)
 
+    if "capture" in request.POST:
+        return _capture_b0(request)
     form = ExperimentForm(request.POST, request.FILES)
     cells = CellFormSet(request.POST, prefix="cells")
     classes = ClassFormSet(request.POST, prefix="classes")
@@ -165,6 +168,47 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _capture_b0(request: HttpRequest) -> HttpResponse:
+    """The page's "Capture B0": B0 read from the chosen source (apps/approvals/capture_sources.py) and put
+    into the form, or into the uploaded spec the page holds, for review; nothing is saved. An
+    error is shown beside the capture's field at fault (400)."""
+    from apps.approvals.capture_sources import baseline_capture
+    from apps.experiments.form_capture import ERROR_FIELDS, captured_form_data, captured_spec_text
+
+    form = ExperimentForm(request.POST, request.FILES)
+    cells = CellFormSet(request.POST, prefix="cells")
+    classes = ClassFormSet(request.POST, prefix="classes")
+    form.is_valid()  # the capture fields' own checks: a server name the operator did not give, lengths
+    if not request.POST.get("capture_source"):
+        form.add_error("capture_source", "choose where to capture B0 from")
+    elif not any(field in form.errors for field in ERROR_FIELDS.values()):
+        try:
+            captured = baseline_capture(
+                source=request.POST.get("capture_source", ""),
+                text=request.POST.get("capture_text", ""),
+                server=request.POST.get("capture_server", ""),
+                experiment=request.POST.get("capture_experiment", ""),
+                container=request.POST.get("capture_container", ""),
+            )
+            data, notes = captured_form_data(request.POST, captured)
+            upload = form.cleaned_data.get("spec_file")
+            spec_text = (
+                upload.read().decode("utf-8", "replace") if upload else form.cleaned_data.get("spec_text")
+            )
+            if spec_text:  # the uploaded spec is what Create uses: its B0 is replaced
+                data["spec_text"], more = captured_spec_text(spec_text, captured)
+                notes += more
+        except SpecError as exc:
+            for e in exc.errors:
+                form.add_error(ERROR_FIELDS.get(e.path, "capture_source"), e.message)
+        else:
+            messages.success(
+                request, f"{b0_origin({'capture': captured.capture})}: review it, then Preview or Create."
+            )
+            return _render_new(request, ExperimentForm(data), cells, classes, None, capture_notes=notes)
+    return _render_new(request, form, cells, classes, None, status=400)
+
+
 def upload_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """A trace upload being imported: "importing…" (the page refreshes itself), its errors with
     their lines, or, once imported, the experiment it created."""
@@ -191,6 +235,7 @@ def _render_new(
     estimate: selectors.PlanEstimate | None,
     status: int = 200,
     spec: NormalizedSpec | None = None,
+    capture_notes: list[str] | None = None,
 ) -> HttpResponse:
     return render(
         request,
@@ -203,6 +248,9 @@ def _render_new(
             "classes": classes,
             "estimate": estimate,
             "offers": offers_for(max_model_len=spec["controls"]["max_model_len"] if spec else None),
+            # What a "Capture B0" could not see or left out (apps/experiments/baseline_capture.py).
+            "capture_notes": capture_notes or [],
+            "capture_section": CAPTURE_SECTION,
         },
         status=status,
     )
@@ -460,6 +508,9 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
         "load": offered_load(experiment=experiment),
         "can_revoke": experiment.status == Experiment.Status.APPROVED and has_role(request.user, APPROVER),
         "revocation": _revocation(experiment),
+        # Where B0 came from: its capture, or "B0 typed by hand" (apps/experiments/spec_capture.py).
+        "b0_origin": b0_origin((experiment.spec or {}).get("baseline")),
+        "b0_captured": bool(((experiment.spec or {}).get("baseline") or {}).get("capture")),
     }
     if decision is None or not decision.report:
         context["partial"] = selectors.partial_results(experiment=experiment)

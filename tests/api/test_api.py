@@ -42,6 +42,8 @@ ENDPOINTS = [
     ("get", "/api/v1/runs/{run}"),
     ("get", "/api/v1/runs/{run}/records"),
     ("get", "/api/v1/hosts/offers"),
+    ("get", "/api/v1/baselines/capture"),
+    ("post", "/api/v1/baselines/capture"),
     ("post", "/api/v1/traces"),
     ("get", "/api/v1/traces/uploads/1"),
     ("post", "/api/v1/gates"),
