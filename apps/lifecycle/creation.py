@@ -62,6 +62,34 @@ def _check_imported_trace(spec: NormalizedSpec) -> None:
         )
 
 
+def _rendered_class_lengths(raw: Any) -> Any:
+    """A spec replaying a request log's trace takes each class's ``input_tokens`` from the trace:
+    the median of the chat template's rendered counts of its requests (``meta.class_input_tokens``,
+    docs/TRACES.md "Request logs and prompt corpora"), before the spec is checked, so every check
+    and the analysis read the lengths the server prefills, not typed ones. Any other spec is
+    returned as it is."""
+    import copy
+
+    from apps.workloads.models import Trace
+
+    try:
+        sha = raw["workload"]["arrival"]["trace_sha256"]
+        classes = raw["classes"]
+    except (KeyError, TypeError):
+        return raw
+    if not isinstance(sha, str) or not isinstance(classes, list):
+        return raw
+    row = Trace.objects.filter(sha256=sha).only("meta").first()
+    lengths = (row.meta or {}).get("class_input_tokens") if row is not None else None
+    if not isinstance(lengths, dict) or not lengths:
+        return raw
+    out = copy.deepcopy(raw)
+    for cls in out["classes"]:
+        if isinstance(cls, dict) and cls.get("name") in lengths:
+            cls["input_tokens"] = int(lengths[cls["name"]]["median"])
+    return out
+
+
 @transaction.atomic
 def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experiment:
     """Create an experiment, its cells, classes, workload and run plan from a spec.
@@ -70,7 +98,7 @@ def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experime
     everything happens in one transaction: a failure leaves nothing behind.
     """
     errors: list[FieldError] = []
-    raw = spec
+    raw = _rendered_class_lengths(spec)
     checked: NormalizedSpec | None = None
     try:
         checked = validate_spec(raw, limits=spec_limits())
@@ -128,6 +156,7 @@ def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experime
                 args=cand["args"],
                 engine_image=(cand.get("engine") or {}).get("image", ""),
                 model_revision=(cand.get("engine") or {}).get("model_revision", ""),
+                control=bool(cand.get("control")),
                 position=i,
             )
         )
