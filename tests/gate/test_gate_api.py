@@ -98,6 +98,9 @@ def test_a_gate_starts_b0_and_the_overlaid_candidate_paired_on_the_window(model_
     assert 19 <= trace.duration_s <= 20.5
     assert {c.name for c in experiment.classes.all()} == {"short", "long"}
     assert experiment.spec["recovery"] == {**experiment.spec["recovery"], "rehearse": False}
+    # A changed candidate is a candidate, not the A/A control.
+    assert not experiment.cells.get(cell_id="C1").control
+
     # A gate never stops its candidate early: the verdict names each regressed class with its
     # paired interval, which needs every repeat (early stopping would leave it inconclusive).
     assert experiment.spec["engine"]["early_stop"] is False and experiment.spec["engine"]["reuse"] is True
@@ -333,3 +336,17 @@ def test_a_class_quality_contract_in_the_gate_file_turns_the_probe_on(model_dir:
     short = next(c for c in experiment.spec["classes"] if c["name"] == "short")
     assert short["quality"] == {"min_exact_match": 1.0}
     assert experiment.spec["quality"]["probe"]["prompts_per_class"] == 8
+
+
+@pytest.mark.parametrize(
+    "candidate_args", [None, json.dumps({"scheduling_policy": "fcfs"})], ids=["nothing", "a-default"]
+)
+def test_an_unchanged_candidate_is_the_aa_control(model_dir: Path, candidate_args: str | None) -> None:
+    # Nothing changed, or only a flag set to vLLM's own default: B0's effective config run again,
+    # which the spec takes only as a control cell (docs/SPEC.md, "Cross-checks").
+    make_host()
+    api = api_for(UserFactory(roles=["experimenter"]))
+    fields = {"candidate_args": candidate_args} if candidate_args else {}
+    gate = start_gate(api, spec=gate_file(model_dir), **fields)
+    c1 = Experiment.objects.get(pk=gate["gate"]).cells.get(cell_id="C1")
+    assert c1.control is True
