@@ -2,7 +2,10 @@
 Deployment read by the engine's own vLLM parser (#34 item 1).
 
 One server start: "production", started by tailtune's own launcher with a KV-cache size, a
-KV-cache block size and two scheduler flags that are not vLLM's defaults.
+KV-cache block size, two scheduler flags that are not vLLM's defaults and two flags tailtune never
+varies (eager mode, the logprobs cap). The same server shows the flag catalogue's pass-through
+(tests/engine/test_vllm_flags_engine.py's other half): each flag is written into the argv, vLLM's
+"non-default args" line confirms it, and the block size is in vllm:cache_config_info too.
 
 1. Captured from its URL, B0 holds what a server shows: the block size (an arg), the KV cache's
    size, the context length and prefix caching (controls), and the record says the scheduler's
@@ -39,13 +42,21 @@ from workers.engine.server import EngineServer
 pytestmark = ENGINE_MARKS
 
 # Production's flags beside tailtune's controls (6 MiB of KV cache, 4096 tokens, bfloat16).
-FLAGS = {"block_size": 64, "max_num_seqs": 5, "max_num_batched_tokens": 1024}
+FLAGS = {
+    "block_size": 64,
+    "max_num_seqs": 5,
+    "max_num_batched_tokens": 1024,
+    "enforce_eager": True,
+    "max_logprobs": 5,
+}
 
 
 # The options the capture carries into the sweep's B0 (the rest are the sweep's own: its port,
 # its served name, controls the spec sets whatever production did).
 CARRIED = (
     "--block-size",
+    "--enforce-eager",
+    "--max-logprobs",
     "--max-num-seqs",
     "--max-num-batched-tokens",
     "--kv-cache-memory-bytes",
@@ -77,8 +88,15 @@ def test_baseline_capture_reads_a_running_server_and_its_command_line(tmp_path: 
         log_path=tmp_path / "production.log",
         health_deadline_s=240,
     )
+    # Flags tailtune never varies pass through to the argv as they are.
+    assert {"--block-size=64", "--enforce-eager", "--max-logprobs=5"} <= set(server.plan.argv)
     with server:
         server.start()
+        own = server.confirm()  # raises EngineInvalid on any difference
+        assert {k: own.effective_args[k] for k in FLAGS} == FLAGS
+        logged = own.effective_args["vllm_non_default_args"]
+        assert (logged["block_size"], logged["enforce_eager"], logged["max_logprobs"]) == (64, True, 5)
+        assert own.effective_args["cache_config_info"]["block_size"] == "64"
 
         # 1. Its URL: what /v1/models and /metrics show.
         frag, notes = _capture(url=server.base_url)

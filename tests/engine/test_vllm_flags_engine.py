@@ -4,24 +4,20 @@
    drift from what specs are checked against.
 2. vLLM's own parser reads back every arg as tailtune writes it (arg_argv), through
    parse_serve_command, the function baseline capture uses.
-3. A server started by the launcher with flags that pass through (a KV-cache block size, eager
-   mode, the logprobs cap) confirms each of them: in vLLM's "non-default args" line, and the
-   block size in vllm:cache_config_info too. One server start.
+A server started with flags that pass through, and their confirmation, share the one server
+start of tests/engine/test_baseline_capture_engine.py. No server starts here: each test imports
+vLLM once or twice in the engine's interpreter.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.engine_support import CONTROLS, ENGINE_DIR, ENGINE_MARKS, MODEL
-from workers.engine.launcher import cpu_engine_host
-from workers.engine.server import EngineServer
+from tests.engine_support import ENGINE_DIR, ENGINE_MARKS, MODEL
 from workers.engine.vllm_args import (
     PINNED_VERSION,
-    ServeParseError,
     arg_argv,
     catalogue_path,
     dump_catalogue,
@@ -62,31 +58,5 @@ def test_vllms_parser_reads_back_every_arg_as_tailtune_writes_it() -> None:
     assert parsed["model"] == str(MODEL)
     assert parsed["vllm_version"] == PINNED_VERSION
     assert parsed["args"] == args
-    # vLLM 0.32 has no --swap-space: its parser's own words say so.
-    with pytest.raises(ServeParseError, match="unrecognized arguments: --swap-space"):
-        parse_serve_command(["vllm", "serve", str(MODEL), "--swap-space", "16"], ENGINE_PYTHON)
-
-
-def test_a_server_started_with_flags_that_pass_through_confirms_them(tmp_path: Path) -> None:
-    cell = {
-        "max_num_seqs": 4,
-        "max_num_batched_tokens": 4096,
-        "block_size": 64,
-        "enforce_eager": True,
-        "max_logprobs": 5,
-    }
-    server = EngineServer(
-        model=str(MODEL),
-        cell_args=cell,
-        controls=CONTROLS,
-        host=cpu_engine_host(ENGINE_DIR),
-        log_path=tmp_path / "server.log",
-    )
-    assert {"--block-size=64", "--enforce-eager", "--max-logprobs=5"} <= set(server.plan.argv)
-    with server:
-        server.start()
-        facts = server.confirm()  # raises EngineInvalid on any difference
-    assert {k: facts.effective_args[k] for k in cell} == cell
-    logged = facts.effective_args["vllm_non_default_args"]
-    assert (logged["block_size"], logged["enforce_eager"], logged["max_logprobs"]) == (64, True, 5)
-    assert facts.effective_args["cache_config_info"]["block_size"] == "64"
+    # vLLM 0.32 has no --swap-space: its parser's own words say so (through baseline capture:
+    # tests/engine/test_baseline_capture_engine.py).
