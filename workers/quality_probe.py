@@ -66,7 +66,10 @@ def run_probe(
                         "the server returned no token_ids (does this vLLM take return_token_ids?)"
                     )
                 entry["token_ids"] = [int(t) for t in choice.get("token_ids") or []]
-                entry["text"] = str(choice.get("text") or "")
+                # PostgreSQL's text and jsonb cannot hold U+0000, which a model may emit (the tiny
+                # CPU model does): stored as U+FFFD, the replacement character, so the run's
+                # summary can be saved. The token ids stay exact, and exact match uses them.
+                entry["text"] = str(choice.get("text") or "").replace("\x00", "\ufffd")
                 entry["finish_reason"] = choice.get("finish_reason")
             except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
