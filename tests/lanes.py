@@ -47,6 +47,9 @@ import pytest
 # two lanes (465bb91, `--durations=0`, on one core each); only their order matters. An engine
 # test not listed counts as DEFAULT_ENGINE_S. (The whole-machine tests go before them all.)
 WEIGHTS_S = {
+    # Not from CI: its calibration alone took 6 minutes by hand in one lane (tests/orchestration/
+    # test_reference_sweep_engine.py); the longest engine test, so it starts first.
+    "test_the_scaled_down_reference_sweep_reaches_a_decision_with_every_check": 900,
     "test_it_runs_the_whole_journey_in_the_browser": 178,
     "test_it_survives_a_worker_killed_mid_run": 152,
     "test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill": 110,
