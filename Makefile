@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup engine tools run worker test lint
+.PHONY: setup engine tools run worker test test-reference lint
 
 # The project environment, rebuilt when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -43,4 +43,9 @@ lint: setup
 # LANES=0 forces one lane.
 LANES ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 0)
 test: setup engine tools lint
-	$(BIN)/pytest -n $(LANES) --dist load --maxschedchunk 2
+	$(BIN)/pytest -n $(LANES) --dist load --maxschedchunk 2 -m "not reference"
+
+# The scaled-down reference sweep (tests/orchestration/test_reference_sweep_engine.py): about
+# 15 minutes of one lane, left out of `make test` until it fits the suite's time.
+test-reference: setup engine
+	$(BIN)/pytest -n 0 -m reference tests/orchestration/test_reference_sweep_engine.py

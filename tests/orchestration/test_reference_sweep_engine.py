@@ -57,7 +57,9 @@ from tests.experiments.factories import UserFactory
 from tests.orchestration.conftest import Workers
 from tests.waiting import wait_for
 
-pytestmark = [*ENGINE_MARKS, pytest.mark.django_db(transaction=True)]
+# Left out of `make test` (its -m "not reference"): 919 s of one lane in its one full run, which
+# failed on an assertion since fixed; `make test-reference` runs it (issue #34's note).
+pytestmark = [*ENGINE_MARKS, pytest.mark.reference, pytest.mark.django_db(transaction=True)]
 
 # The windows of the CPU copy (seconds). Short prompts decode 128 tokens in well under a second
 # here; a long one (8,000 tokens) prefills in about one.
