@@ -132,7 +132,7 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker, tmp_path) ->
     erin.click("button[data-formset=classes-table]")
     classes = [
         ["short", "32", "4", "0", "0", "20000", "60000", "20000", "0.5"],
-        ["long", "256", "4", "1", "0", "40000", "90000", "20000", "0.5"],
+        ["long", "256", "4", "0", "0", "40000", "90000", "20000", "0.5"],
     ]
     for row, row_values in enumerate(classes):
         for field, value in zip(CLASS_FIELDS, row_values, strict=True):
