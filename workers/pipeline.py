@@ -37,7 +37,8 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,8 @@ from workers.watch import Outcome, RunWatcher, advance_phase
 log = logging.getLogger(__name__)
 
 WARMUP_REQUESTS = 4
+# The runs that may replay on a server kept from the run before (engine reuse, idle-checked).
+REUSING_KINDS = frozenset({Run.Kind.SWEEP, *Run.PROBES})
 IDLE_TIMEOUT_S = 30.0  # how long a reused server may take to go idle before its run is invalid
 
 
@@ -145,6 +148,29 @@ def run_execute(*, run_pk: int) -> str:
     slot = ServerSlot(host)
     try:
         return _execute_claimed(run, host, slot)
+    finally:
+        slot.close()
+
+
+@contextmanager
+def inline_executor() -> Iterator[Callable[..., str]]:
+    """``run_execute`` for a series of inline probe runs (the capacity probe's steps, a goodput
+    search, B0's pace probe), keeping one server up between the runs of one cell: the probe's
+    steps replay back to back on it, each after an idle check, as a sweep round's runs do with
+    engine reuse (apps/runs/scheduling.py ``reuse_enabled``). The server stops when the block ends."""
+    host = this_host()
+    slot = ServerSlot(host)
+
+    def execute(*, run_pk: int) -> str:
+        host = this_host()  # registering again keeps the heartbeat fresh through a long probe
+        run = run_claim(run_pk=run_pk, host=host)
+        if run is None:
+            status = Run.objects.filter(pk=run_pk).values_list("status", flat=True).first()
+            return f"skipped ({status})"
+        return _execute_claimed(run, host, slot)
+
+    try:
+        yield execute
     finally:
         slot.close()
 
@@ -231,8 +257,10 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
                 watcher=watcher,
             )
     else:
-        reuse = run.kind == Run.Kind.SWEEP and reuse_enabled(experiment)
-        key = (run.experiment_id, run.cell_id, run.repeat)
+        reuse = run.kind in REUSING_KINDS and reuse_enabled(experiment)
+        # A sweep keeps its server for one cell and round; the inline probes (a series run by
+        # inline_executor) for one cell, apart from any sweep round.
+        key = (run.experiment_id, run.cell_id, run.repeat if run.kind == Run.Kind.SWEEP else -1)
         kept = slot.take(key) if reuse else None
         if kept is None:
             slot.close()

@@ -28,10 +28,12 @@ def health() -> dict[str, object]:
 @shared_task(name="tailtune.freeze_experiment", acks_late=True)
 def freeze_experiment(*, experiment_pk: int) -> int:
     from apps.lifecycle.running import experiment_freeze_and_enqueue
-    from workers.pipeline import run_execute
+    from workers.pipeline import inline_executor
 
-    # run_execute lets a capacity probe (if the spec asks for one) run inline on this host.
-    return experiment_freeze_and_enqueue(experiment_id=experiment_pk, execute=run_execute)
+    # The capacity probe and the pace probe (if the spec asks for them) run inline on this host,
+    # on one server kept up across their runs.
+    with inline_executor() as execute:
+        return experiment_freeze_and_enqueue(experiment_id=experiment_pk, execute=execute)
 
 
 @shared_task(name="tailtune.cell_goodput_capacity", acks_late=True)
@@ -39,10 +41,11 @@ def cell_goodput_capacity(*, experiment_pk: int, cell_id: str, mixture: str) -> 
     """Goodput capacity of one cell (send it to that host's queue): one probe run per step, inline."""
     from apps.experiments.models import RunsRefused
     from apps.lifecycle.calibration import cell_goodput_capacity as measure
-    from workers.pipeline import run_execute
+    from workers.pipeline import inline_executor
 
     try:
-        result = measure(experiment_id=experiment_pk, cell_id=cell_id, mixture=mixture, execute=run_execute)
+        with inline_executor() as execute:
+            result = measure(experiment_id=experiment_pk, cell_id=cell_id, mixture=mixture, execute=execute)
     except RunsRefused as exc:  # analysed or decided since it was queued: stored as failed, with why
         log.info("goodput capacity of experiment %s not measured: %s", experiment_pk, exc)
         return None

@@ -524,7 +524,8 @@ def partial_results(*, experiment: Experiment) -> list[dict[str, Any]]:
 
 
 def goodput_cost(*, experiment: Experiment) -> dict[str, Any]:
-    """What one goodput-capacity search costs: at most max_steps runs of the probe's windows, each on a fresh server."""
+    """What one goodput-capacity search costs: at most max_steps runs of the probe's windows (with
+    engine.reuse on one server kept up across the steps, workers.pipeline.inline_executor)."""
     from apps.runs.selectors import goodput_settings
 
     cal = goodput_settings(experiment)

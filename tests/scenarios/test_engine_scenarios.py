@@ -4,8 +4,9 @@ Three tests, few server starts (one vLLM at a time fits the two cores; each
 start costs ~40 s):
 
 - the probe goes through the real pipeline: ``experiment_freeze_and_enqueue``
-  runs the calibration inline through ``workers.pipeline.run_execute`` (one
-  server per probe step), freezes the rates and the plan, then a scenario run
+  runs the calibration inline through ``workers.pipeline.inline_executor`` (one
+  server kept up across the probe's steps, each after an idle check), freezes the
+  rates and the plan, then a scenario run
   (the context boundary) executes through the same pipeline and is judged by
   ``scenario_reports`` from the database;
 - every scenario's signal is checked on one FCFS server with a small KV cache,
@@ -49,7 +50,7 @@ from tests.stall_witness import StallWitness
 from workers.engine.launcher import cpu_engine_host
 from workers.engine.scrape import Scraper
 from workers.engine.server import EngineServer
-from workers.pipeline import run_execute
+from workers.pipeline import inline_executor, run_execute
 from workers.replay.config import ReplayConfig
 from workers.replay.run import run_replay
 
@@ -342,7 +343,8 @@ def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline
     host = host_register_local()
     Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
 
-    n = experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=run_execute)
+    with inline_executor() as execute:
+        n = experiment_freeze_and_enqueue(experiment_id=experiment.pk, execute=execute)
 
     experiment.refresh_from_db()
     assert n == 5, experiment.status_reason  # 2 cells x 2 frozen rates + the scenario run
@@ -352,6 +354,15 @@ def test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline
     )
     assert [p.status for p in probes] == ["done", "done"], [(p.status, p.reason) for p in probes]
     assert all(RequestRecord.objects.filter(run=p).count() == p.requests_planned for p in probes)
+    # One server for both steps: the first started it (and warmed it up), the second replayed on it
+    # after an idle check, and the stop is on the second's account.
+    first, second = (p.summary for p in probes)
+    assert first["server"] == {"reused": False, "started_by": str(probes[0].run_id)}, first["server"]
+    assert second["server"] == {"reused": True, "started_by": str(probes[0].run_id)}, second["server"]
+    assert "start_s" in first["engine_time"] and "start_s" not in second["engine_time"]
+    assert first["idle_check"]["idle"] and second["idle_check"]["idle"]
+    assert probes[0].server_pid == probes[1].server_pid
+    assert second["engine_time"].get("stop_s", 0) > 0 and not first["engine_time"].get("stop_s")
     d = workload.rates_derivation
     capacity = d["capacities"]["short-only"]
     assert capacity in (2.0, 4.0), d

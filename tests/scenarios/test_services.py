@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -302,7 +303,8 @@ def test_it_calibrates_from_the_command_and_refuses_an_experiment_without_calibr
 
     from django.core.management import CommandError, call_command
 
-    monkeypatch.setattr("workers.pipeline.run_execute", _fake_execute(capacity_rps=3.0))
+    fake = _fake_execute(capacity_rps=3.0)
+    monkeypatch.setattr("workers.pipeline.inline_executor", lambda: contextlib.nullcontext(fake))
     experiment = _calibrated_experiment(model_dir)
     out = StringIO()
     call_command("experiment_calibrate", str(experiment.pk), stdout=out)

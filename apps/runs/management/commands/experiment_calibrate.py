@@ -24,26 +24,33 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the whole derivation as JSON")
 
     def handle(self, *args, **options):
-        from workers.pipeline import run_execute
+        from workers.pipeline import inline_executor
 
         try:
             experiment = Experiment.objects.get(pk=options["id"])
         except Experiment.DoesNotExist:
             raise CommandError(f"no experiment with id {options['id']}") from None
         try:
-            if options["cell"]:
-                if not options["mixture"]:
-                    raise CommandError("--cell needs --mixture")
-                result = cell_goodput_capacity(
-                    experiment_id=experiment.pk,
-                    cell_id=options["cell"],
-                    mixture=options["mixture"],
-                    execute=run_execute,
-                )
-                summary = f"goodput capacity of {options['cell']} on {options['mixture']}: {result['capacity_rps']} req/s"
-            else:
-                result = experiment_calibrate(experiment_id=experiment.pk, execute=run_execute)
-                summary = f"capacities {result['capacities']} -> rates {result['rates']} (source: probe)"
+            with inline_executor() as execute:
+                result, summary = self._measure(experiment, options, execute)
         except (CalibrationError, RunsRefused) as exc:  # RunsRefused: analysed or decided
             raise CommandError(str(exc)) from None
         self.stdout.write(json.dumps(result, indent=2, sort_keys=True) if options["json"] else summary)
+
+    def _measure(self, experiment, options, execute):
+        """The goodput search of ``--cell`` or the capacity probe: (result, one-line summary)."""
+        if options["cell"]:
+            if not options["mixture"]:
+                raise CommandError("--cell needs --mixture")
+            result = cell_goodput_capacity(
+                experiment_id=experiment.pk,
+                cell_id=options["cell"],
+                mixture=options["mixture"],
+                execute=execute,
+            )
+            return (
+                result,
+                f"goodput capacity of {options['cell']} on {options['mixture']}: {result['capacity_rps']} req/s",
+            )
+        result = experiment_calibrate(experiment_id=experiment.pk, execute=execute)
+        return result, f"capacities {result['capacities']} -> rates {result['rates']} (source: probe)"
