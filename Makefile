@@ -40,10 +40,10 @@ lint: setup
 
 # Command 2: lint and the whole test suite (unit, end-to-end on the CPU engine, browser), in two
 # lanes of one core each on a machine with two cores or more (tests/lanes.py), else one lane.
-# LANES=0 forces one lane.
+# LANES=0 forces one lane. Each test's time and outcome: artifacts/junit.xml (JUnit XML).
 LANES ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 0)
 test: setup engine tools lint
-	$(BIN)/pytest -n $(LANES) --dist load --maxschedchunk 2 -m "not reference"
+	$(BIN)/pytest -n $(LANES) --dist load --maxschedchunk 2 -m "not reference" --junitxml=artifacts/junit.xml
 
 # The scaled-down reference sweep (tests/orchestration/test_reference_sweep_engine.py): about
 # 15 minutes of one lane, left out of `make test` until it fits the suite's time.
