@@ -45,6 +45,19 @@ SCALAR_FIELDS: tuple[str, ...] = (
     "unfinished",
 )
 
+# vLLM's own timings of each request, joined from its OTLP span (nanoseconds, None where no span
+# joined): queue (waiting queue to scheduled), prefill (scheduled to first token), decode (first to
+# last token), TTFT (from the request's arrival at the API server) and end-to-end. Optional: a
+# table without them reads NaN ("not joined") everywhere, so an older database or a record without
+# the fields still loads (apps/analysis/ttft_parts.py reads them).
+SERVER_FIELDS: tuple[str, ...] = (
+    "server_queue_ns",
+    "server_prefill_ns",
+    "server_decode_ns",
+    "server_ttft_ns",
+    "server_e2e_ns",
+)
+
 
 def error_code(kind: str | None) -> int:
     if kind is None:
@@ -90,9 +103,18 @@ class RecordTable:
     unfinished: np.ndarray
     token_gaps: FlatHistograms | None = None
     chunk_gaps: FlatHistograms | None = None
+    # SERVER_FIELDS present in the source, by name (float64 ns, NaN: not joined); see ``server``.
+    server_columns: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.run.shape[0])
+
+    def server(self, name: str) -> np.ndarray:
+        """One of SERVER_FIELDS as float64 ns, NaN where no span joined (all NaN when the source had none)."""
+        if name not in SERVER_FIELDS:
+            raise ValueError(f"{name} is not a server timing field ({', '.join(SERVER_FIELDS)})")
+        col = self.server_columns.get(name)
+        return col if col is not None else np.full(len(self), np.nan)
 
     @classmethod
     def from_columns(
@@ -107,7 +129,8 @@ class RecordTable:
         token_gaps: FlatHistograms | None = None,
         chunk_gaps: FlatHistograms | None = None,
     ) -> RecordTable:
-        """Build from one sequence per field of SCALAR_FIELDS (None allowed where the record allows it)."""
+        """Build from one sequence per field of SCALAR_FIELDS (None allowed where the record allows it);
+        the optional SERVER_FIELDS are taken when ``columns`` has them."""
         missing = [f for f in SCALAR_FIELDS if f not in columns]
         if missing:
             raise ValueError(f"missing record columns: {', '.join(missing)}")
@@ -137,6 +160,7 @@ class RecordTable:
             unfinished=np.asarray(columns["unfinished"], dtype=bool),
             token_gaps=token_gaps,
             chunk_gaps=chunk_gaps,
+            server_columns={f: _floats(columns[f]) for f in SERVER_FIELDS if f in columns},
         )
 
     @classmethod
@@ -147,7 +171,7 @@ class RecordTable:
         runs: list[int] = []
         classes: list[int] = []
         kinds: list[int] = []
-        cols: dict[str, list[Any]] = {f: [] for f in SCALAR_FIELDS}
+        cols: dict[str, list[Any]] = {f: [] for f in (*SCALAR_FIELDS, *SERVER_FIELDS)}
         hists: dict[str, tuple[list[int], list[int], list[float]]] = {
             "token_gaps": ([], [], []),
             "chunk_gaps": ([], [], []),
@@ -158,6 +182,8 @@ class RecordTable:
             kinds.append(error_code(rec.error_kind))
             for f in SCALAR_FIELDS:
                 cols[f].append(getattr(rec, f))
+            for f in SERVER_FIELDS:  # absent from a record made before the spans were joined
+                cols[f].append(getattr(rec, f, None))
             for name in ("token_gaps", "chunk_gaps"):
                 rows, buckets, weights = hists[name]
                 for b, w in getattr(rec, name).counts.items():
@@ -222,6 +248,11 @@ class RecordTable:
                 )
             else:
                 hist[name] = None
+        server = {
+            f: np.concatenate([t.server(f) for t in tables])
+            for f in SERVER_FIELDS
+            if any(f in t.server_columns for t in tables)
+        }
         return cls(
             run=np.concatenate(runs) if runs else np.zeros(0, dtype=np.int64),
             run_keys=run_keys,
@@ -245,4 +276,5 @@ class RecordTable:
             unfinished=joined("unfinished").astype(bool),
             token_gaps=hist["token_gaps"],
             chunk_gaps=hist["chunk_gaps"],
+            server_columns=server,
         )

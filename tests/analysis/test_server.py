@@ -56,3 +56,47 @@ def test_it_builds_gauge_series_with_their_maximum_kept_when_thinned():
     assert max(v for _, v in g["series"]) == 99.0
     kv = server_metrics([s(0, "vllm:gpu_cache_usage_perc", 0.4, kind="gauge")])["gauges"]["kv_usage"]
     assert kv["max"] == 0.4
+
+
+def h(t, buckets, epoch=0, labels=None, total=1.0):
+    sample = s(
+        t, "vllm:request_queue_time_seconds", buckets[-1][1], epoch=epoch, kind="histogram", labels=labels
+    )
+    sample["histogram"] = {"buckets": buckets, "sum": total, "count": buckets[-1][1]}
+    return sample
+
+
+def test_it_takes_histogram_deltas_bucket_by_bucket_within_epochs():
+    from apps.analysis.server_metrics import histogram_delta
+
+    samples = [
+        h(0, [[0.1, 10], [1.0, 20], ["+Inf", 20]], total=5.0),
+        h(5, [[0.1, 15], [1.0, 40], ["+Inf", 41]], total=15.0),
+        # A restart: the new process counts from zero in epoch 1.
+        h(6, [[0.1, 0], [1.0, 1], ["+Inf", 1]], epoch=1, total=0.5),
+        h(9, [[0.1, 4], [1.0, 6], ["+Inf", 6]], epoch=1, total=2.5),
+    ]
+    delta = histogram_delta(samples)
+    assert delta == {"buckets": [[0.1, 9.0], [1.0, 25.0], ["+Inf", 26.0]], "count": 26.0, "sum": 12.0}
+    assert histogram_delta([s(0, "x", 1.0)]) is None
+    assert server_metrics(samples)["histograms"]["queue_time"] == delta
+    assert server_metrics(samples)["histograms"]["ttft"] is None
+
+
+@pytest.mark.parametrize(
+    ("q", "ms", "above"),
+    [
+        (0.5, 100 * 50 / 90, False),  # rank 50 of 100, 50 of the first bucket's 90 (0-100 ms)
+        (0.95, 600.0, False),  # rank 95: 5 of the 9 in 100 ms-1 s
+        (0.995, 1000.0, True),  # in the +Inf bucket: the last finite bound, a lower bound
+    ],
+)
+def test_it_reads_a_quantile_off_cumulative_buckets(q, ms, above):
+    from apps.analysis.server_metrics import histogram_quantile, merge_histograms
+
+    half = {"buckets": [[0.1, 45], [1.0, 49.5], ["+Inf", 50]], "count": 50, "sum": 1.0}
+    both = merge_histograms([half, None, half])
+    assert both["count"] == 100.0
+    assert histogram_quantile(both, q) == {"ms": pytest.approx(ms, abs=1e-3), "above": above}
+    assert histogram_quantile(None, q) is None
+    assert histogram_quantile({"buckets": [[0.1, 0], ["+Inf", 0]]}, q) is None

@@ -32,7 +32,13 @@ COUNTERS = (
     "vllm:prefix_cache_hits_total",
 )
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
-HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds")
+# Queue, TTFT and prefill time: the per-run split of TTFT where no per-request span joined
+# (apps/analysis/ttft_parts.py).
+HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+)
 INFOS = ("vllm:cache_config_info",)
 DEFAULT_NAMES = frozenset(COUNTERS + GAUGES + HISTOGRAMS + INFOS)
 
