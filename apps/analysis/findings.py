@@ -42,6 +42,12 @@ FINDINGS: dict[str, FindingText] = {
         "title": "no material gain",
         "suggests": "keep the simpler baseline",
     },
+    "tail_bound": {
+        "title": "what bounds each class's tail: queue, prefill or decode",
+        "suggests": "the knobs of its bound: the token budget and chunked prefill for prefill and "
+        "long-prefill stalls, max_num_seqs and the KV cache for decode, the scheduling policy, bounded "
+        "ingress or isolation for a queue",
+    },
 }
 
 LAST = 1 << 30
@@ -76,6 +82,8 @@ class Sweep:
     agg: Mapping[tuple[str, str, str, str], Mapping[str, Any]]
     keys: Sequence[tuple[str, str, str]]
     order: Mapping[str, int]
+    # Each class's diagnosis at the agreed points (apps/analysis/tail_bound.py), valid cells only.
+    tail_bounds: Sequence[Mapping[str, Any]] = ()
 
     def offered(self, cell: str, mix: str, rate: str, name: str | None) -> int:
         m = self.agg.get((cell, mix, rate, name)) if name is not None else None
@@ -300,6 +308,29 @@ def no_material_gain(sw: Sweep) -> list[dict[str, Any]]:
     return evidence
 
 
+def tail_bound(sw: Sweep) -> list[dict[str, Any]]:
+    """Each class's tail at each agreed point of each valid cell, where a bound could be named:
+    queue, prefill, decode or outside the engine, with its shares and the knobs for it."""
+    return [
+        {
+            "cell": t["cell"],
+            "mixture": t["mixture"],
+            "rate": t["rate"],
+            "class": t["class"],
+            "tail": t["tail"],
+            "bound": t["bound"],
+            "cause": t["cause"],
+            "per_request": t["per_request"],
+            "queue_share": t["shares"].get("queue"),
+            "prefill_share": t["shares"].get("prefill"),
+            "decode_share": t["shares"].get("decode"),
+            "knobs": ", ".join(t["knobs"]),
+        }
+        for t in sw.tail_bounds
+        if t["bound"] != "unknown" and t["cell"] in sw.order
+    ]
+
+
 # Every finding, in the order the report lists them.
 REGISTRY: dict[str, Callable[[Sweep], list[dict[str, Any]]]] = {
     "stall_during_prefill": stall_during_prefill,
@@ -308,6 +339,7 @@ REGISTRY: dict[str, Callable[[Sweep], list[dict[str, Any]]]] = {
     "throughput_up_class_loses": throughput_up_class_loses,
     "long_requests_never_finish": long_requests_never_finish,
     "no_material_gain": no_material_gain,
+    "tail_bound": tail_bound,
 }
 
 
@@ -321,6 +353,7 @@ def findings(
     comparisons: Sequence[Comparison],
     stall_ratio: float = 2.0,
     invalid_cells: Sequence[str] = (),
+    tail_bounds: Sequence[Mapping[str, Any]] = (),
 ) -> list[Finding]:
     """Every finding that fires, each with its title, what it suggests, its evidence and cells."""
     order = {c["cell_id"]: i for i, c in enumerate(cells)}
@@ -340,6 +373,7 @@ def findings(
             key=lambda k: (order.get(k[0], LAST), k[1], k[2]),
         ),
         order=order,
+        tail_bounds=[t for t in tail_bounds if t["cell"] not in set(invalid_cells)],
     )
     out: list[Finding] = []
     for fid, check in REGISTRY.items():

@@ -36,7 +36,19 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import cost, findings, lengths, measured, metrics, paired, quality_verdict, rejections
+from apps.analysis import (
+    cost,
+    findings,
+    lengths,
+    measured,
+    metrics,
+    paired,
+    prefix_cache,
+    quality_verdict,
+    rejections,
+    tail_bound,
+    ttft_parts,
+)
 from apps.analysis.checks import acceptance_check, recovery_check, scenario_check
 from apps.analysis.columns import RecordTable
 from apps.analysis.report_inputs import (
@@ -236,7 +248,8 @@ def build_report(
     4. Validity, and acceptance pooled over the repeats (exact binomial tests).
     5. Per candidate, (mixture, rate) and class: paired block bootstrap against B0,
        the gain family (Holm), the decision, and the same under a second seed (paired.py).
-    6. The other checks, the findings; chart-ready aggregates.
+    6. The other checks; where each class's TTFT goes and what bounds its tail (ttft_parts.py,
+       tail_bound.py), the findings; the prefix cache's hit rates; chart-ready aggregates.
     """
     opts = options if isinstance(options, ReportOptions) else ReportOptions.from_mapping(options)
     plan = measured.plan_of(cells, classes)
@@ -282,6 +295,17 @@ def build_report(
         "failure_scenarios": scenario_check(run_results, scenario_verdicts),
         "recovery": _recovery(decision, plan.baseline, rollback, rehearse=rehearse, rehearsals=rehearsals),
     }
+    # Where each class's TTFT goes, and what bounds each class's tail at the agreed points.
+    parts = ttft_parts.ttft_parts(plan=plan, points=points, cohorts=cohorts, runs=runs)
+    bounds = tail_bound.tail_bounds(
+        cells=plan.cells,
+        classes=classes,
+        agreed=points.agreed,
+        parts_rows=parts["rows"],
+        aggregates=aggregates,
+        run_results=run_results,
+        invalid_cells=before.validity["invalid_cells"],
+    )
     found = findings.findings(
         cells=plan.cells,
         classes=classes,
@@ -291,6 +315,7 @@ def build_report(
         comparisons=comparisons,
         stall_ratio=opts.stall_ratio,
         invalid_cells=before.validity["invalid_cells"],
+        tail_bounds=bounds,
     )
     report: Report = {
         "format": REPORT_FORMAT,
@@ -314,6 +339,17 @@ def build_report(
         "costs": _costs(experiment, opts, cells=plan.cells, run_results=run_results, agreed=points.agreed),
         # Each rehearsed cell's attempts, the latest one's measures in full (apps/analysis/rehearsal_measures.py).
         "rehearsals": dict(rehearsals or {}),
+        "ttft_parts": parts,
+        "tail_bounds": bounds,
+        "prefix_cache": prefix_cache.prefix_cache(
+            experiment=experiment,
+            cell_ids=plan.cell_ids,
+            baseline=plan.baseline,
+            run_results=run_results,
+            aggregates=aggregates,
+            comparisons=comparisons,
+            parts_rows=parts["rows"],
+        ),
         "charts": charts(
             cell_ids=plan.cell_ids, aggregates=aggregates, comparisons=comparisons, run_results=run_results
         ),

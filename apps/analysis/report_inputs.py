@@ -48,6 +48,7 @@ class ExperimentInput(HostPrice, total=False):
     output_mode: str  # "exact" | "natural"
     max_dispatch_lag_ms: float | None
     mixtures: dict[str, dict[str, float]]  # mixture -> class -> weight
+    enable_prefix_caching: bool  # the controls' prefix caching, every cell's (a frozen control)
     rates: JSONObject  # rate name -> its spec
 
 
@@ -104,6 +105,10 @@ class RunInput(TypedDict):
     effective_args: NotRequired[JSONValue]
     generation: NotRequired[JSONValue]
     dispatch_lag_p99_ms: NotRequired[float | None]
+    # The run summary's ``server_spans`` (source, received, joined, answered, share, min_share,
+    # used, reason): whether vLLM's per-request spans joined enough of its records to be used
+    # (apps/analysis/ttft_parts.py). Absent or None: none recorded.
+    server_spans: NotRequired[JSONObject | None]
 
 
 class StoredRun(RunInput):
@@ -134,6 +139,8 @@ class MetricSampleInput(SampleValue):
 
     phase: str
     epoch: int
+    # A histogram's cumulative buckets, sum and count (kind "histogram"; workers/engine/scrape.py).
+    histogram: NotRequired[JSONObject | None]
 
 
 class RollbackInput(TypedDict):

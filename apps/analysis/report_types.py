@@ -359,6 +359,74 @@ Aggregate = TypedDict(
 )
 
 
+class PartsAt(TypedDict):
+    """A class's TTFT at one quantile and the parts of ONE request there (ttft_parts.py): per
+    request, the request at that rank (or the nearest joined one, ``substitute``); per run, vLLM's
+    histogram quantiles beside the class's client quantile (``request`` None)."""
+
+    q: float
+    ttft_ms: float | None  # the class's client TTFT at q (from the planned arrival)
+    censored: bool
+    above_ms: float | None
+    parts: dict[str, float | None] | None  # ttft_parts.COMPONENT_KEYS -> ms; None: nothing to split
+    request: dict[str, JSONValue] | None  # {"run", "index"} whose parts these are
+    request_ttft_ms: float | None  # that request's TTFT: what its parts add up to
+    rank: int | None  # the nearest rank k of the q-th TTFT among the pooled requests
+    rank_used: int | None  # the rank of the request split (k unless substituted)
+    substitute: bool
+    note: str | None
+
+
+# One (cell, mixture, rate, class): its TTFT split at p50 and p99 (ttft_parts.ttft_parts).
+TtftPartsRow = TypedDict(
+    "TtftPartsRow",
+    {
+        "cell": str,
+        "mixture": str,
+        "rate": str,
+        "class": str,
+        "source": str,  # "spans" (per request) | "histograms" (per run) | "none"
+        "per_request": bool,
+        "runs": list[str],  # the runs pooled
+        "runs_total": int,  # the point's done runs
+        "runs_without_spans": list[JSONObject],  # {"run", "reason"}
+        "requests": int,
+        "joined": int,
+        "joined_share": float | None,
+        "p50": PartsAt,
+        "p99": PartsAt,
+        "e2e_p99": JSONObject | None,  # the p99 end-to-end request's own split (ttft_parts.e2e_tail)
+        "note": str,
+    },
+)
+
+
+class TtftParts(TypedDict):
+    components: list[JSONObject]  # {"key", "label", "what"}, bottom of the stack first
+    min_share: float
+    rows: list[TtftPartsRow]
+
+
+# One class's tail at one agreed point of one cell: what bounds it (tail_bound.diagnose).
+TailBound = TypedDict(
+    "TailBound",
+    {
+        "cell": str,
+        "mixture": str,
+        "rate": str,
+        "class": str,
+        "tail": str,  # "ttft" | "e2e" | "stall": the class's primary metric's latency
+        "bound": str,  # "queue" | "prefill" | "decode" | "outside the engine" | "unknown"
+        "cause": str,
+        "per_request": bool,
+        "shares": dict[str, float | None],
+        "evidence": JSONObject,
+        "knobs": list[str],
+        "why": str,
+    },
+)
+
+
 class SkippedCell(TypedDict):
     cell: str
     reason: str
@@ -430,6 +498,12 @@ class Report(TypedDict):
     costs: JSONObject
     rehearsals: dict[str, RehearsalEntry]
     charts: ReportCharts
+    # Where each class's TTFT goes (apps/analysis/ttft_parts.py), what bounds each class's tail at
+    # the agreed points (tail_bound.py; also the ``tail_bound`` finding) and the prefix cache's
+    # hit rate beside the latency (prefix_cache.py). Absent from reports made before them.
+    ttft_parts: NotRequired[TtftParts]
+    tail_bounds: NotRequired[list[TailBound]]
+    prefix_cache: NotRequired[JSONObject]
     # Added by the service that stores the report (apps/analysis/services.experiment_report_build):
     # what the servers cost, by part (apps/runs/engine_time.py); None before any run.
     engine_time: NotRequired[JSONObject | None]
