@@ -46,7 +46,7 @@ ITL_MIN_RUNS = 3
 
 # What the decision table points at for each bound and cause: vLLM's flags (or the remedy) to try.
 KNOBS: dict[tuple[str, str], list[str]] = {
-    ("queue", "kv cache full"): ["kv_cache_memory_bytes", "gpu_memory_utilization", "max_num_seqs"],
+    ("queue", "kv cache pressure"): ["kv_cache_memory_bytes", "gpu_memory_utilization", "max_num_seqs"],
     ("queue", "sequence limit"): ["max_num_seqs", "capacity (replicas)"],
     ("queue", "behind longer prefills"): [
         "enable_chunked_prefill",
@@ -128,7 +128,7 @@ def shares(ev: BoundEvidence) -> dict[str, float | None]:
 
 def _queue_cause(ev: BoundEvidence) -> str:
     if (ev.kv_max is not None and ev.kv_max >= KV_FULL) or (ev.preemptions or 0) > 0:
-        return "kv cache full"
+        return "kv cache pressure"
     if ev.max_num_seqs is not None and ev.running_max is not None and ev.running_max >= ev.max_num_seqs:
         return "sequence limit"
     if ev.next_to_longer:

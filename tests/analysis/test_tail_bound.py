@@ -39,8 +39,8 @@ GROWING = {"runs": 4, "slope_ms_per_seq": 0.8, "r": 0.93}
 TABLE = [
     ("queue-behind-long-prefills", ttft(900, 60, next_to_longer=True, kv_max=0.4, running_max=3, max_num_seqs=64),
      "queue", "behind longer prefills"),
-    ("queue-kv-full", ttft(900, 60, next_to_longer=True, kv_max=0.97), "queue", "kv cache full"),
-    ("queue-preempting", ttft(900, 60, kv_max=0.5, preemptions=4), "queue", "kv cache full"),
+    ("queue-kv-full", ttft(900, 60, next_to_longer=True, kv_max=0.97), "queue", "kv cache pressure"),
+    ("queue-preempting", ttft(900, 60, kv_max=0.5, preemptions=4), "queue", "kv cache pressure"),
     ("queue-at-sequence-limit", ttft(900, 60, running_max=8, max_num_seqs=8, kv_max=0.5), "queue", "sequence limit"),
     ("queue-scheduling-order", ttft(900, 60, running_max=3, max_num_seqs=64, kv_max=0.5), "queue", "scheduling order"),
     ("prefill-bound", ttft(100, 800, next_to_longer=True), "prefill", "long prefill"),
