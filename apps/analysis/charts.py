@@ -18,6 +18,7 @@ view reads ``charts.<figure>``:
 - apps/analysis/cell_charts.py: figures comparing cells at a (mixture, rate);
 - apps/analysis/run_charts.py: figures from the runs' own series (gauges,
   preemptions, one run's histogram, a rollback rehearsal);
+- apps/analysis/parts_charts.py: where a class's TTFT goes, a stacked bar per cell at p50 and p99;
 - apps/analysis/results_charts.py: the results page's figures and tables from a report.
 """
 
@@ -45,6 +46,7 @@ from apps.analysis.chart_style import (
     cell_colours,
     class_colours,
 )
+from apps.analysis.parts_charts import ttft_parts_bars
 from apps.analysis.results_charts import cost_rows, report_combos, results_figures
 from apps.analysis.run_charts import (
     gauges_over_time,
@@ -80,5 +82,6 @@ __all__ = [
     "request_histogram",
     "results_figures",
     "run_gauges",
+    "ttft_parts_bars",
     "uniform_vs_bursty",
 ]

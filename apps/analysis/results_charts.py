@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
-from apps.analysis import cell_charts, run_charts
+from apps.analysis import cell_charts, parts_charts, run_charts
 from apps.analysis.chart_style import UrlFor, class_colours
 from apps.analysis.report_types import Comparison, JSONObject, StoredReport
 from apps.analysis.spread import arrival_spread
@@ -190,6 +190,17 @@ def results_figures(
         "spread": arrival_spread(runs=report.get("runs", []), classes=class_names, cells=cells),
         "findings": report.get("findings", []),
         "costs": cost_rows(report),
+        # Where each class's TTFT goes at the chosen point, what bounds each tail at the agreed
+        # points, the prefix cache's hit rates (absent from reports made before them).
+        "ttft_parts_figures": parts_charts.ttft_parts_figures(
+            report, cells=cells, baseline=baseline, mixture=mixture, rate=rate, url_for_cell=url_for_cell
+        ),
+        "ttft_parts_rows": parts_charts.parts_rows(report, mixture=mixture, rate=rate),
+        "ttft_components": (report.get("ttft_parts") or {}).get("components") or [],
+        "tail_bounds": report.get("tail_bounds") or [],
+        "prefix_cache": report.get("prefix_cache")
+        if (report.get("prefix_cache") or {}).get("enabled")
+        else None,
         "natural": report.get("output_mode") == "natural",
         **_tables(report, mixture=mixture, rate=rate),
         "decision_data": report.get("decision", {}),

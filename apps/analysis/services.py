@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count
 
-from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, RecordTable, error_code
+from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, SERVER_FIELDS, RecordTable, error_code
 from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
@@ -54,7 +54,7 @@ from apps.analysis.report_inputs import (
     report_run,
 )
 from apps.analysis.report_types import RecoveryCheck, RehearsalEntry, Report, StoredReport
-from apps.analysis.server_metrics import COUNTERS, GAUGES
+from apps.analysis.server_metrics import COUNTERS, GAUGES, HISTOGRAMS
 from apps.analysis.validators import ValidatorBudget
 from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment
@@ -101,6 +101,7 @@ def _experiment_inputs(experiment: Experiment) -> ExperimentInputs:
         "max_dispatch_lag_ms": workload.max_dispatch_lag_ms if workload else None,
         "mixtures": workload.mixtures if workload else {},
         "rates": workload.rates if workload else {},
+        "enable_prefix_caching": bool(experiment.enable_prefix_caching),
     }
     return {"experiment": info, "cells": cells, "classes": classes}
 
@@ -160,6 +161,8 @@ def _run_inputs(runs: list[Run]) -> list[StoredRun]:
             "warmup_s": r.warmup_seconds,
             "observation_s": r.observation_seconds,
             "drain_deadline_s": r.drain_deadline_seconds,
+            # Whether vLLM's spans joined enough of the run's records (apps/analysis/ttft_parts.py).
+            "server_spans": (r.summary or {}).get("server_spans") if isinstance(r.summary, dict) else None,
         }
         for r in runs
     ]
@@ -176,7 +179,10 @@ def _load_table(run_inputs: Sequence[StoredRun]) -> RecordTable:
     pks = np.asarray([r["pk"] for r in run_inputs], dtype=np.int64)
     pk_order = np.argsort(pks)
     qn = connection.ops.quote_name
-    fields = ("run_id", "request_class", "error_kind", *SCALAR_FIELDS)
+    # vLLM's per-request timings, where the model has them (joined from its spans; ttft_parts.py).
+    columns = {f.name for f in RecordRow._meta.concrete_fields}
+    server_fields = tuple(f for f in SERVER_FIELDS if f in columns)
+    fields = ("run_id", "request_class", "error_kind", *SCALAR_FIELDS, *server_fields)
     table = qn(RecordRow._meta.db_table)
     parts: dict[str, list[np.ndarray]] = defaultdict(list)
     class_code: dict[str, int] = {}
@@ -204,7 +210,7 @@ def _load_table(run_inputs: Sequence[StoredRun]) -> RecordTable:
             failed = np.flatnonzero(kinds != None)  # noqa: E711 - elementwise comparison
             ek[failed] = [error_code(k) for k in kinds[failed]]
             parts["error_kind"].append(ek)
-            for name, col in zip(SCALAR_FIELDS, cols[3:], strict=True):
+            for name, col in zip((*SCALAR_FIELDS, *server_fields), cols[3:], strict=True):
                 # None becomes NaN in a float array: "never observed" survives.
                 dtype = bool if name in _BOOL_FIELDS else np.float64
                 parts[name].append(np.asarray(col, dtype=dtype))
@@ -212,13 +218,16 @@ def _load_table(run_inputs: Sequence[StoredRun]) -> RecordTable:
     def cat(name: str, dtype: Any) -> np.ndarray:
         return np.concatenate(parts[name]) if parts[name] else np.zeros(0, dtype=dtype)
 
-    columns = {name: cat(name, bool if name in _BOOL_FIELDS else np.float64) for name in SCALAR_FIELDS}
+    loaded = {
+        name: cat(name, bool if name in _BOOL_FIELDS else np.float64)
+        for name in (*SCALAR_FIELDS, *server_fields)
+    }
     return RecordTable.from_columns(
         run_keys=keys,
         run=cat("run", np.int64),
         class_names=list(class_code),
         request_class=cat("cls", np.int64),
-        columns=columns,
+        columns=loaded,
         error_kind=cat("error_kind", np.int16),
     )
 
@@ -286,14 +295,15 @@ def _cohort_histograms(run_inputs: Sequence[StoredRun], column: str) -> dict[tup
 def _samples(run_inputs: Sequence[StoredRun]) -> dict[str, list[MetricSampleInput]]:
     names = {n for group in (COUNTERS, GAUGES) for ns in group.values() for n in ns}
     names |= {f"{n}_total" for n in names}
+    names |= {n for ns in HISTOGRAMS.values() for n in ns}
     by_pk = {r["pk"]: r["key"] for r in run_inputs}
     out: dict[str, list[MetricSampleInput]] = defaultdict(list)
     qs = (
         MetricSample.objects.filter(run_id__in=list(by_pk), name__in=sorted(names))
         .order_by()
-        .values_list("run_id", "t_ns", "phase", "epoch", "name", "labels", "kind", "value")
+        .values_list("run_id", "t_ns", "phase", "epoch", "name", "labels", "kind", "value", "histogram")
     )
-    for run_id, t_ns, phase, epoch, name, labels, kind, value in qs.iterator(chunk_size=_CHUNK):
+    for run_id, t_ns, phase, epoch, name, labels, kind, value, histogram in qs.iterator(chunk_size=_CHUNK):
         out[by_pk[run_id]].append(
             {
                 "t_ns": t_ns,
@@ -303,6 +313,7 @@ def _samples(run_inputs: Sequence[StoredRun]) -> dict[str, list[MetricSampleInpu
                 "labels": labels,
                 "kind": kind,
                 "value": value,
+                "histogram": histogram,
             }
         )
     return out

@@ -80,3 +80,47 @@ class Command(BaseCommand):
                 self.stdout.write(f"power: {where}: {p.get('note') or 'not judged'}")
         for note in st.get("notes") or []:
             self.stdout.write(f"note: {note}")
+        self._ttft_parts(report)
+        for t in report.get("tail_bounds") or []:
+            knobs = ", ".join(t["knobs"]) or "none of the scheduler's"
+            self.stdout.write(
+                f"tail: {t['cell']} {t['mixture']} @ {t['rate']} {t['class']} {t['tail']} p99: {t['bound']}"
+                + (f" ({t['cause']})" if t["bound"] != "unknown" else "")
+                + f"; knobs: {knobs}"
+            )
+        cache = report.get("prefix_cache") or {}
+        for row in cache.get("rows") or []:
+            rate = f"{row['hit_rate']:.0%}" if row["hit_rate"] is not None else "unknown"
+            whose = f"the {row['class']} class's" if row["per"] == "class" else "per run, all classes"
+            self.stdout.write(
+                f"prefix cache: {row['cell']} {row['mixture']} @ {row['rate']}: hit rate {rate} ({whose})"
+            )
+        for g in cache.get("gains") or []:
+            self.stdout.write(
+                f"prefix cache: {g['cell']} {g['class']} {g['metric']} gain from {g['source']}: {g['why']}"
+            )
+
+    def _ttft_parts(self, report: dict[str, Any]) -> None:
+        """Per cell, point and class: the p50 and p99 requests' own TTFT parts, and how they were split."""
+        parts = report.get("ttft_parts") or {}
+        labels = {c["key"]: c["label"] for c in parts.get("components") or []}
+        for row in parts.get("rows") or []:
+            where = f"{row['cell']} {row['mixture']} @ {row['rate']} {row['class']}"
+            if row["source"] == "spans":
+                how = f"per request, {row['joined']} of {row['requests']} joined"
+            elif row["source"] == "histograms":
+                how = "per run, not per request (vLLM's histograms)"
+            else:
+                self.stdout.write(f"ttft parts: {where}: not split ({row['note']})")
+                continue
+            quantiles = []
+            for q in ("p50", "p99"):
+                at = row[q]
+                if at["censored"]:
+                    quantiles.append(f"{q} above {at['above_ms']} ms, not split")
+                    continue
+                split = ", ".join(
+                    f"{labels.get(k, k)} {v:.1f}" for k, v in (at["parts"] or {}).items() if v is not None
+                )
+                quantiles.append(f"{q} {at['ttft_ms']} ms ({split or 'not split'})")
+            self.stdout.write(f"ttft parts: {where}: {'; '.join(quantiles)} [{how}]")
