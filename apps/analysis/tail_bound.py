@@ -91,6 +91,7 @@ class BoundEvidence:
     source: str = "spans"  # the TTFT split's: "spans" | "histograms" | "none"
     next_to_longer: bool = False  # a class with longer prompts had traffic at the same point
     stall_p99_ms: float | None = None
+    stall_limit_ms: float | None = None  # the class's max-stall contract
     itl_p99_ms: float | None = None
     running_max: float | None = None
     waiting_max: float | None = None
@@ -241,7 +242,25 @@ def why(ev: BoundEvidence, bound: str, cause: str, knobs: Sequence[str]) -> str:
             + ("grows" if _itl_grows(ev) else "does not clearly grow")
             + " with the batch"
         )
-    return text + (f"; knobs: {', '.join(knobs)}" if knobs else "")
+    text += f"; knobs: {', '.join(knobs)}" if knobs else ""
+    if long_prefill_stall(ev):
+        text += (
+            f"; its streams also stall behind longer prefills: max stall p99 {ev.stall_p99_ms} ms over its "
+            f"{ev.stall_limit_ms:g} ms limit (knobs: {', '.join(KNOBS[('prefill', 'long-prefill stall')])})"
+        )
+    return text
+
+
+def long_prefill_stall(ev: BoundEvidence) -> bool:
+    """A TTFT or end-to-end tail whose streams also break their stall limit next to longer prompts:
+    the long-prefill stall decodes suffer, surfaced beside the tail's own bound."""
+    return (
+        ev.tail != "stall"
+        and ev.next_to_longer
+        and ev.stall_p99_ms is not None
+        and ev.stall_limit_ms is not None
+        and ev.stall_p99_ms > ev.stall_limit_ms
+    )
 
 
 def itl_vs_batch(runs: Sequence[RunResult], cell: str, name: str) -> dict[str, Any]:
@@ -344,6 +363,7 @@ def tail_bounds(
                     continue
                 ev = _evidence(
                     primary.get(name, "ttft_p99_ms"),
+                    c.get("max_stall_ms"),
                     m,
                     row,
                     next_to_longer=any(
@@ -375,6 +395,8 @@ def tail_bounds(
                             "parts_ms": dict(ev.parts) if ev.parts else None,
                             "decode_ms": ev.decode_ms,
                             "stall_p99_ms": ev.stall_p99_ms,
+                            "stall_limit_ms": ev.stall_limit_ms,
+                            "long_prefill_stall": long_prefill_stall(ev),
                             "itl_p99_ms": ev.itl_p99_ms,
                             "next_to_longer_prompts": ev.next_to_longer,
                             **gauges,
@@ -391,6 +413,7 @@ def tail_bounds(
 
 def _evidence(
     primary: str,
+    stall_limit: float | None,
     m: Mapping[str, Any],
     row: TtftPartsRow | None,
     *,
@@ -405,6 +428,7 @@ def _evidence(
     common: dict[str, Any] = {
         "next_to_longer": next_to_longer,
         "stall_p99_ms": stall if math.isfinite(stall) else None,
+        "stall_limit_ms": float(stall_limit) if stall_limit is not None else None,
         "itl_p99_ms": m["itl_ms"]["p99"],
         "max_num_seqs": max_num_seqs,
         "itl_vs_batch": itl_fit,

@@ -163,3 +163,21 @@ def test_invalid_cells_get_no_diagnosis_row_in_the_findings() -> None:
     assert {t["cell"] for t in report["tail_bounds"]} == {"B0"}
     finding = next(f for f in report["findings"] if f["id"] == "tail_bound")
     assert finding["cells"] == ["B0"]
+
+
+def test_a_short_class_whose_streams_also_stall_behind_long_prefills_says_so() -> None:
+    """The long-prefill stall decodes suffer shows beside the short class's queue, with its knobs."""
+    plan = replace(Plan(), cells=Plan().cells[:2], per_class=60)
+
+    def stalls_under_b0(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+        out = _short_waits_under_b0(cell, mix, rate, rep, cls, idx)
+        if cls == "short" and cell == "B0":
+            out["stall_ms"] = 400.0  # over the short class's 250 ms limit
+        return out
+
+    report = build_with_spans(plan, stalls_under_b0, _split)
+    bounds = {(t["cell"], t["class"]): t for t in report["tail_bounds"]}
+    b0, c1 = bounds[("B0", "short")], bounds[("C1", "short")]
+    assert b0["evidence"]["long_prefill_stall"] is True and b0["evidence"]["stall_p99_ms"] == 400.0
+    assert "stall behind longer prefills: max stall p99 400.0 ms over its 250 ms limit" in b0["why"]
+    assert c1["evidence"]["long_prefill_stall"] is False and "stall behind" not in c1["why"]
