@@ -4,7 +4,7 @@ server's parts, per (cell, mixture, rate, class). Pure (numpy only).
 The client's TTFT is measured from the request's planned arrival, as every latency of the report
 (apps/analysis/metrics.py), over the same cohort with the same censoring. vLLM's span of each
 request, joined to its record by request id (the records' ``server_*_ns``, apps/analysis/columns.py
-SERVER_FIELDS), splits it into five parts that add up to it exactly:
+SERVER_FIELDS), splits it into five parts that add up to it (each rounded to a microsecond):
 
 - ``queue_ms``: vLLM's time in its waiting queue (queued to first scheduled);
 - ``prefill_ms``: first scheduled to first token: the prompt's forward passes and, with chunked
