@@ -347,6 +347,9 @@ TAILTUNE_MODEL_ROOTS = envpaths(
 # name (docs/SPEC.md, "Capturing B0"): a JSON object, name -> base URL. A user picks a name, never
 # a URL; `manage.py baseline_capture --url` is the operator's and takes any.
 TAILTUNE_CAPTURE_SOURCES = envurls("TAILTUNE_CAPTURE_SOURCES")
+# How many pasted captures vLLM's parser reads at once (each holds a request 15-35 s on a CPU
+# host); more get "try again" (429 from the API). apps/approvals/capture_sources.py.
+TAILTUNE_CAPTURE_PARSES = envint("TAILTUNE_CAPTURE_PARSES", 1)
 # Caps on one experiment's plan, checked when a spec is validated (docs/SPEC.md, "Limits").
 TAILTUNE_MAX_RUNS = envint("TAILTUNE_MAX_RUNS", 10_000)
 TAILTUNE_MAX_ENGINE_HOURS = envint("TAILTUNE_MAX_ENGINE_HOURS", 2_000)

@@ -142,6 +142,12 @@ class BaselineCapture(ApiView):
                 experiment=experiment,
                 container=texts["container"],
             )
+        except bc.CaptureBusy as exc:
+            return Response(
+                {"errors": _errors(exc)},
+                status=status.HTTP_429_TOO_MANY_REQUESTS,
+                headers={"Retry-After": "30"},
+            )
         except SpecError as exc:
             return Response({"errors": _errors(exc)}, status=status.HTTP_400_BAD_REQUEST)
         note = texts["note"] or ""

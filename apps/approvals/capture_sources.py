@@ -13,16 +13,61 @@ manifest is read from this service's own approvals.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 
 from apps.approvals.models import Revocation, RollbackManifest
 from apps.experiments import baseline_capture as bc
 from apps.experiments.spec_capture import CAPTURE_SOURCES
 
 MAX_EXPERIMENT_ID = 2**63 - 1
+# vLLM's parser runs in the engine's interpreter: 15-35 s of imports on a busy CPU host. A
+# request waits for it, so at most this many run at once (others are told to try again, never
+# queued behind them), and a command line already read is answered from the cache.
+PARSE_TIMEOUT_S = 120.0
+PARSED_KEPT_S = 24 * 3600
+
+
+def _parse_slots() -> int:
+    return max(1, int(getattr(settings, "TAILTUNE_CAPTURE_PARSES", 1)))
+
+
+def bounded_parse(argv: list[str], engine_python: str) -> dict[str, Any]:
+    """vLLM's parser on ``argv`` (workers/engine/vllm_args.parse_serve_command), at most
+    TAILTUNE_CAPTURE_PARSES at once across the service's processes (a slot is a cache key held
+    for the parse's timeout at most), each distinct command line parsed once a day."""
+    from workers.engine import vllm_args
+
+    digest = hashlib.sha256(json.dumps([engine_python, argv]).encode()).hexdigest()
+    key = f"capture-parse:{digest}"
+    kept = cache.get(key)
+    if isinstance(kept, dict):
+        return kept
+    slots = _parse_slots()
+    slot = next(
+        (
+            f"capture-parse-slot:{i}"
+            for i in range(slots)
+            if cache.add(f"capture-parse-slot:{i}", 1, PARSE_TIMEOUT_S)
+        ),
+        None,
+    )
+    if slot is None:
+        raise bc.CaptureBusy(
+            "text",
+            f"vLLM's parser is reading {slots} other capture{'s' if slots > 1 else ''} right now "
+            "(TAILTUNE_CAPTURE_PARSES): try again in half a minute",
+        )
+    try:
+        parsed = vllm_args.parse_serve_command(argv, engine_python, timeout_s=PARSE_TIMEOUT_S)
+    finally:
+        cache.delete(slot)
+    cache.set(key, parsed, PARSED_KEPT_S)
+    return parsed
 
 
 def capture_server_names() -> list[str]:
@@ -118,4 +163,5 @@ def baseline_capture(
         engine_python=engine_python(),
         container=(container or "").strip() or None,
         at=at,
+        parse=bounded_parse,
     )

@@ -123,6 +123,10 @@ class CaptureError(SpecError):
         super().__init__([FieldError(field_name, message)])
 
 
+class CaptureBusy(CaptureError):
+    """vLLM's parser is already reading as many captures as the service allows at once: try again."""
+
+
 @dataclass
 class Captured:
     """B0 as captured: the spec's model, controls, engine image and B0's args, and the record."""
@@ -233,9 +237,11 @@ def from_text(
     field_name: str = "text",
     name: str = "",
     at: str | None = None,
+    parse: Callable[[list[str], str], dict[str, Any]] | None = None,
 ) -> Captured:
     """B0 from a command line (``command``), a Kubernetes manifest (``kubernetes``) or Helm
-    values (``helm``), parsed by vLLM's own parser in ``engine_python``."""
+    values (``helm``), parsed by vLLM's own parser in ``engine_python`` (``parse``: the
+    service's bounded, cached call of it, apps/approvals/capture_sources.py; default: direct)."""
     finders: dict[str, Callable[[str], VllmStart]] = {
         "command": from_command_line,
         "kubernetes": lambda t: from_kubernetes(t, container=container),
@@ -253,7 +259,9 @@ def from_text(
         raise CaptureError(field_name, str(exc)) from None
     engine = _engine()
     try:
-        parsed = engine.parse_serve_command(list(start.argv), engine_python)
+        parsed = (parse or engine.parse_serve_command)(list(start.argv), engine_python)
+    except CaptureBusy as exc:
+        raise CaptureBusy(field_name, exc.errors[0].message) from None
     except ValueError as exc:
         raise CaptureError(field_name, f"{start.where}: {exc}") from None
     model, controls, args, notes = split_args(

@@ -105,3 +105,44 @@ def test_a_bad_request_is_a_400_naming_its_field(author, body, field, message) -
 def test_only_an_experimenter_with_a_run_token_captures(viewer, approver) -> None:  # type: ignore[no-untyped-def]
     assert client_for(viewer).post(URL, {"source": "manifest"}, format="json").status_code == 403
     assert client_for(approver).post(URL, {"source": "manifest"}, format="json").status_code == 403
+
+
+def test_a_pasted_command_is_parsed_once_and_no_more_parses_run_at_once_than_the_operator_allows(
+    settings, author, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's parser holds a request 15-35 s: a second capture while one runs is told to try again
+    (429, Retry-After), and a command line already read is answered without running it again."""
+    from django.core.cache import cache
+
+    from workers.engine import vllm_args
+
+    cache.clear()
+    settings.TAILTUNE_CAPTURE_PARSES = 1
+    calls: list[list[str]] = []
+    api = client_for(author)
+    command = {"source": "command", "text": "vllm serve /models/m --max-num-seqs 48"}
+
+    def parse(argv, engine_python, *, timeout_s):  # type: ignore[no-untyped-def]
+        calls.append(list(argv))
+        if len(calls) == 1:  # while this one runs, another capture arrives
+            busy = api.post(
+                URL, {"source": "command", "text": "vllm serve /models/m --max-num-seqs 8"}, format="json"
+            )
+            assert busy.status_code == 429 and busy["Retry-After"] == "30", busy.content
+            assert "TAILTUNE_CAPTURE_PARSES" in busy.json()["errors"][0]["message"]
+            assert busy.json()["errors"][0]["field"] == "text"
+        return {"model": "/models/m", "args": {"max_num_seqs": 48}, "vllm_version": vllm_args.PINNED_VERSION}
+
+    monkeypatch.setattr(vllm_args, "parse_serve_command", parse)
+    first = api.post(URL, command, format="json")
+    assert first.status_code == 200, first.content
+    assert first.json()["fragment"]["baseline"]["args"]["max_num_seqs"] == 48
+    again = api.post(URL, command, format="json")
+    assert again.status_code == 200, again.content
+    assert again.json()["fragment"]["baseline"]["args"] == first.json()["fragment"]["baseline"]["args"]
+    assert len(calls) == 1  # the busy one never reached the parser; the repeat came from the cache
+    after = api.post(
+        URL, {"source": "command", "text": "vllm serve /models/m --max-num-seqs 8"}, format="json"
+    )
+    assert after.status_code == 200, after.content  # the slot was given back
+    assert len(calls) == 2
