@@ -39,6 +39,7 @@ import numpy as np
 from apps.analysis import cost, findings, lengths, measured, metrics, paired, quality_verdict, rejections
 from apps.analysis.checks import acceptance_check, recovery_check, scenario_check
 from apps.analysis.columns import RecordTable
+from apps.analysis.early_stop import settled_by
 from apps.analysis.report_inputs import (
     CellInput,
     ClassInput,
@@ -66,6 +67,7 @@ from apps.analysis.report_types import (
     ReportExperiment,
     RunResult,
     SkippedCell,
+    StoppedBy,
     ValidityCheck,
 )
 from apps.analysis.validators import ValidatorBudget
@@ -116,14 +118,21 @@ def _uncompared_checks(
 ) -> _Uncompared:
     """Validity, and acceptance pooled over the repeats with each class's quality contract."""
     cells, baseline = plan.cells, plan.baseline
-    validity = validity_check(
-        experiment=experiment, cells=cells, baseline=baseline, run_results=run_results, combos=points.combos
-    )
     skipped = {
         (r["cell"], r["mixture"], r["rate"], r["repeat"]): r["reason"]
         for r in points.runs
         if r["status"] == "skipped" and r["reason"]
     }
+    # Points early stopping settled: their cell is stopped (acceptance fails it), not invalid.
+    stopped = {point for point, why in skipped.items() if settled_by(why)}
+    validity = validity_check(
+        experiment=experiment,
+        cells=cells,
+        baseline=baseline,
+        run_results=run_results,
+        combos=points.combos,
+        stopped=stopped,
+    )
     acceptance = acceptance_check(
         cells=cells,
         classes=classes,
@@ -330,15 +339,36 @@ def _report_cell(c: CellInput) -> ReportCell:
 
 
 def skipped_cells(run_results: Sequence[RunResult]) -> list[SkippedCell]:
-    """The cells early stopping cut short, in the runs' order: cell, the reason, the skipped runs."""
+    """The cells whose sweep runs were skipped, in the runs' order: cell, the reason, the skipped
+    runs, and, where early stopping stopped the cell, ``settled_by``: the run its reason names
+    with that run's point, and the class, contract key and that run's [over, judged] count."""
     out: dict[str, SkippedCell] = {}
+    by_key = {r["key"]: r for r in run_results}
     for r in run_results:
         if r["status"] == "skipped" and not r["scenario"]:
-            entry = out.setdefault(
-                r["cell"], {"cell": r["cell"], "reason": r.get("reason") or "", "runs": []}
-            )
+            entry = out.get(r["cell"])
+            if entry is None:
+                entry = out[r["cell"]] = {"cell": r["cell"], "reason": r.get("reason") or "", "runs": []}
+                named = settled_by(entry["reason"])
+                if named is not None:
+                    entry["settled_by"] = _settled_by(*named, by_key.get(named[0]))
             entry["runs"].append(r["key"])
     return list(out.values())
+
+
+def _settled_by(run: str, cls: str, key: str, result: RunResult | None) -> StoppedBy:
+    """What settled a stopped cell, as early stopping recorded it, with the named run's own
+    point and count from this report (None where the report does not hold that run)."""
+    over = ((result or {}).get("classes", {}).get(cls) or {}).get("over_limit", {}).get(key)
+    return {
+        "run": run,
+        "mixture": result["mixture"] if result else None,
+        "rate": result["rate"] if result else None,
+        "repeat": result["repeat"] if result else None,
+        "class": cls,
+        "metric": key,
+        "run_over": [int(over[0]), int(over[1])] if over else None,
+    }
 
 
 def _costs(

@@ -359,10 +359,27 @@ Aggregate = TypedDict(
 )
 
 
+# What settled a cell early stopping stopped (report.skipped_cells): the run, class and contract
+# key its reason names, that run's point and its own [over, judged] count for that key.
+StoppedBy = TypedDict(
+    "StoppedBy",
+    {
+        "run": str,
+        "mixture": str | None,
+        "rate": str | None,
+        "repeat": int | None,
+        "class": str,
+        "metric": str,
+        "run_over": list[int] | None,
+    },
+)
+
+
 class SkippedCell(TypedDict):
     cell: str
     reason: str
     runs: list[str]
+    settled_by: NotRequired[StoppedBy]  # only when early stopping stopped the cell
 
 
 class ReportExperiment(TypedDict):
