@@ -40,6 +40,7 @@ from apps.analysis import cost, findings, lengths, measured, metrics, paired, qu
 from apps.analysis.checks import acceptance_check, recovery_check, scenario_check
 from apps.analysis.columns import RecordTable
 from apps.analysis.early_stop import settled_by
+from apps.analysis.overload import RunLoad, overload_points, run_load
 from apps.analysis.report_inputs import (
     CellInput,
     ClassInput,
@@ -57,6 +58,7 @@ from apps.analysis.report_types import (
     Comparison,
     Decision,
     DiffPoint,
+    OverloadPoint,
     QualityCheck,
     RecordsSummary,
     RecoveryCheck,
@@ -261,6 +263,8 @@ def build_report(
     run_by_key = {r["key"]: r for r in run_results}
     points = measured.sweep_points(run_results, experiment, opts)
     aggregates = measured.pooled(plan, points, cohorts, run_by_key, table, natural=natural)
+    # B0's own load: did arrivals outrun completions through the window (apps/analysis/overload.py)?
+    overloaded = _overload(experiment, plan, points, table, windows, run_by_key)
     before = _uncompared_checks(
         experiment=experiment,
         classes=classes,
@@ -282,6 +286,7 @@ def build_report(
         agreed=points.agreed,
         options=opts.compare,
         rejected=before.rejected,
+        overload=overloaded,
     )
     # 6. The other checks, the findings, the report.
     checks: Checks = {
@@ -300,6 +305,7 @@ def build_report(
         comparisons=comparisons,
         stall_ratio=opts.stall_ratio,
         invalid_cells=before.validity["invalid_cells"],
+        overload=overloaded,
     )
     report: Report = {
         "format": REPORT_FORMAT,
@@ -312,6 +318,7 @@ def build_report(
         "records": _records_summary(table, cohorts, plan),
         "runs": run_results,
         "skipped": skipped_cells(run_results),
+        "overload": overloaded,
         "aggregates": aggregates,
         "comparisons": comparisons,
         "checks": checks,
@@ -328,6 +335,35 @@ def build_report(
         ),
     }
     return jsonable(report)
+
+
+def _overload(
+    experiment: ExperimentInput,
+    plan: measured.Plan,
+    points: measured.SweepPoints,
+    table: RecordTable,
+    windows: Mapping[str, metrics.Window],
+    run_by_key: Mapping[str, RunResult],
+) -> list[OverloadPoint]:
+    """Per (mixture, rate), B0's done sweep runs measured for overload (overload.overload_points)."""
+    code = {key: i for i, key in enumerate(table.run_keys)}
+    loads: dict[tuple[str, str], list[RunLoad]] = defaultdict(list)
+    rates: dict[tuple[str, str], float | None] = {}
+    for (cell, mix, rate, _), run in sorted(points.done.items()):
+        if cell != plan.baseline:
+            continue
+        key = run["key"]
+        rows = np.flatnonzero(table.run == code[key]) if key in code else np.zeros(0, dtype=np.int64)
+        waiting = (run_by_key[key]["server"].get("gauges", {}).get("waiting") or {}).get("series") or []
+        loads[(mix, rate)].append(run_load(key, table, rows, windows[key], waiting))
+        rates.setdefault((mix, rate), run.get("rate_rps"))
+    return overload_points(
+        loads,
+        rates_rps=rates,
+        capacities=experiment.get("capacities") or {},
+        rates_source=experiment.get("rates_source"),
+        agreed={(m, r) for m, r, _ in points.agreed},
+    )
 
 
 def _report_cell(c: CellInput) -> ReportCell:
@@ -359,7 +395,8 @@ def skipped_cells(run_results: Sequence[RunResult]) -> list[SkippedCell]:
 def _settled_by(run: str, cls: str, key: str, result: RunResult | None) -> StoppedBy:
     """What settled a stopped cell, as early stopping recorded it, with the named run's own
     point and count from this report (None where the report does not hold that run)."""
-    over = ((result or {}).get("classes", {}).get(cls) or {}).get("over_limit", {}).get(key)
+    metrics_of = result["classes"].get(cls) if result is not None else None
+    over = ((metrics_of or {}).get("over_limit") or {}).get(key)
     return {
         "run": run,
         "mixture": result["mixture"] if result else None,

@@ -49,6 +49,8 @@ class ExperimentInput(HostPrice, total=False):
     max_dispatch_lag_ms: float | None
     mixtures: dict[str, dict[str, float]]  # mixture -> class -> weight
     rates: JSONObject  # rate name -> its spec
+    rates_source: str  # "manual" (typed in the spec) or "probe" (frozen from B0's measured capacity)
+    capacities: dict[str, float]  # mixture -> B0's capacity (req/s) the calibration probe measured
 
 
 class CellInput(TypedDict):
