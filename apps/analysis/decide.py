@@ -14,8 +14,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from apps.analysis import rule_text
 from apps.analysis.checks import rounded
-from apps.analysis.report_inputs import CellInput
+from apps.analysis.report_inputs import CellInput, ClassInput
 from apps.analysis.report_types import (
     AcceptanceCheck,
     CellAcceptance,
@@ -25,6 +26,7 @@ from apps.analysis.report_types import (
     DecisionEvidence,
     ValidityCheck,
 )
+from apps.analysis.settle import Design
 
 RETAIN, RETUNE, ISOLATE, INCONCLUSIVE = "retain", "retune", "isolate", "inconclusive"
 P99_KEYS = {"ttft_ms": "ttft", "e2e_ms": "e2e", "max_stall_ms": "stall"}
@@ -156,8 +158,19 @@ def decide(
     comparisons: Sequence[Comparison],
     agreed: Sequence[tuple[str, str, int]],
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    classes: Sequence[ClassInput] = (),
+    designs: Mapping[tuple[str, str, str, str], Design] | None = None,
+    margin_rel: float | None = None,
+    overload: Sequence[Mapping[str, Any]] = (),
 ) -> Decision:
     """retain / retune / isolate (or inconclusive when B0 itself is not valid data).
+
+    The ``rule`` says why in words built from the evidence that decided (apps/analysis/rule_text.py):
+    the contracts B0 broke with their values and limits, each candidate's blocking reasons with
+    their numbers, and, for a comparison left unsettled, the change this design detects
+    (``designs``: (mixture, rate, class, metric) -> settle.Design, from B0's runs) and the repeats
+    or window that would detect the difference seen; those are also listed in
+    ``evidence["unsettled"]``. ``classes`` give the limits, ``margin_rel`` the non-inferiority margin.
 
     The comparisons carry the gain family's verdicts (apps/analysis/family.py):
     ``direction`` "better" only on a Holm-significant, material family member.
@@ -176,16 +189,20 @@ def decide(
        goodput gain over agreed (mixture, rate, class), relative to B0, then
        (b) the lowest worst p99 ratio candidate / B0, then (c) plan order.
     4. Else B0 keeps its contracts: retain. Else no configuration does: isolate.
+    5. B0 overloaded at an agreed point (``overload``: apps/analysis/overload.py, arrivals outran
+       completions through the window): inconclusive, naming the overload and how to calibrate;
+       the advice steps 2-4 would give is kept in ``evidence["advice_not_applicable"]``.
     """
     agreed_pairs = {(m, r) for m, r, _ in agreed}
     accept = acceptance["cells"]
     invalid = set(validity["invalid_cells"])
     if baseline in invalid or baseline not in accept:
+        problems = [p for p in validity["problems"] if p["cell"] == baseline][:20]
         return {
             "outcome": INCONCLUSIVE,
             "chosen_cell": baseline,
-            "rule": "B0 has invalid or missing runs: no comparison is possible",
-            "evidence": {"problems": [p for p in validity["problems"] if p["cell"] == baseline][:20]},
+            "rule": rule_text.b0_invalid(problems, judged=baseline in accept),
+            "evidence": {"problems": problems},
         }
     b0_passes = accept[baseline]["passed"]
     # A/A control cells (B0's config run again) measure the noise floor: never recommended.
@@ -216,32 +233,53 @@ def decide(
         "candidates": considered,
         "b0_failures": accept[baseline]["failures"][:20],
     }
+    cell_problems: dict[str, list[Any]] = defaultdict(list)
+    for p in validity["problems"]:
+        cell_problems[p["cell"]].append(p)
+    words = rule_text.Words(
+        limits={str(c["name"]): c for c in classes},
+        comps={(c["cell"], c["mixture"], c["rate"], c["class"]): c for cs in by_cell.values() for c in cs},
+        problems=cell_problems,
+        failures={cell: list(v["failures"]) for cell, v in accept.items()},
+        designs=designs or {},
+        margin_rel=margin_rel,
+    )
     if ranked:
-        return _retune(ranked[0][3], b0_passes=b0_passes, evidence=evidence)
-    return _no_candidate(
-        baseline,
-        [c for c in considered if c["cell"] not in controls],
-        accept=accept,
-        invalid=invalid,
-        b0_passes=b0_passes,
-        evidence=evidence,
-    )
-
-
-def _retune(best: str, *, b0_passes: bool, evidence: DecisionEvidence) -> Decision:
-    """Step 3: the best eligible candidate, and the rule it was chosen by."""
-    rule = (
-        "best candidate that keeps every class contract at every agreed rate and mixture, with a "
-        "material gain on a primary metric (family-wise controlled), every class non-inferior and "
-        "no class materially worse than B0 "
-        "(ranked by smallest goodput gain, then worst p99 ratio, then plan order)"
-    )
-    if not b0_passes:
-        rule = (
-            "B0 breaks a class contract; best candidate that keeps every contract at every agreed rate "
-            "and mixture, is materially better on what B0 broke and no class materially worse than B0"
+        eligible = [cell for *_, cell in ranked]
+        best = next(c for c in considered if c["cell"] == eligible[0])
+        decision: Decision = {
+            "outcome": RETUNE,
+            "chosen_cell": best["cell"],
+            "rule": rule_text.retune(words, best, b0_failures=evidence["b0_failures"], eligible=eligible),
+            "evidence": evidence,
+        }
+    else:
+        decision = _no_candidate(
+            baseline,
+            [c for c in considered if c["cell"] not in controls],
+            accept=accept,
+            invalid=invalid,
+            b0_passes=b0_passes,
+            evidence=evidence,
+            words=words,
         )
-    return {"outcome": RETUNE, "chosen_cell": best, "rule": rule, "evidence": evidence}
+    if words.unsettled:
+        decision["evidence"]["unsettled"] = words.unsettled[:20]
+    over = [dict(p) for p in overload if p.get("overloaded") and p.get("agreed")]
+    if over:
+        # Step 5: what was measured is B0's queue growing, not the configurations.
+        advice = {
+            "outcome": decision["outcome"],
+            "chosen_cell": decision["chosen_cell"],
+            "rule": decision["rule"],
+        }
+        return {
+            "outcome": INCONCLUSIVE,
+            "chosen_cell": baseline,
+            "rule": rule_text.overloaded(over, advice),
+            "evidence": {**decision["evidence"], "overload": over, "advice_not_applicable": advice},
+        }
+    return decision
 
 
 def _no_candidate(
@@ -252,17 +290,19 @@ def _no_candidate(
     invalid: set[str],
     b0_passes: bool,
     evidence: DecisionEvidence,
+    words: rule_text.Words,
 ) -> Decision:
     """Step 4, no candidate eligible: retain when B0 keeps its contracts; else isolate, unless
-    cells that keep every contract exist (then a person or a rerun must settle it)."""
+    cells that keep every contract exist (then a rerun, more data or a person must settle it)."""
     if b0_passes:
         return {
             "outcome": RETAIN,
             "chosen_cell": baseline,
-            "rule": "B0 keeps every class contract and no candidate passes every gate with a material gain",
+            "rule": rule_text.retain(words, considered),
             "evidence": evidence,
         }
-    passing = [c["cell"] for c in considered if c["cell"] not in invalid and _passed(accept, c["cell"])]
+    b0_failures = evidence["b0_failures"]
+    passing = [c for c in considered if c["cell"] not in invalid and _passed(accept, c["cell"])]
     passing_invalid = [c["cell"] for c in considered if c["cell"] in invalid and _passed(accept, c["cell"])]
     if not passing and passing_invalid:
         # Cells that keep every contract exist but their runs are not comparable data:
@@ -270,24 +310,21 @@ def _no_candidate(
         return {
             "outcome": INCONCLUSIVE,
             "chosen_cell": baseline,
-            "rule": "B0 breaks a contract; the only cells that keep every contract have invalid runs: "
-            "rerun them before deciding",
+            "rule": rule_text.rerun_invalid(words, b0_failures, passing_invalid),
             "evidence": {**evidence, "passing_invalid": passing_invalid},
         }
     if passing:
-        # Contracts are kept somewhere, so isolation is not called for, yet the
-        # candidates that keep them are materially worse than B0 elsewhere.
+        # Contracts are kept somewhere, so isolation is not called for, yet no candidate that
+        # keeps them is eligible: the words say which gate each failed, with its numbers.
         return {
             "outcome": INCONCLUSIVE,
             "chosen_cell": baseline,
-            "rule": "B0 breaks a contract; the candidates that keep every contract are materially worse "
-            "than B0 on some class: a person must weigh it",
-            "evidence": {**evidence, "passing": passing},
+            "rule": rule_text.weigh(words, b0_failures, passing),
+            "evidence": {**evidence, "passing": [c["cell"] for c in passing]},
         }
     return {
         "outcome": ISOLATE,
         "chosen_cell": baseline,
-        "rule": "no configuration keeps every class's contract on shared capacity: separate the classes "
-        "with admission control or capacity",
+        "rule": rule_text.isolate(words, b0_failures, considered),
         "evidence": evidence,
     }

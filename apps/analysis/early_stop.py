@@ -39,6 +39,7 @@ and key in sorted order (keys as acceptance lists them: ttft, e2e, stall, error_
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -63,6 +64,18 @@ OverLimit = Mapping[str, Mapping[str, Sequence[int]]]  # class -> key -> [over, 
 def reason(run: str, cls: str, key: str) -> str:
     """What a skipped run records: ``cannot be accepted (run <run> broke <class> <key>)``."""
     return f"cannot be accepted (run {run} broke {cls} {key})"
+
+
+_REASON = re.compile(
+    r"cannot be accepted \(run (?P<run>\S+) broke (?P<cls>.+) (?P<key>ttft|e2e|stall|error_rate)\)"
+)
+
+
+def settled_by(why: str) -> tuple[str, str, str] | None:
+    """(run, class, key) that a skipped run's ``reason`` names when early stopping skipped it
+    (reason()'s inverse); None for any other reason (a gate's stop at an unusable run)."""
+    m = _REASON.fullmatch(why or "")
+    return (m["run"], m["cls"], m["key"]) if m else None
 
 
 def allowed_shares(classes: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:

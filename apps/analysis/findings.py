@@ -48,6 +48,11 @@ FINDINGS: dict[str, FindingText] = {
         "long-prefill stalls, max_num_seqs and the KV cache for decode, the scheduling policy, bounded "
         "ingress or isolation for a queue",
     },
+    "b0_overloaded": {
+        "title": "B0 is overloaded: arrivals outrun completions through the window",
+        "suggests": "calibrate and rerun at a fraction of B0's capacity; until then read what queueing "
+        "does not drive: each class's max stall and inter-token latency once served",
+    },
 }
 
 LAST = 1 << 30
@@ -84,6 +89,7 @@ class Sweep:
     order: Mapping[str, int]
     # Each class's diagnosis at the agreed points (apps/analysis/tail_bound.py), valid cells only.
     tail_bounds: Sequence[Mapping[str, Any]] = ()
+    overload: Sequence[Mapping[str, Any]] = ()  # B0's load per point (apps/analysis/overload.py)
 
     def offered(self, cell: str, mix: str, rate: str, name: str | None) -> int:
         m = self.agg.get((cell, mix, rate, name)) if name is not None else None
@@ -331,6 +337,66 @@ def tail_bound(sw: Sweep) -> list[dict[str, Any]]:
     ]
 
 
+# Under overload TTFT and end-to-end latency measure the queue; these do not (a stream's gaps and
+# its tokens' pace once it is served): the signal underneath (docs/ANALYSIS.md "Overload").
+UNDER_THE_QUEUE = (("max_stall_ms", "p99"), ("itl_ms", "p99"))
+
+
+def b0_overloaded(sw: Sweep) -> list[dict[str, Any]]:
+    """B0 fell behind its arrivals at a point (more than half its runs there): the point's load,
+    then per class and cell what queueing does not drive, against B0's (max stall and ITL p99)."""
+    evidence: list[dict[str, Any]] = []
+    for p in sw.overload:
+        if not p.get("overloaded"):
+            continue
+        mix, rate = p["mixture"], p["rate"]
+        evidence.append(
+            {
+                k: p.get(k)
+                for k in (
+                    "mixture",
+                    "rate",
+                    "offered_rps",
+                    "arrivals_rps",
+                    "completions_rps",
+                    "queue_growth_rps",
+                    "waiting_growth_rps",
+                    "capacity_rps",
+                    "offered_over_capacity",
+                )
+            }
+        )
+        names = sorted({k[3] for k in sw.agg if k[1] == mix and k[2] == rate})
+        for cell, _, _ in [k for k in sw.keys if k[1] == mix and k[2] == rate]:
+            for name in names:
+                m, b0 = sw.agg.get((cell, mix, rate, name)), sw.agg.get((sw.baseline, mix, rate, name))
+                if not m or not b0 or not m["counts"]["offered"]:
+                    continue
+                row: dict[str, Any] = {"cell": cell, "mixture": mix, "rate": rate, "class": name}
+                for metric, q in UNDER_THE_QUEUE:
+                    row[f"{metric[:-3]}_{q}"] = m[metric][q]
+                    if cell != sw.baseline:
+                        row[f"b0_{metric[:-3]}_{q}"] = b0[metric][q]
+                if cell != sw.baseline:
+                    row["compared"] = _compared(sw, cell, mix, rate, name)
+                evidence.append(row)
+    return evidence
+
+
+def _compared(sw: Sweep, cell: str, mix: str, rate: str, name: str) -> dict[str, dict[str, Any]]:
+    """The paired comparison's difference from B0 on the judged stall and inter-token metrics,
+    with its interval (a candidate that breaks a contract is never "better", so the interval
+    is what shows the difference)."""
+    for c in sw.comparisons:
+        if (c["cell"], c["mixture"], c["rate"], c["class"]) == (cell, mix, rate, name):
+            return {
+                m: {"diff": v["diff"], "ci": v["ci"], "direction": v["direction"]}
+                for m, v in sorted(c["metrics"].items())
+                if m.startswith(("max_stall_", "itl_")) and v["judged"]
+            }
+    return {}
+
+
 # Every finding, in the order the report lists them.
 REGISTRY: dict[str, Callable[[Sweep], list[dict[str, Any]]]] = {
     "stall_during_prefill": stall_during_prefill,
@@ -340,6 +406,7 @@ REGISTRY: dict[str, Callable[[Sweep], list[dict[str, Any]]]] = {
     "long_requests_never_finish": long_requests_never_finish,
     "no_material_gain": no_material_gain,
     "tail_bound": tail_bound,
+    "b0_overloaded": b0_overloaded,
 }
 
 
@@ -354,6 +421,7 @@ def findings(
     stall_ratio: float = 2.0,
     invalid_cells: Sequence[str] = (),
     tail_bounds: Sequence[Mapping[str, Any]] = (),
+    overload: Sequence[Mapping[str, Any]] = (),
 ) -> list[Finding]:
     """Every finding that fires, each with its title, what it suggests, its evidence and cells."""
     order = {c["cell_id"]: i for i, c in enumerate(cells)}
@@ -374,6 +442,7 @@ def findings(
         ),
         order=order,
         tail_bounds=[t for t in tail_bounds if t["cell"] not in set(invalid_cells)],
+        overload=overload,
     )
     out: list[Finding] = []
     for fid, check in REGISTRY.items():

@@ -9,7 +9,8 @@ no comparison; this module
    (compare.compare_group);
 3. applies the gain family (family.apply) and decides (decide.decide);
 4. repeats 2-3 under a second seed and marks what changes "borderline";
-5. states the power of the design per class (statistics.power).
+5. states the power of the design per class (statistics.power), from the same
+   ``settle.Design`` the decision reads to say what would settle a comparison it could not.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from apps.analysis import compare, decide, family, inference, noise_floor
+from apps.analysis import compare, decide, family, inference, noise_floor, settle
 from apps.analysis.columns import RecordTable
 from apps.analysis.compare_options import CompareOptions
 from apps.analysis.metrics import Derived
@@ -78,6 +79,8 @@ class _Judging:
     eligible: set[str]  # the gain family's candidates
     draws: int  # bootstrap replicates per point, sized by the family
     aa_cells: list[str]  # A/A control cells: B0's own arguments on B0's engine
+    classes: Sequence[ClassInput] = ()  # their contracts, for the decision's words
+    overload: Sequence[Mapping[str, Any]] = ()  # B0's load per point (overload.overload_points)
 
 
 def judge_sweep(
@@ -90,8 +93,10 @@ def judge_sweep(
     agreed: Sequence[tuple[str, str, int]],
     options: CompareOptions,
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    overload: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[list[Comparison], Decision, Statistics]:
-    """(comparisons, decision, statistics) of the sweep."""
+    """(comparisons, decision, statistics) of the sweep; ``overload``: B0's load per point
+    (apps/analysis/overload.py), which the decision reads."""
     agreed_pairs = {(m, r) for m, r, _ in agreed}
     b0_cell = acceptance["cells"].get(sweep.baseline)
     b0_failures = b0_cell.get("failures", []) if b0_cell is not None else []
@@ -121,12 +126,14 @@ def judge_sweep(
         eligible=eligible,
         draws=inference.family_resamples(options.resamples, family_m, options.family_alpha),
         aa_cells=noise_floor.aa_cells(cells, sweep.baseline),
+        classes=classes,
+        overload=overload,
     )
     comparisons, b0_own = _compare_all(ctx, groups_in, options.seed)
-    fam, decision = _judged(ctx, comparisons)
+    fam, decision = _judged(ctx, comparisons, _designs(b0_own, ctx, family_m))
     borderline = 0
     if options.seed_check and comparisons:
-        borderline = _seed_check(ctx, groups_in, comparisons, decision)
+        borderline = _seed_check(ctx, groups_in, comparisons, decision, family_m)
     statistics: Statistics = {
         "family": {**fam, "planned_size": family_m},
         "resamples": ctx.draws,
@@ -188,9 +195,10 @@ def _compare_all(
     comps: list[Comparison] = []
     own: dict[tuple[str, str, str], Any] = {}
     for group in groups_in:
-        mix, rate, name, _, frames = group
+        mix, rate, name, base_runs, frames = group
         result, results = _compare_point(ctx, group, seed)
-        own[(mix, rate, name)] = (sum(int(f.size) for f in frames), result)
+        windows = [float(br["window"]["observation_s"]) for _, br in base_runs]
+        own[(mix, rate, name)] = (sum(int(f.size) for f in frames), result, sum(windows) / len(windows))
         for cell in ctx.sweep.cell_ids:
             if cell in results:
                 res, used = results[cell]
@@ -261,8 +269,11 @@ def _comparison(
     }
 
 
-def _judged(ctx: _Judging, comps: list[Comparison]) -> tuple[FamilySummary, Decision]:
-    """Step 3: the gain family marks the comparisons (Holm), then the decision reads them."""
+def _judged(
+    ctx: _Judging, comps: list[Comparison], designs: Mapping[tuple[str, str, str, str], settle.Design]
+) -> tuple[FamilySummary, Decision]:
+    """Step 3: the gain family marks the comparisons (Holm), then the decision reads them, with
+    what B0's runs let each metric detect (``designs``) to say what would settle a comparison."""
     fam = family.apply(
         comps,
         primary=ctx.primary,
@@ -279,18 +290,26 @@ def _judged(ctx: _Judging, comps: list[Comparison]) -> tuple[FamilySummary, Deci
         comparisons=comps,
         agreed=ctx.agreed,
         rejected=ctx.rejected,
+        classes=ctx.classes,
+        designs=designs,
+        margin_rel=ctx.options.noninferiority_margin_rel,
+        overload=ctx.overload,
     )
     return fam, verdict
 
 
 def _seed_check(
-    ctx: _Judging, groups_in: Sequence[Group], comparisons: Sequence[Comparison], decision: Decision
+    ctx: _Judging,
+    groups_in: Sequence[Group],
+    comparisons: Sequence[Comparison],
+    decision: Decision,
+    family_m: int,
 ) -> int:
     """Step 4: the same under another seed. What changes is borderline, never silently decided:
     each metric is marked, the decision gets ``seed_check``; returns how many metrics changed."""
     other_seed = ctx.options.seed + 1
-    alt, _ = _compare_all(ctx, groups_in, other_seed)
-    _, alt_decision = _judged(ctx, alt)
+    alt, alt_own = _compare_all(ctx, groups_in, other_seed)
+    _, alt_decision = _judged(ctx, alt, _designs(alt_own, ctx, family_m))
     borderline = 0
     for c, a in zip(comparisons, alt, strict=True):
         for m, v in c["metrics"].items():
@@ -382,7 +401,7 @@ def _power(
     """
     out = []
     target = options.noninferiority_margin_rel
-    for (mix, rate, name), (n, result) in sorted(b0_own.items()):
+    for (mix, rate, name), (n, result, obs_s) in sorted(b0_own.items()):
         if (mix, rate) not in agreed_pairs:
             continue
         level = result.levels[0] if result.levels else None
@@ -394,20 +413,11 @@ def _power(
             continue
         b0 = result.b0[metric]
         se = math.sqrt(2.0) * result.b0_se[metric]
-        mde = inference.detectable(se, alpha=options.family_alpha, family=family_m)
         repeats = len(result.b0_repeats.get(metric, []))
         fit = result.fits.get(metric)
-        run_sd = fit.sd if fit is not None and fit.scale == "log" else None
-        if run_sd is not None and fit is not None:
-            between = inference.rounds_detectable(
-                run_sd, rounds=fit.rounds, df=fit.df, alpha=options.family_alpha, family=family_m
-            )
-            # A log-scale change b is a relative decrease of 1 - e^-b (repeats_needed's target).
-            between_rel = -math.expm1(-between) if math.isfinite(between) else math.inf
-        else:
-            between_rel = math.inf
-        within_rel = mde / b0 if math.isfinite(b0) and b0 > 0 else math.inf
-        effect_rel = max(within_rel, between_rel)
+        design = settle.design_of(result, metric, obs_s, options, family_m)
+        run_sd = design.run_sd
+        effect_rel = max(design.within_rel, design.between_rel())
         floor = compare.material_threshold(metric, b0, options)
         effect = max(effect_rel * b0 if math.isfinite(b0) else math.inf, floor)
         entry.update(
@@ -448,4 +458,21 @@ def _power(
                     f"{metric} with 80% power takes at least {need} repeats (this design has {repeats})"
                 )
         out.append(entry)
+    return out
+
+
+def _designs(
+    b0_own: Mapping[tuple[str, str, str], Any], ctx: _Judging, family_m: int
+) -> dict[tuple[str, str, str, str], settle.Design]:
+    """(mixture, rate, class, metric) -> settle.Design, for every latency metric (lower is better,
+    in ms) B0 has a value of at an agreed point: what the decision may name as unsettled."""
+    out = {}
+    for (mix, rate, name), (_, result, obs_s) in b0_own.items():
+        if (mix, rate) not in ctx.agreed_pairs:
+            continue
+        for metric in result.b0:
+            if metric.endswith("_ms") and metric in result.b0_se:
+                out[(mix, rate, name, metric)] = settle.design_of(
+                    result, metric, obs_s, ctx.options, family_m
+                )
     return out

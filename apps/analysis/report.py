@@ -51,6 +51,8 @@ from apps.analysis import (
 )
 from apps.analysis.checks import acceptance_check, recovery_check, scenario_check
 from apps.analysis.columns import RecordTable
+from apps.analysis.early_stop import settled_by
+from apps.analysis.overload import RunLoad, overload_points, run_load
 from apps.analysis.report_inputs import (
     CellInput,
     ClassInput,
@@ -68,6 +70,7 @@ from apps.analysis.report_types import (
     Comparison,
     Decision,
     DiffPoint,
+    OverloadPoint,
     QualityCheck,
     RecordsSummary,
     RecoveryCheck,
@@ -78,6 +81,7 @@ from apps.analysis.report_types import (
     ReportExperiment,
     RunResult,
     SkippedCell,
+    StoppedBy,
     ValidityCheck,
 )
 from apps.analysis.validators import ValidatorBudget
@@ -128,14 +132,21 @@ def _uncompared_checks(
 ) -> _Uncompared:
     """Validity, and acceptance pooled over the repeats with each class's quality contract."""
     cells, baseline = plan.cells, plan.baseline
-    validity = validity_check(
-        experiment=experiment, cells=cells, baseline=baseline, run_results=run_results, combos=points.combos
-    )
     skipped = {
         (r["cell"], r["mixture"], r["rate"], r["repeat"]): r["reason"]
         for r in points.runs
         if r["status"] == "skipped" and r["reason"]
     }
+    # Points early stopping settled: their cell is stopped (acceptance fails it), not invalid.
+    stopped = {point for point, why in skipped.items() if settled_by(why)}
+    validity = validity_check(
+        experiment=experiment,
+        cells=cells,
+        baseline=baseline,
+        run_results=run_results,
+        combos=points.combos,
+        stopped=stopped,
+    )
     acceptance = acceptance_check(
         cells=cells,
         classes=classes,
@@ -265,6 +276,8 @@ def build_report(
     run_by_key = {r["key"]: r for r in run_results}
     points = measured.sweep_points(run_results, experiment, opts)
     aggregates = measured.pooled(plan, points, cohorts, run_by_key, table, natural=natural)
+    # B0's own load: did arrivals outrun completions through the window (apps/analysis/overload.py)?
+    overloaded = _overload(experiment, plan, points, table, windows, run_by_key)
     before = _uncompared_checks(
         experiment=experiment,
         classes=classes,
@@ -286,6 +299,7 @@ def build_report(
         agreed=points.agreed,
         options=opts.compare,
         rejected=before.rejected,
+        overload=overloaded,
     )
     # 6. The other checks, the findings, the report.
     checks: Checks = {
@@ -316,6 +330,7 @@ def build_report(
         stall_ratio=opts.stall_ratio,
         invalid_cells=before.validity["invalid_cells"],
         tail_bounds=bounds,
+        overload=overloaded,
     )
     report: Report = {
         "format": REPORT_FORMAT,
@@ -328,6 +343,7 @@ def build_report(
         "records": _records_summary(table, cohorts, plan),
         "runs": run_results,
         "skipped": skipped_cells(run_results),
+        "overload": overloaded,
         "aggregates": aggregates,
         "comparisons": comparisons,
         "checks": checks,
@@ -357,6 +373,35 @@ def build_report(
     return jsonable(report)
 
 
+def _overload(
+    experiment: ExperimentInput,
+    plan: measured.Plan,
+    points: measured.SweepPoints,
+    table: RecordTable,
+    windows: Mapping[str, metrics.Window],
+    run_by_key: Mapping[str, RunResult],
+) -> list[OverloadPoint]:
+    """Per (mixture, rate), B0's done sweep runs measured for overload (overload.overload_points)."""
+    code = {key: i for i, key in enumerate(table.run_keys)}
+    loads: dict[tuple[str, str], list[RunLoad]] = defaultdict(list)
+    rates: dict[tuple[str, str], float | None] = {}
+    for (cell, mix, rate, _), run in sorted(points.done.items()):
+        if cell != plan.baseline:
+            continue
+        key = run["key"]
+        rows = np.flatnonzero(table.run == code[key]) if key in code else np.zeros(0, dtype=np.int64)
+        waiting = (run_by_key[key]["server"].get("gauges", {}).get("waiting") or {}).get("series") or []
+        loads[(mix, rate)].append(run_load(key, table, rows, windows[key], waiting))
+        rates.setdefault((mix, rate), run.get("rate_rps"))
+    return overload_points(
+        loads,
+        rates_rps=rates,
+        capacities=experiment.get("capacities") or {},
+        rates_source=experiment.get("rates_source"),
+        agreed={(m, r) for m, r, _ in points.agreed},
+    )
+
+
 def _report_cell(c: CellInput) -> ReportCell:
     """A cell as the report lists it; ``control`` only on an A/A control cell."""
     cell: ReportCell = {"cell_id": c["cell_id"], "role": c.get("role"), "args": c.get("args") or {}}
@@ -366,15 +411,37 @@ def _report_cell(c: CellInput) -> ReportCell:
 
 
 def skipped_cells(run_results: Sequence[RunResult]) -> list[SkippedCell]:
-    """The cells early stopping cut short, in the runs' order: cell, the reason, the skipped runs."""
+    """The cells whose sweep runs were skipped, in the runs' order: cell, the reason, the skipped
+    runs, and, where early stopping stopped the cell, ``settled_by``: the run its reason names
+    with that run's point, and the class, contract key and that run's [over, judged] count."""
     out: dict[str, SkippedCell] = {}
+    by_key = {r["key"]: r for r in run_results}
     for r in run_results:
         if r["status"] == "skipped" and not r["scenario"]:
-            entry = out.setdefault(
-                r["cell"], {"cell": r["cell"], "reason": r.get("reason") or "", "runs": []}
-            )
+            entry = out.get(r["cell"])
+            if entry is None:
+                entry = out[r["cell"]] = {"cell": r["cell"], "reason": r.get("reason") or "", "runs": []}
+                named = settled_by(entry["reason"])
+                if named is not None:
+                    entry["settled_by"] = _settled_by(*named, by_key.get(named[0]))
             entry["runs"].append(r["key"])
     return list(out.values())
+
+
+def _settled_by(run: str, cls: str, key: str, result: RunResult | None) -> StoppedBy:
+    """What settled a stopped cell, as early stopping recorded it, with the named run's own
+    point and count from this report (None where the report does not hold that run)."""
+    metrics_of = result["classes"].get(cls) if result is not None else None
+    over = ((metrics_of or {}).get("over_limit") or {}).get(key)
+    return {
+        "run": run,
+        "mixture": result["mixture"] if result else None,
+        "rate": result["rate"] if result else None,
+        "repeat": result["repeat"] if result else None,
+        "class": cls,
+        "metric": key,
+        "run_over": [int(over[0]), int(over[1])] if over else None,
+    }
 
 
 def _costs(

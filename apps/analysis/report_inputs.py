@@ -50,6 +50,8 @@ class ExperimentInput(HostPrice, total=False):
     mixtures: dict[str, dict[str, float]]  # mixture -> class -> weight
     enable_prefix_caching: bool  # the controls' prefix caching, every cell's (a frozen control)
     rates: JSONObject  # rate name -> its spec
+    rates_source: str  # "manual" (typed in the spec) or "probe" (frozen from B0's measured capacity)
+    capacities: dict[str, float]  # mixture -> B0's capacity (req/s) the calibration probe measured
 
 
 class CellInput(TypedDict):

@@ -171,6 +171,12 @@ class DecisionEvidence(TypedDict, total=False):
     b0_failures: list[JSONObject]
     passing: list[str]
     passing_invalid: list[str]
+    # Comparisons the decision could not settle, each with what this design detects and the
+    # repeats or window that would detect the difference seen (apps/analysis/rule_text.py).
+    unsettled: list[JSONObject]
+    # B0 overloaded at an agreed point: those points, and the advice the decision would have given.
+    overload: list[JSONObject]
+    advice_not_applicable: JSONObject
 
 
 class SeedCheck(TypedDict):
@@ -427,10 +433,31 @@ TailBound = TypedDict(
 )
 
 
+# What settled a cell early stopping stopped (report.skipped_cells): the run, class and contract
+# key its reason names, that run's point and its own [over, judged] count for that key.
+StoppedBy = TypedDict(
+    "StoppedBy",
+    {
+        "run": str,
+        "mixture": str | None,
+        "rate": str | None,
+        "repeat": int | None,
+        "class": str,
+        "metric": str,
+        "run_over": list[int] | None,
+    },
+)
+
+
 class SkippedCell(TypedDict):
     cell: str
     reason: str
     runs: list[str]
+    settled_by: NotRequired[StoppedBy]  # only when early stopping stopped the cell
+
+
+# B0's load at one (mixture, rate): overload.overload_points.
+OverloadPoint = JSONObject
 
 
 class ReportExperiment(TypedDict):
@@ -487,6 +514,8 @@ class Report(TypedDict):
     records: RecordsSummary
     runs: list[RunResult]
     skipped: list[SkippedCell]
+    # Per (mixture, rate): did arrivals outrun completions for B0 (apps/analysis/overload.py)?
+    overload: list[OverloadPoint]
     aggregates: list[Aggregate]
     comparisons: list[Comparison]
     checks: Checks

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,9 +54,11 @@ def _chosen_runs(
     run_results: Sequence[RunResult],
     combos: Sequence[tuple[str, str, int]],
     problems: _Problems,
+    stopped: Collection[CellPoint] = (),
 ) -> dict[CellPoint, RunResult]:
     """Step 1: the done sweep run of each cell at each point (the first of duplicates); a point
-    without one is missing, or says why early stopping skipped it."""
+    without one is missing, or says why its runs were skipped. A point early stopping settled
+    (``stopped``) is no problem of comparability: its cell is stopped, not invalid."""
     sweep: dict[CellPoint, list[RunResult]] = defaultdict(list)
     for r in run_results:
         if not r.get("scenario"):
@@ -66,11 +68,13 @@ def _chosen_runs(
         for combo in combos:
             runs = sweep.get((cell, *combo), [])
             done = [r for r in runs if r["status"] == "done"]
+            if not done and (cell, *combo) in stopped:
+                continue
             if not done:
                 states = sorted({r["status"] for r in runs}) or ["not run"]
                 skipped = [r for r in runs if r["status"] == "skipped" and r.get("reason")]
                 if skipped:
-                    # Early stopping (apps/analysis/early_stop.py): say why, not just "missing".
+                    # Skipped for another reason (a gate's stop at an unusable run): say why.
                     problems.add(cell, f"skipped: {skipped[0]['reason']}", combo, statuses=states)
                 else:
                     problems.add(cell, "missing", combo, statuses=states)
@@ -221,11 +225,14 @@ def validity_check(
     baseline: str,
     run_results: Sequence[RunResult],
     combos: Sequence[tuple[str, str, int]],
+    stopped: Collection[CellPoint] = (),
 ) -> ValidityCheck:
     """Are all cells comparable? Every problem names its cell; a cell with one is invalid.
 
     1. Every cell has exactly one done sweep run per (mixture, rate, repeat); a point whose
-       runs early stopping skipped says so, with the reason (``skipped: cannot be accepted ...``).
+       runs were skipped says so, with the reason (``skipped: ...``), except a point early
+       stopping settled (``stopped``: (cell, mixture, rate, repeat)): that cell can no longer be
+       accepted, which acceptance says, and is stopped, not incomparable.
     2. Its trace and corpus hashes equal B0's in that (mixture, rate, repeat),
        and its cohort has as many requests per class as B0's.
     3. Hardware, model and tokenizer revisions, engine image digest and the
@@ -240,7 +247,7 @@ def validity_check(
     """
     problems = _Problems()
     max_lag = float(experiment.get("max_dispatch_lag_ms") or math.inf)
-    chosen = _chosen_runs(cells, run_results, combos, problems)
+    chosen = _chosen_runs(cells, run_results, combos, problems, stopped)
     ref = _reference(experiment, cells, baseline, combos, chosen)
     worst_lag: float | None = None
     for (cell, mix, rate, repeat), run in sorted(chosen.items(), key=lambda kv: (kv[0][1:], kv[0][0])):

@@ -161,14 +161,66 @@ def test_a_cell_is_stopped_by_the_run_that_settled_it_and_named_in_the_report():
     skipped = [r for r in report["runs"] if r["status"] == "skipped"]
     assert [r["repeat"] for r in skipped] == [1, 2]
     assert {r["reason"] for r in skipped} == {why["C1"]["reason"]}
+    # Reported as stopped, with what settled it: the run, its point, the class and contract key,
+    # and that run's own count over the limit (12 of its 60 long requests never finished).
     assert report["skipped"] == [
-        {"cell": "C1", "reason": why["C1"]["reason"], "runs": [r["key"] for r in skipped]}
+        {
+            "cell": "C1",
+            "reason": why["C1"]["reason"],
+            "runs": [r["key"] for r in skipped],
+            "settled_by": {
+                "run": first_c1["key"],
+                "mixture": "mix",
+                "rate": "r1",
+                "repeat": 0,
+                "class": "long",
+                "metric": "ttft",
+                "run_over": [12, 60],
+            },
+        }
     ]
-    problems = [p for p in report["checks"]["validity"]["problems"] if p["cell"] == "C1"]
-    assert {p["problem"] for p in problems} == {f"skipped: {why['C1']['reason']}"}
+    # Stopped is not invalid: validity is about comparability, and C1's runs are comparable.
+    validity = report["checks"]["validity"]
+    assert validity["status"] == "pass" and validity["invalid_cells"] == []
+    assert [p for p in validity["problems"] if p["cell"] == "C1"] == []
+    # Acceptance is where the stop shows: C1 can no longer keep its contracts.
     failures = report["checks"]["acceptance"]["cells"]["C1"]["failures"]
     assert failures[0]["broken"] == [f"skipped: {why['C1']['reason']}"]
+    considered = {c["cell"]: c for c in report["decision"]["evidence"]["candidates"]}
+    assert "invalid" not in considered["C1"]["reasons"] and "breaks a contract" in considered["C1"]["reasons"]
     assert report["decision"]["outcome"] == "retain"
+
+
+def test_a_stopped_cell_with_a_real_comparability_problem_is_still_invalid():
+    inputs = build_inputs(Plan(), long_unfinished)
+    full = report_of(inputs, inputs["records"])
+    left, why = stopped_sweep(inputs, full)
+    first_c1 = why["C1"]["run"]
+    # The run that settled C1 replayed another trace: that is a validity problem, stop or not.
+    left["runs"] = [{**r, "trace_sha256": "another"} if r["key"] == first_c1 else r for r in left["runs"]]
+    report = report_of(left, left["records"])
+    validity = report["checks"]["validity"]
+    assert validity["invalid_cells"] == ["C1"]
+    assert {p["problem"] for p in validity["problems"] if p["cell"] == "C1"} == {
+        "trace_sha256 differs from B0"
+    }
+
+
+def test_runs_skipped_for_another_reason_stay_a_validity_problem():
+    # A gate stops at its first unusable run (engine.stop_on_invalid): the runs it skipped leave
+    # their points without data, which is a comparability problem, not a contract settled.
+    inputs = build_inputs(Plan(), long_unfinished)
+    why = "the answer is inconclusive (run B0-mix-r1-0 invalid: server not idle)"
+    left = [
+        {**r, "status": "skipped", "reason": why} if (r["cell"] == "C1" and r["repeat"] == 2) else r
+        for r in inputs["runs"]
+    ]
+    kept = [rec for rec in inputs["records"] if not rec.run_id.startswith("C1-mix-r1-2")]
+    report = report_of({**inputs, "runs": left}, kept)
+    validity = report["checks"]["validity"]
+    assert validity["invalid_cells"] == ["C1"]
+    assert [p["problem"] for p in validity["problems"] if p["cell"] == "C1"] == [f"skipped: {why}"]
+    assert "settled_by" not in report["skipped"][0]
 
 
 def test_nothing_is_stopped_while_the_remaining_runs_could_still_dilute_a_break():
@@ -225,6 +277,14 @@ def test_a_done_run_behind_a_run_that_may_still_finish_is_not_settled():
 
 def test_the_reason_names_the_run_the_class_and_the_contract_key():
     assert early_stop.reason("r-1", "long", "e2e") == "cannot be accepted (run r-1 broke long e2e)"
+    # ... and reads back, so the report says what settled a stopped cell.
+    assert early_stop.settled_by(early_stop.reason("r-1", "long chat", "error_rate")) == (
+        "r-1",
+        "long chat",
+        "error_rate",
+    )
+    assert early_stop.settled_by("the answer is inconclusive (run r-1 invalid: lag)") is None
+    assert early_stop.settled_by("") is None
 
 
 # --- random result sets ---------------------------------------------------------------

@@ -136,7 +136,27 @@ def test_a_candidate_that_broke_a_contract_loses_only_its_queued_sweep_runs():
     report = experiment_report_build(experiment_id=experiment.pk)
     row = next(r for r in report["runs"] if r["run_id"] == str(queued_c1.run_id))
     assert (row["status"], row["reason"]) == ("skipped", reason)
-    assert report["skipped"] == [{"cell": "C1", "reason": reason, "runs": [str(queued_c1.run_id)]}]
+    # C1 is stopped, with what settled it as early stopping recorded it (its only settled run's
+    # count is the pooled count the audit entry holds); stopped is not invalid.
+    assert report["skipped"] == [
+        {
+            "cell": "C1",
+            "reason": reason,
+            "runs": [str(queued_c1.run_id)],
+            "settled_by": {
+                "run": str(broke.run_id),
+                "mixture": broke.mixture,
+                "rate": broke.rate_name,
+                "repeat": broke.repeat,
+                "class": "long",
+                "metric": "ttft",
+                "run_over": event.detail["over"],
+            },
+        }
+    ]
+    c1_problems = [p for p in report["checks"]["validity"]["problems"] if p["cell"] == "C1"]
+    assert ("missing", 2) in [(p["problem"], p["repeat"]) for p in c1_problems]  # still running
+    assert not [p for p in c1_problems if p["repeat"] == 3]  # the stopped point is no validity problem
     failures = report["checks"]["acceptance"]["cells"]["C1"]["failures"]
     assert [f["broken"] for f in failures if f["class"] is None] == [[f"skipped: {reason}"]]
 

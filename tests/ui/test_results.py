@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.utils.html import escape
 
 
 def _figures(response) -> dict:  # type: ignore[no-untyped-def]
@@ -31,7 +32,7 @@ def test_it_shows_the_decision_checks_and_every_chart(client, viewer, analysed_e
     response = client.get(f"/experiments/{analysed_experiment.pk}/results/")
     html = response.content.decode()
     decision = analysed_experiment.decision
-    assert decision.rule in html
+    assert escape(decision.rule) in html  # the rule's words name cells' and classes' evidence ("B0's")
     for check in ("Validity", "Acceptance", "Failure scenarios", "Recovery"):
         assert check in html
     # How far the decision can be trusted: the gain family, the seed check and the power per class.
