@@ -60,9 +60,9 @@ def checked_headroom(value: Any) -> float:
 
 
 class Replicas(NamedTuple):
-    """What one pool needs at one point: ``count`` None when it cannot be known (``why``)."""
+    """What one pool needs at one point: ``servers`` None when it cannot be known (``why``)."""
 
-    count: int | None
+    servers: int | None
     utilisation: float | None
     why: str
 
@@ -348,7 +348,7 @@ def _pool(
             if offered is not None
             else Replicas(None, None, "the agreed point's rate is not known")
         )
-        if need.why and need.count != 0:
+        if need.why and need.servers != 0:
             whys.add(need.why)
         rows.append(
             {
@@ -358,7 +358,7 @@ def _pool(
                 "share": share,
                 "measured_share": _measured_share(aggregates, baseline, p, names, name),
                 "offered_rps": offered,
-                "replicas": need.count,
+                "replicas": need.servers,
                 "utilisation": need.utilisation,
             }
         )

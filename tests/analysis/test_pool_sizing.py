@@ -51,12 +51,12 @@ def test_it_sizes_a_pool_from_its_offered_rate_capacity_and_headroom(
     offered: float, capacity: float | None, headroom: float, replicas: int | None, utilisation: float | None
 ) -> None:
     need = replicas_needed(offered_rps=offered, capacity_rps=capacity, headroom=headroom)
-    assert need.count == replicas
+    assert need.servers == replicas
     assert need.utilisation == (pytest.approx(utilisation) if utilisation is not None else None)
-    if need.count:
+    if need.servers:
         # Enough servers, each left its headroom, and one fewer would not do.
-        assert offered <= need.count * capacity * (1 - headroom) * (1 + 1e-9)
-        assert need.count == 1 or offered > (need.count - 1) * capacity * (1 - headroom)
+        assert offered <= need.servers * capacity * (1 - headroom) * (1 + 1e-9)
+        assert need.servers == 1 or offered > (need.servers - 1) * capacity * (1 - headroom)
     if replicas is None:
         assert need.why
 
