@@ -16,8 +16,8 @@ the servers while it sent 92% of the requests, and that pool ran out of headroom
    best on shared capacity (keeps its contract at every agreed point, then the lowest p99 of the
    class's primary metric, then plan order). A/A control cells are B0's config and never chosen.
 3. Its capacity for the class alone: a capacity search on a mixture of that one class
-   (report_inputs.ClassCapacity, found by :func:`class_capacities`). Never estimated: where none
-   ran, the pool says so and how to measure it, and its replicas are unknown.
+   (report_inputs.ClassCapacity, found by apps/analysis/pool_capacity.class_capacities). Never
+   estimated: where none ran, the pool says so and how to measure it, and its replicas are unknown.
 4. Replicas (:func:`replicas_needed`): ceil(offered / (capacity x (1 - headroom))) at each agreed
    point; the pool needs the most over the points.
 """
@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from apps.analysis.family import primary_metrics
 from apps.analysis.metrics import pvalue
+from apps.analysis.pool_capacity import how_to_measure
 from apps.analysis.report_inputs import CellInput, ClassCapacity, ClassInput
 from apps.analysis.report_types import Aggregate, CellAcceptance, Pool, PoolPoint, PoolSizing
 
@@ -226,80 +227,6 @@ def pool_config(
             "keeps the contract without the other classes"
         )
     return Config(best, why, kept, best)
-
-
-# -- 3. the capacities measured ---------------------------------------------------------------
-
-
-def _only_class(weights: Mapping[str, Any]) -> str | None:
-    """The one class a mixture holds (every other weight 0), or None."""
-    present = [c for c, w in weights.items() if isinstance(w, (int, float)) and w > 0]
-    return present[0] if len(present) == 1 else None
-
-
-def _entry(search: Mapping[str, Any], source: str) -> ClassCapacity:
-    steps = list(search.get("steps") or [])
-    cap = search.get("capacity_rps")
-    entry: ClassCapacity = {
-        "status": str(search.get("status") or "done"),
-        "capacity_rps": float(cap) if isinstance(cap, (int, float)) else None,
-        "bracketed": search.get("bracketed"),
-        "steps": len(steps),
-        "source": source,
-    }
-    rates = [float(st["rate_rps"]) for st in steps if isinstance(st.get("rate_rps"), (int, float))]
-    if rates:
-        entry["lowest_rate_rps"] = min(rates)
-    if search.get("reason"):
-        entry["reason"] = str(search["reason"])[:500]
-    return entry
-
-
-def class_capacities(
-    derivation: Mapping[str, Any], *, mixtures: Mapping[str, Mapping[str, Any]], baseline: str
-) -> dict[str, dict[str, ClassCapacity]]:
-    """cell -> class -> its capacity for the class alone, from a workload's ``rates_derivation``.
-
-    Three searches measure it, preferred in this order (a done one over any other status):
-    ``class_capacity`` (a capacity search on a mixture of the one class), a ``goodput_capacity``
-    search on a spec mixture that holds only that class, and B0's own capacity probe (``probes``)
-    on such a mixture.
-    """
-    found: dict[tuple[str, str], list[ClassCapacity]] = {}
-    for cell, per in sorted((derivation.get("class_capacity") or {}).items()):
-        for name, search in sorted((per or {}).items()):
-            if isinstance(search, Mapping):
-                source = f"capacity search of {cell} on {name} alone"
-                found.setdefault((cell, name), []).append(_entry(search, source))
-    for cell, per in sorted((derivation.get("goodput_capacity") or {}).items()):
-        for mix, search in sorted((per or {}).items()):
-            name = _only_class(mixtures.get(mix) or {})
-            if name is not None and isinstance(search, Mapping):
-                source = f"goodput search of {cell} on mixture {mix} ({name} alone)"
-                found.setdefault((cell, name), []).append(_entry(search, source))
-    for probe in derivation.get("probes") or []:
-        name = _only_class(mixtures.get(probe.get("mixture")) or {})
-        if name is not None:
-            source = f"B0's capacity probe on mixture {probe['mixture']} ({name} alone)"
-            found.setdefault((baseline, name), []).append(_entry({**probe, "status": "done"}, source))
-    out: dict[str, dict[str, ClassCapacity]] = {}
-    for (cell, name), entries in sorted(found.items()):
-        done = [e for e in entries if e["status"] == "done"]
-        out.setdefault(cell, {})[name] = (done or entries)[0]
-    return out
-
-
-def how_to_measure(*, experiment_id: Any, cell: str, name: str) -> str:
-    """The manual step that measures a pool's capacity (the report never guesses one)."""
-    ident = experiment_id if experiment_id is not None else "ID"
-    return (
-        f"not measured: run `python manage.py experiment_calibrate {ident} --cell {cell} --class {name}` "
-        "on a host (or the experiment page's \"Measure a class's capacity alone\" form) while the "
-        "experiment is planned, running or cancelled, and the analysis reads it (`experiment_report "
-        f"{ident} --save` analyses again). An analysed experiment takes no more runs: measure it in a "
-        f"follow-up experiment whose B0 runs {cell}'s args and whose one mixture is {name} alone, with a "
-        "calibration block; its probe's capacity is this number"
-    )
 
 
 # -- 4. the pools ----------------------------------------------------------------------------------

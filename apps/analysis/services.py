@@ -32,7 +32,7 @@ from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, RecordTable, error_co
 from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
-from apps.analysis.pool_sizing import class_capacities
+from apps.analysis.pool_capacity import class_capacities
 from apps.analysis.rehearsal_measures import (
     REHEARSAL_QUEUED,
     RehearsalRecord,

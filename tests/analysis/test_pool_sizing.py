@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from apps.analysis.pool_capacity import class_capacities
 from apps.analysis.pool_sizing import (
     DEFAULT_HEADROOM,
     HeadroomError,
     checked_headroom,
-    class_capacities,
     pool_config,
     pool_sizing,
     replicas_needed,
@@ -538,3 +538,13 @@ def test_the_report_sizes_pools_only_when_the_decision_is_isolate() -> None:
         == 2 + 4
     )
     assert "pools" not in build(Plan(), healthy, class_capacities=capacities)
+
+
+def test_it_reads_the_sections_the_searches_write() -> None:
+    from apps.analysis import pool_capacity
+    from apps.runs import selectors
+
+    assert (pool_capacity.CLASS_CAPACITY, pool_capacity.GOODPUT) == (
+        selectors.CLASS_CAPACITY,
+        selectors.GOODPUT,
+    )

@@ -328,7 +328,7 @@ def test_it_measures_a_cells_capacity_for_one_class_alone_from_the_command(
 
     from django.core.management import CommandError, call_command
 
-    from apps.analysis.pool_sizing import class_capacities
+    from apps.analysis.pool_capacity import class_capacities
 
     # The search replays a mixture of the short class alone: its runs carry that label.
     fake = _fake_execute(capacity_rps={"short alone": 3.0})
