@@ -162,3 +162,19 @@ def test_it_puts_the_offered_load_and_goodput_capacity_beside_the_comparison(
     html = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
     assert "Offered load:</strong> typed by hand" in html
     assert 'id="results-goodput"' in html and "2.5 req/s" in html
+
+
+@pytest.mark.django_db
+def test_the_results_page_shows_an_isolate_decisions_pools(client, viewer) -> None:  # type: ignore[no-untyped-def]
+    from apps.analysis.services import experiment_analyse
+    from tests.analysis.factories import isolate_experiment
+
+    search = {"status": "done", "capacity_rps": 0.5, "bracketed": True, "steps": []}
+    experiment = isolate_experiment({"C1": {"short": search}})
+    experiment_analyse(experiment_id=experiment.pk)
+    client.force_login(viewer)
+    html = client.get(f"/experiments/{experiment.pk}/results/").content.decode()
+    assert 'id="results-pools"' in html and "sized at the agreed rates with 20% headroom" in html
+    assert "<td>short</td><td>C1</td>" in html and "0.5 req/s" in html and "<strong>2</strong>" in html
+    assert "80-20 @ low: 80% → 0.8 req/s (2)" in html
+    assert "not measured" in html and f"experiment_calibrate {experiment.pk} --cell B0 --class long" in html
