@@ -212,6 +212,8 @@ def pool_config(
             _kept(acceptance.get(cell), name) if served else None,
             best,
         )
+    if not served:
+        return Config(None, f"{name} offers no requests at the agreed points: it needs no pool", None, None)
     if best is None:
         return Config(None, f"no valid cell has pooled runs of {name} at every agreed point", None, None)
     level = "censored" if not math.isfinite(worst) else f"{worst:,.0f} ms"
@@ -290,8 +292,12 @@ def _pool(
             }
         )
     counts = [r["replicas"] for r in rows]
-    unknown = any(n is None for n in counts) or config.cell is None
-    replicas = None if unknown or not counts else max(n for n in counts if n is not None)
+    if counts and all(n == 0 for n in counts):
+        replicas: int | None = 0  # no traffic at any agreed point: no pool, whatever its config
+    elif not counts or config.cell is None or any(n is None for n in counts):
+        replicas = None
+    else:
+        replicas = max(n for n in counts if n is not None)
     sized_at = None
     if replicas is not None and rows:
         top = next(r for r in rows if r["replicas"] == replicas)

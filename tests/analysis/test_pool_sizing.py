@@ -208,6 +208,15 @@ def test_an_even_mix_sizes_by_capacity_alone() -> None:
     assert [p["replicas"] for p in sizing["pools"]] == [4, 13]
 
 
+def test_a_class_with_no_traffic_at_the_agreed_points_needs_no_pool() -> None:
+    sizing = sized(capacities={"C1": {"short": done(2.0)}}, mixture={"short": 1.0, "long": 0.0})
+    short, long = sizing["pools"]
+    assert short["replicas"] == 7  # 10 req/s / (2.0 x 0.8) = 6.25
+    assert (long["cell"], long["replicas"], long["how_to_measure"]) == (None, 0, None)
+    assert "offers no requests at the agreed points" in long["chosen_by"]
+    assert sizing["total_replicas"] == short["replicas"] and sizing["unsized"] == []
+
+
 def test_a_pool_takes_the_most_replicas_over_the_agreed_points() -> None:
     sizing = dict(
         pool_sizing(
