@@ -426,7 +426,9 @@ def _statement(pools: Sequence[Pool], *, total: int | None, headroom: float) -> 
     """One line per the whole sizing: each pool's replicas, or what is missing."""
     parts = []
     for p in pools:
-        if p["replicas"] is not None:
+        if p["replicas"] == 0:
+            parts.append(f"{p['class']}: no pool (no requests at the agreed points)")
+        elif p["replicas"] is not None:
             share = max((pt["share"] for pt in p["points"]), default=0.0)
             parts.append(f"{p['class']}: {p['replicas']} x {p['cell']} ({share:.0%} of the requests)")
         else:

@@ -214,6 +214,7 @@ def test_a_class_with_no_traffic_at_the_agreed_points_needs_no_pool() -> None:
     assert short["replicas"] == 7  # 10 req/s / (2.0 x 0.8) = 6.25
     assert (long["cell"], long["replicas"], long["how_to_measure"]) == (None, 0, None)
     assert "offers no requests at the agreed points" in long["chosen_by"]
+    assert "long: no pool (no requests at the agreed points)" in sizing["statement"]
     assert sizing["total_replicas"] == short["replicas"] and sizing["unsized"] == []
 
 
