@@ -251,7 +251,7 @@ def build_report(
        the gain family (Holm), the decision, and the same under a second seed (paired.py).
     6. The other checks, the findings; chart-ready aggregates.
     7. When the decision is isolate: each class's pool, sized from ``class_capacities`` (cell ->
-       class -> its measured capacity alone, pool_sizing.class_capacities) at the agreed rates.
+       class -> its measured capacity alone, pool_capacity.class_capacities) at the agreed rates.
     """
     opts = options if isinstance(options, ReportOptions) else ReportOptions.from_mapping(options)
     plan = measured.plan_of(cells, classes)
