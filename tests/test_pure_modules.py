@@ -42,6 +42,8 @@ PURE = [
     "apps.analysis.parts_charts",
     "apps.analysis.validity",
     "apps.analysis.report_options",
+    "apps.analysis.pool_sizing",
+    "apps.analysis.pool_capacity",
     "apps.analysis.scenario_checks",
     "apps.analysis.scenario_records",
     "apps.workloads.scenario_traces",

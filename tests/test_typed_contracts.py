@@ -126,6 +126,11 @@ def test_it_finds_a_key_the_types_do_not_declare():
     ]
 
 
+def stalls_everywhere(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
+    """The short class stalls in every cell: isolate, with its pools sized (report["pools"])."""
+    return {"stall_ms": 400.0} if cls == "short" else {}
+
+
 def slow_short_b0(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) -> dict[str, Any]:
     """B0's short class slow: a retune, with the gain family's and the seed check's marks."""
     return {"ttft_ms": 400.0} if (cell == "B0" and cls == "short") else {"ttft_ms": 100.0}
@@ -140,8 +145,35 @@ def slow_short_b0(cell: str, mix: str, rate: str, rep: int, cls: str, idx: int) 
             healthy,
             {"run_overrides": lambda run: run.update(status="failed") if run["cell"] == "B0" else None},
         ),
+        (
+            stalls_everywhere,
+            {
+                "class_capacities": {
+                    "C1": {
+                        "short": {
+                            "status": "done",
+                            "capacity_rps": 1.0,
+                            "bracketed": False,
+                            "steps": 3,
+                            "source": "capacity search of C1 on short alone",
+                            "lowest_rate_rps": 0.5,
+                        }
+                    },
+                    "B0": {
+                        "long": {
+                            "status": "failed",
+                            "capacity_rps": None,
+                            "bracketed": None,
+                            "steps": 0,
+                            "source": "capacity search of B0 on long alone",
+                            "reason": "lost host",
+                        }
+                    },
+                }
+            },
+        ),  # fmt: skip
     ],
-    ids=["retain", "retune", "b0-failed"],
+    ids=["retain", "retune", "b0-failed", "isolate-with-pools"],
 )
 def test_it_declares_every_key_of_a_report(behaviour, kwargs):
     report = build(Plan(), behaviour, **kwargs)

@@ -37,15 +37,24 @@ def freeze_experiment(*, experiment_pk: int) -> int:
 
 
 @shared_task(name="tailtune.cell_goodput_capacity", acks_late=True)
-def cell_goodput_capacity(*, experiment_pk: int, cell_id: str, mixture: str) -> float | None:
-    """Goodput capacity of one cell (send it to that host's queue): one probe run per step, inline."""
+def cell_goodput_capacity(
+    *, experiment_pk: int, cell_id: str, mixture: str, request_class: str = ""
+) -> float | None:
+    """Goodput capacity of one cell (send it to that host's queue): one probe run per step, inline;
+    with ``request_class``, the cell's capacity for that class alone (an isolate decision's pools)."""
     from apps.experiments.models import RunsRefused
     from apps.lifecycle.calibration import cell_goodput_capacity as measure
     from workers.pipeline import inline_executor
 
     try:
         with inline_executor() as execute:
-            result = measure(experiment_id=experiment_pk, cell_id=cell_id, mixture=mixture, execute=execute)
+            result = measure(
+                experiment_id=experiment_pk,
+                cell_id=cell_id,
+                mixture=mixture,
+                execute=execute,
+                request_class=request_class,
+            )
     except RunsRefused as exc:  # analysed or decided since it was queued: stored as failed, with why
         log.info("goodput capacity of experiment %s not measured: %s", experiment_pk, exc)
         return None

@@ -43,6 +43,7 @@ from apps.analysis import (
     measured,
     metrics,
     paired,
+    pool_sizing,
     prefix_cache,
     quality_verdict,
     rejections,
@@ -51,10 +52,12 @@ from apps.analysis import (
 )
 from apps.analysis.checks import acceptance_check, recovery_check, scenario_check
 from apps.analysis.columns import RecordTable
+from apps.analysis.decide import ISOLATE
 from apps.analysis.early_stop import settled_by
 from apps.analysis.overload import RunLoad, overload_points, run_load
 from apps.analysis.report_inputs import (
     CellInput,
+    ClassCapacity,
     ClassInput,
     ExperimentInput,
     MetricSampleInput,
@@ -250,6 +253,7 @@ def build_report(
     stop_reasons: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
     quality_probes: Sequence[QualityProbeInput] | None = None,
     validator_budget: ValidatorBudget | None = None,
+    class_capacities: Mapping[str, Mapping[str, ClassCapacity]] | None = None,
 ) -> Report:
     """Per-run metrics, pooled aggregates, paired comparisons, checks, findings and the decision.
 
@@ -261,6 +265,8 @@ def build_report(
        the gain family (Holm), the decision, and the same under a second seed (paired.py).
     6. The other checks; where each class's TTFT goes and what bounds its tail (ttft_parts.py,
        tail_bound.py), the findings; the prefix cache's hit rates; chart-ready aggregates.
+    7. When the decision is isolate: each class's pool, sized from ``class_capacities`` (cell ->
+       class -> its measured capacity alone, pool_capacity.class_capacities) at the agreed rates.
     """
     opts = options if isinstance(options, ReportOptions) else ReportOptions.from_mapping(options)
     plan = measured.plan_of(cells, classes)
@@ -370,6 +376,20 @@ def build_report(
             cell_ids=plan.cell_ids, aggregates=aggregates, comparisons=comparisons, run_results=run_results
         ),
     }
+    if decision["outcome"] == ISOLATE:  # 7.
+        report["pools"] = pool_sizing.pool_sizing(
+            experiment=experiment,
+            cells=plan.cells,
+            classes=classes,
+            baseline=plan.baseline,
+            agreed=points.agreed,
+            runs=points.runs,
+            aggregates=aggregates,
+            acceptance=before.acceptance["cells"],
+            invalid_cells=before.validity["invalid_cells"],
+            capacities=class_capacities,
+            headroom=opts.pool_headroom,
+        )
     return jsonable(report)
 
 

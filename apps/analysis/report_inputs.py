@@ -160,6 +160,22 @@ class QualityProbeInput(QualityProbeAnswers):
     cell: str
 
 
+class ClassCapacity(TypedDict):
+    """One cell's measured capacity for one class alone (apps/analysis/pool_sizing.py reads it):
+    the highest rate of that class's requests, alone on the cell, at which the class kept its
+    contract in a capacity search (apps/lifecycle/calibration.py). ``status`` is the search's:
+    "done", or "queued", "failed", "lost" (then ``capacity_rps`` is None and ``reason`` says why);
+    a done search with ``capacity_rps`` None found no rate that kept the contract."""
+
+    status: str
+    capacity_rps: float | None
+    bracketed: bool | None  # False: no probed rate failed, so the capacity is a lower bound
+    steps: int
+    source: str  # which search measured it, in words
+    reason: NotRequired[str]
+    lowest_rate_rps: NotRequired[float | None]  # the lowest rate the search tried
+
+
 class ExperimentInputs(TypedDict):
     """build_report's ``experiment``, ``cells`` and ``classes``, as one loader returns them."""
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.analysis import cost, rejections
+from apps.analysis import cost, pool_sizing, rejections
 from apps.analysis.compare_options import CompareOptions
 from apps.analysis.report_types import ReportOptionsJSON
 
@@ -24,6 +24,9 @@ class ReportOptions:
     max_preemption_share: float = rejections.MAX_PREEMPTION_SHARE
     # Price of one GPU-hour for the cost per 1M output tokens (else the host's, apps/analysis/cost.py).
     usd_per_gpu_hour: float | None = None
+    # The share of each replica's measured capacity an isolate decision's pools leave unused
+    # (apps/analysis/pool_sizing.py).
+    pool_headroom: float = pool_sizing.DEFAULT_HEADROOM
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> ReportOptions:
@@ -34,6 +37,7 @@ class ReportOptions:
             "stall_ratio",
             "max_preemption_share",
             "usd_per_gpu_hour",
+            "pool_headroom",
         }
         if unknown:
             raise ValueError(f"unknown analysis options: {', '.join(sorted(unknown))}")
@@ -44,6 +48,9 @@ class ReportOptions:
             stall_ratio=float(data.get("stall_ratio", 2.0)),
             max_preemption_share=_share(data.get("max_preemption_share", rejections.MAX_PREEMPTION_SHARE)),
             usd_per_gpu_hour=_price(data.get("usd_per_gpu_hour")),
+            pool_headroom=pool_sizing.checked_headroom(
+                data.get("pool_headroom", pool_sizing.DEFAULT_HEADROOM)
+            ),
         )
 
     def to_json(self) -> ReportOptionsJSON:
@@ -53,6 +60,7 @@ class ReportOptions:
             "stall_ratio": self.stall_ratio,
             "max_preemption_share": self.max_preemption_share,
             "usd_per_gpu_hour": self.usd_per_gpu_hour,
+            "pool_headroom": self.pool_headroom,
         }
 
 

@@ -51,6 +51,8 @@ class ReportOptionsJSON(TypedDict):
     stall_ratio: float
     max_preemption_share: float
     usd_per_gpu_hour: float | None
+    # Absent from reports and specs stored before it existed (the default, 0.2, applies).
+    pool_headroom: NotRequired[float]
 
 
 class MetricVerdict(TypedDict):
@@ -501,6 +503,55 @@ class ReportCharts(TypedDict):
     preemptions_per_run: list[JSONObject]
 
 
+# How an isolate decision sizes its pools (apps/analysis/pool_sizing.py).
+class PoolPoint(TypedDict):
+    """One agreed point as a class's pool sees it."""
+
+    mixture: str
+    rate: str
+    rate_rps: float | None  # the agreed point's offered rate, all classes
+    share: float  # the class's weight in the mixture (by request count)
+    measured_share: float | None  # its share of B0's cohort requests there, pooled
+    offered_rps: float | None  # share x rate_rps: what the class's pool must carry
+    replicas: int | None  # None: not known (the capacity is not measured)
+    utilisation: float | None  # offered / (replicas x capacity)
+
+
+# "class" is a keyword: the functional form.
+Pool = TypedDict(
+    "Pool",
+    {
+        "class": str,
+        "cell": str | None,  # the pool's config; None: no valid cell has the class's runs
+        "args": JSONObject,
+        "chosen_by": str,  # why this cell, in words
+        "kept_contract_shared": bool | None,  # the cell kept the class's contract on shared capacity
+        "sweep_best": str | None,  # the cell that served the class best on shared capacity
+        "capacity": JSONObject | None,  # report_inputs.ClassCapacity of the config, as measured
+        "capacity_rps": float | None,
+        "how_to_measure": str | None,  # where the capacity is not measured: the command that measures it
+        "points": list[PoolPoint],
+        "replicas": int | None,  # the most over the agreed points; None: unknown
+        "gpus": int | None,  # replicas x GPUs per server
+        "sized_at": list[str] | None,  # [mixture, rate] that needs the most replicas
+        "note": str,
+    },
+)
+
+
+class PoolSizing(TypedDict):
+    """Per class, the pool an isolate decision needs (pool_sizing.pool_sizing)."""
+
+    headroom: float  # the share of each replica's capacity left unused (analysis.pool_headroom)
+    rule: str
+    pools: list[Pool]
+    total_replicas: int | None  # None while some pool's capacity is not known
+    unsized: list[
+        str
+    ]  # the classes whose replicas are unknown (capacity not measured, or none kept the contract)
+    statement: str
+
+
 class Report(TypedDict):
     """The whole experiment report (report.build_report), JSON-serialisable throughout."""
 
@@ -536,3 +587,5 @@ class Report(TypedDict):
     # Added by the service that stores the report (apps/analysis/services.experiment_report_build):
     # what the servers cost, by part (apps/runs/engine_time.py); None before any run.
     engine_time: NotRequired[JSONObject | None]
+    # Only when the decision is isolate: each class's pool, its capacity and replicas (pool_sizing.py).
+    pools: NotRequired[PoolSizing]

@@ -32,6 +32,7 @@ from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, SERVER_FIELDS, Record
 from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
+from apps.analysis.pool_capacity import class_capacities
 from apps.analysis.rehearsal_measures import (
     REHEARSAL_QUEUED,
     RehearsalRecord,
@@ -42,6 +43,7 @@ from apps.analysis.rehearsal_measures import (
 from apps.analysis.report import build_report
 from apps.analysis.report_inputs import (
     CellInput,
+    ClassCapacity,
     ClassInput,
     ExperimentInput,
     ExperimentInputs,
@@ -424,10 +426,23 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
         stop_reasons=_stop_reasons(done),
         quality_probes=_quality_probes(rows.runs),
         validator_budget=validator_budget(),
+        class_capacities=_class_capacities(rows),
     )
     # What the experiment's servers cost, by part, and what reuse and early stopping saved.
     report["engine_time"] = engine_time_summary(experiment=experiment)
     return report
+
+
+def _class_capacities(rows: ReportRows) -> dict[str, dict[str, ClassCapacity]]:
+    """Each cell's measured capacity per class alone, from the workload's capacity searches
+    (apps/lifecycle/calibration.py), for an isolate decision's pools."""
+    workload = getattr(rows.experiment, "workload", None)
+    if workload is None:
+        return {}
+    baseline = next((c["cell_id"] for c in rows.inputs["cells"] if c.get("role") == "baseline"), "")
+    return class_capacities(
+        workload.rates_derivation or {}, mixtures=workload.mixtures or {}, baseline=baseline
+    )
 
 
 def runs_over_limit(*, experiment: Experiment, runs: list[Run]) -> dict[str, dict[str, dict[str, list[int]]]]:

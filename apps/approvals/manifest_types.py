@@ -18,6 +18,7 @@ a ``StoredManifest`` with ``.get(...)`` and a default.
 from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
+from apps.analysis.report_types import PoolSizing
 from apps.experiments.spec_types import BaselineCapture, CandidateEngine, Contract, Controls
 
 # A value that really is arbitrary JSON (an engine's own report of its args): named, not typed.
@@ -224,6 +225,10 @@ class Evidence(TypedDict):
     decision: DecisionEvidence
     failure_scenarios: ScenarioEvidence
     recovery: RecoveryEvidence
+    # Only when the decision is isolate: each class's pool (config, capacity alone, share, replicas),
+    # copied from the stored report the decision names by report_sha256, never recomputed.
+    # Absent from manifests written before it existed.
+    pools: NotRequired[PoolSizing]
 
 
 class ApprovalRecord(TypedDict):

@@ -11,7 +11,7 @@ The manifest's pure form and digest are apps/approvals/manifest.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from apps.accounts.roles import APPROVER, has_role
 from apps.analysis.models import Decision
+from apps.analysis.report_types import PoolSizing
 from apps.approvals import manifest as mf
 from apps.approvals.manifest_types import (
     ApprovedCandidate,
@@ -220,7 +221,7 @@ def _evidence(
     recovery: RecoveryEvidence,
 ) -> Evidence:
     runs = experiment.runs.exclude(trace_sha256="")
-    return {
+    evidence: Evidence = {
         "experiment": {"id": experiment.pk, "name": experiment.name},
         "offered_load": _offered_load(experiment),
         "trace_sha256": sorted(set(runs.values_list("trace_sha256", flat=True))),
@@ -235,6 +236,11 @@ def _evidence(
         "failure_scenarios": failure_scenarios,
         "recovery": recovery,
     }
+    # An isolate decision's pools, as the stored report (report_sha256 above) sized them.
+    pools = (decision.report or {}).get("pools")
+    if decision.outcome == Decision.Outcome.ISOLATE and isinstance(pools, Mapping):
+        evidence["pools"] = cast(PoolSizing, dict(pools))
+    return evidence
 
 
 # Check 4 results an approver may override only with a typed reason.

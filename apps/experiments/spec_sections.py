@@ -128,7 +128,9 @@ def _check_analysis(c: _Checker, raw: Any, rate_names: set[str]) -> ReportOption
     try:
         return ReportOptions.from_mapping(data).to_json()
     except (TypeError, ValueError) as exc:
-        c.fail("analysis", str(exc))
+        # An option whose parser names it (analysis.pool_headroom) is reported at its own path.
+        field = getattr(exc, "field", None)
+        c.fail(f"analysis.{field}" if field else "analysis", str(exc))
         return None
 
 

@@ -334,19 +334,31 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def experiment_goodput(request: HttpRequest, pk: int) -> HttpResponse:
-    """Queue one cell's goodput-capacity search (costs engine time; the author only)."""
+    """Queue one cell's goodput-capacity search, or with ``request_class`` its capacity for that
+    class alone (costs engine time; the author only)."""
     experiment = _experiment(request, pk)
     if not selectors.can_operate(request.user, experiment):
         raise PermissionDenied("only the experiment's author can spend engine time on it")
     cell, mixture = request.POST.get("cell", ""), request.POST.get("mixture", "")
+    request_class = request.POST.get("request_class", "")
     try:
         host = goodput_capacity_request(
-            experiment=experiment, cell_id=cell, mixture=mixture, actor=request.user
+            experiment=experiment,
+            cell_id=cell,
+            mixture=mixture,
+            actor=request.user,
+            request_class=request_class,
         )
     except (GoodputRequestError, RunsRefused) as exc:
-        messages.error(request, f"Goodput capacity not queued: {exc}")
+        refused = f"Capacity of {cell} for {request_class} alone" if request_class else "Goodput capacity"
+        messages.error(request, f"{refused} not queued: {exc}")
     else:
-        messages.success(request, f"Goodput capacity of {cell} on {mixture} queued on {host}.")
+        what = (
+            f"Capacity of {cell} for {request_class} alone"
+            if request_class
+            else f"Goodput capacity of {cell} on {mixture}"
+        )
+        messages.success(request, f"{what} queued on {host}.")
     return redirect(reverse("experiments:detail", args=[experiment.pk]) + "#offered-load")
 
 

@@ -54,7 +54,7 @@ from apps.runs.capacity import capacity_of, frozen_rates, next_rate, probe_passe
 from apps.runs.hosts import hosts_alive
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
-from apps.runs.selectors import calibration_settings, goodput_settings
+from apps.runs.selectors import CLASS_CAPACITY, GOODPUT, calibration_settings, goodput_settings
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.services import tokenizer_dir, trace_classes, trace_store
@@ -121,14 +121,20 @@ def probe_step(
     settings: Mapping[str, Any],
     execute: Executor,
     tokenizer: PromptTokenizer,
+    weights: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Generate, store and replay one probe trace against ``cell``; judge the run."""
+    """Generate, store and replay one probe trace against ``cell``; judge the run.
+
+    ``weights``: the class mix to replay (default: the spec's mixture ``mixture``); a class's
+    capacity alone replays ``{class: 1.0}`` under the label ``mixture``.
+    """
     workload = experiment.workload
+    mix = dict(weights) if weights is not None else workload.mixtures[mixture]
     rate_name = f"probe{step}"
     trace = generate_trace(
         classes=trace_classes(experiment),
         mixture_name=mixture,
-        mixture=workload.mixtures[mixture],
+        mixture=mix,
         rate_name=rate_name,
         rate_rps=rate_rps,
         arrival_process=workload.arrival_process,
@@ -158,7 +164,7 @@ def probe_step(
     passed, reasons = probe_passed(
         status=run.status,
         per_class=per_class,
-        weights=workload.mixtures[mixture],
+        weights=mix,
         min_accepted_share=float(settings["min_accepted_share"]),
     )
     return {
@@ -194,8 +200,10 @@ def capacity_search(
     execute: Executor,
     tokenizer: PromptTokenizer | None = None,
     first_step: int = 0,
+    weights: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The stepped search of one (cell, mixture): every step, and the capacity it found."""
+    """The stepped search of one (cell, mixture): every step, and the capacity it found
+    (``weights``: another class mix than the spec's mixture, as probe_step takes it)."""
     tok = tokenizer or PromptTokenizer(tokenizer_dir(experiment.model_path))
     history: list[tuple[float, bool]] = []
     steps: list[dict[str, Any]] = []
@@ -219,6 +227,7 @@ def capacity_search(
             settings=settings,
             execute=execute,
             tokenizer=tok,
+            weights=weights,
         )
         log.info(
             "probe %s %s %.4g rps: %s", cell.cell_id, mixture, rate, "pass" if result["passed"] else "fail"
@@ -338,19 +347,27 @@ def calibration_pending(*, experiment: Experiment) -> bool:
     return not (experiment.workload.rates_derivation or {}).get("rates")
 
 
-def _goodput_store(*, workload_pk: int, cell_id: str, mixture: str, entry: Mapping[str, Any]) -> None:
+def _goodput_store(
+    *, workload_pk: int, cell_id: str, mixture: str, entry: Mapping[str, Any], section: str = GOODPUT
+) -> None:
+    """Store one search under ``section`` (GOODPUT: by mixture; CLASS_CAPACITY: ``mixture`` is the class)."""
     with transaction.atomic():
         workload = Workload.objects.select_for_update().get(pk=workload_pk)
         derivation = dict(workload.rates_derivation or {})
-        per_cell = dict(derivation.get("goodput_capacity") or {})
+        per_cell = dict(derivation.get(section) or {})
         per_cell[cell_id] = {**dict(per_cell.get(cell_id) or {}), mixture: dict(entry)}
-        derivation["goodput_capacity"] = per_cell
+        derivation[section] = per_cell
         workload.rates_derivation = derivation
         workload.save(update_fields=["rates_derivation"])
 
 
+def class_alone_label(request_class: str) -> str:
+    """The mixture label of a class's capacity search (Run.mixture holds 64 characters)."""
+    return f"{request_class[:58]} alone"
+
+
 def cell_goodput_capacity(
-    *, experiment_id: int, cell_id: str, mixture: str, execute: Executor
+    *, experiment_id: int, cell_id: str, mixture: str, execute: Executor, request_class: str = ""
 ) -> dict[str, Any]:
     """Goodput capacity of any cell for one mixture: the same stepped search, against that cell.
 
@@ -358,11 +375,22 @@ def cell_goodput_capacity(
     ``goodput_capacity`` (cell -> mixture -> search, with ``status`` done or
     failed) and never used to set rates. A crash is stored as ``failed`` with
     its reason before it propagates, so the UI never shows a search queued forever.
+
+    With ``request_class`` (``mixture`` is then ignored) it measures the cell's capacity for that
+    class alone: the same search on a mixture of that one class, judged on that class's contract,
+    stored under ``class_capacity`` (cell -> class -> search). An isolate decision sizes its pools
+    from it (apps/analysis/pool_sizing.py).
     """
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     settings = goodput_settings(experiment)
     cell = experiment.cells.get(cell_id=cell_id)
     first = Run.objects.filter(experiment=experiment, kind__in=sorted(Run.PROBES)).count()
+    section, key, weights = GOODPUT, mixture, None
+    if request_class and not experiment.classes.filter(name=request_class).exists():
+        raise CalibrationError(f"class: no class {request_class!r} in this experiment")
+    if request_class:
+        section, key, weights = CLASS_CAPACITY, request_class, {request_class: 1.0}
+        mixture = class_alone_label(request_class)
     try:
         # Before the first trace is generated; each step's run is refused on its own as well.
         experiment.assert_accepts_runs(kind=Run.Kind.CALIBRATION)
@@ -373,19 +401,28 @@ def cell_goodput_capacity(
             settings=settings,
             execute=execute,
             first_step=first,
+            weights=weights,
         )
     except Exception as exc:
         _goodput_store(
             workload_pk=experiment.workload.pk,
             cell_id=cell_id,
-            mixture=mixture,
+            mixture=key,
             entry={"status": "failed", "reason": f"{type(exc).__name__}: {exc}"[:500]},
+            section=section,
         )
         raise
-    search["kind"] = "goodput capacity: highest rate at which every class keeps its contract on this cell"
+    search["kind"] = (
+        f"capacity for {request_class} alone: highest rate of {request_class}'s requests alone at which "
+        "it keeps its contract on this cell"
+        if request_class
+        else "goodput capacity: highest rate at which every class keeps its contract on this cell"
+    )
     search["status"] = "done"
     search["measured_at"] = timezone.now().isoformat()
-    _goodput_store(workload_pk=experiment.workload.pk, cell_id=cell_id, mixture=mixture, entry=search)
+    _goodput_store(
+        workload_pk=experiment.workload.pk, cell_id=cell_id, mixture=key, entry=search, section=section
+    )
     return search
 
 
@@ -393,22 +430,36 @@ class GoodputRequestError(ValueError):
     """A goodput-capacity measurement cannot be queued (the message says why)."""
 
 
-def goodput_capacity_request(*, experiment: Experiment, cell_id: str, mixture: str, actor: Any = None) -> str:
+def goodput_capacity_request(
+    *, experiment: Experiment, cell_id: str, mixture: str, actor: Any = None, request_class: str = ""
+) -> str:
     """Queue a cell's goodput-capacity search on a live host; returns the host's name.
 
     Refused (GoodputRequestError) for an unknown cell or mixture, while the
     same search is queued, or with no live host; RunsRefused when the experiment
     takes no more runs (analysed or decided: Experiment.assert_accepts_runs). The
     search is marked ``queued`` in the derivation at once, so the UI shows it is on its way.
+    With ``request_class`` the search measures the cell's capacity for that class alone
+    (cell_goodput_capacity); ``mixture`` is then not read.
     """
     experiment.assert_accepts_runs(kind=Run.Kind.CALIBRATION)
     if not experiment.cells.filter(cell_id=cell_id).exists():
         raise GoodputRequestError(f"cell: no cell {cell_id!r} in this experiment")
-    if mixture not in (experiment.workload.mixtures or {}):
-        raise GoodputRequestError(f"mixture: no mixture {mixture!r} in this experiment")
-    current = ((experiment.workload.rates_derivation or {}).get("goodput_capacity") or {}).get(cell_id, {})
-    if (current.get(mixture) or {}).get("status") == "queued":
-        raise GoodputRequestError(f"the goodput capacity of {cell_id} on {mixture} is being measured already")
+    if request_class:
+        if not experiment.classes.filter(name=request_class).exists():
+            raise GoodputRequestError(f"class: no class {request_class!r} in this experiment")
+        section, key, what = (
+            CLASS_CAPACITY,
+            request_class,
+            f"the capacity of {cell_id} for {request_class} alone",
+        )
+    else:
+        if mixture not in (experiment.workload.mixtures or {}):
+            raise GoodputRequestError(f"mixture: no mixture {mixture!r} in this experiment")
+        section, key, what = GOODPUT, mixture, f"the goodput capacity of {cell_id} on {mixture}"
+    current = ((experiment.workload.rates_derivation or {}).get(section) or {}).get(cell_id, {})
+    if (current.get(key) or {}).get("status") == "queued":
+        raise GoodputRequestError(f"{what} is being measured already")
     hosts = hosts_alive(max_model_len=experiment.max_model_len)
     if not hosts:
         raise GoodputRequestError(
@@ -419,23 +470,24 @@ def goodput_capacity_request(*, experiment: Experiment, cell_id: str, mixture: s
         _goodput_store(
             workload_pk=experiment.workload.pk,
             cell_id=cell_id,
-            mixture=mixture,
+            mixture=key,
             entry={
                 "status": "queued",
                 "host": host.name,
                 "requested_at": timezone.now().isoformat(),
                 "requested_by": getattr(actor, "username", None),
             },
+            section=section,
         )
+        where = {"class": request_class} if request_class else {"mixture": mixture}
         audit_record(
             action="experiment.goodput_capacity_requested",
             actor=actor,
             experiment=experiment,
-            detail={"cell": cell_id, "mixture": mixture, "host": host.name},
+            detail={"cell": cell_id, **where, "host": host.name},
         )
-        dispatch.send_on_commit(
-            dispatch.CELL_GOODPUT_CAPACITY,
-            kwargs={"experiment_pk": experiment.pk, "cell_id": cell_id, "mixture": mixture},
-            queue=host.queue,
-        )
+        kwargs: dict[str, Any] = {"experiment_pk": experiment.pk, "cell_id": cell_id, "mixture": mixture}
+        if request_class:
+            kwargs["request_class"] = request_class
+        dispatch.send_on_commit(dispatch.CELL_GOODPUT_CAPACITY, kwargs=kwargs, queue=host.queue)
     return host.name

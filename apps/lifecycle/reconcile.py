@@ -15,8 +15,8 @@ repair to the audit log as ``experiment.reconciled`` with what it found and did:
 3. **Queued runs, nothing running anywhere for them**: their messages were lost.
    They are sent again; claiming a run is conditional (queued → starting), so a
    message that was not lost after all runs nothing twice.
-4. **A goodput-capacity search queued and never started**: it is marked lost
-   with the reason, so it can be requested again.
+4. **A goodput-capacity search queued and never started** (or a class's capacity search,
+   apps/lifecycle/calibration.py): it is marked lost with the reason, so it can be requested again.
 5. **A trace upload queued and never imported** (its message was lost), or importing
    for longer than ``IMPORT_LOST_AFTER`` (its worker died): its import is sent again
    (audited as ``upload.reconciled``); the import claims the row, so it runs once.
@@ -108,39 +108,52 @@ def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
 
 
 def _reconcile_goodput(now: Any) -> list[dict[str, Any]]:
+    from django.db.models import Q
+
     from apps.experiments.models import Workload
+    from apps.runs.selectors import CLASS_CAPACITY, GOODPUT
 
     out = []
     cutoff = now - _stale_after()
+    # A goodput search is stored by mixture, a class's capacity search by class (calibration.py).
     for workload in Workload.objects.select_for_update(skip_locked=True).filter(
-        rates_derivation__has_key="goodput_capacity"
+        Q(rates_derivation__has_key=GOODPUT) | Q(rates_derivation__has_key=CLASS_CAPACITY)
     ):
         derivation = dict(workload.rates_derivation or {})
-        capacity = dict(derivation.get("goodput_capacity") or {})
         changed = []
-        for cell_id, by_mixture in capacity.items():
-            for mixture, entry in dict(by_mixture or {}).items():
-                if not isinstance(entry, dict) or entry.get("status") != "queued":
-                    continue
-                try:
-                    requested = datetime.fromisoformat(str(entry.get("requested_at")))
-                except ValueError:
-                    requested = None
-                if requested is not None and requested > cutoff:
-                    continue
-                entry = {**entry, "status": "lost", "reason": "the search never started (its task was lost)"}
-                capacity[cell_id] = {**capacity[cell_id], mixture: entry}
-                changed.append((cell_id, mixture))
+        for section in (GOODPUT, CLASS_CAPACITY):
+            capacity = dict(derivation.get(section) or {})
+            for cell_id, by_key in capacity.items():
+                for key, entry in dict(by_key or {}).items():
+                    if not isinstance(entry, dict) or entry.get("status") != "queued":
+                        continue
+                    try:
+                        requested = datetime.fromisoformat(str(entry.get("requested_at")))
+                    except ValueError:
+                        requested = None
+                    if requested is not None and requested > cutoff:
+                        continue
+                    entry = {
+                        **entry,
+                        "status": "lost",
+                        "reason": "the search never started (its task was lost)",
+                    }
+                    capacity[cell_id] = {**capacity[cell_id], key: entry}
+                    changed.append((section, cell_id, key))
+            if capacity:
+                derivation[section] = capacity
         if changed:
-            derivation["goodput_capacity"] = capacity
             Workload.objects.filter(pk=workload.pk).update(rates_derivation=derivation)
-            for cell_id, mixture in changed:
+            for section, cell_id, key in changed:
+                where = {"mixture": key} if section == GOODPUT else {"class": key}
                 out.append(
                     _repaired(
                         workload.experiment,
-                        "goodput search marked lost: it never started",
+                        "goodput search marked lost: it never started"
+                        if section == GOODPUT
+                        else "class capacity search marked lost: it never started",
                         cell=cell_id,
-                        mixture=mixture,
+                        **where,
                     )  # fmt: skip
                 )
     return out

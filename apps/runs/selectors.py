@@ -14,6 +14,11 @@ from apps.experiments.spec import CALIBRATION_DEFAULTS
 from apps.runs.record_names import aliases, windows
 from apps.runs.summary_types import run_summary
 
+# Where a capacity search is stored in Workload.rates_derivation (apps/lifecycle/calibration.py):
+# cell -> mixture -> search for a goodput search, cell -> class -> search for a class's capacity
+# alone (an isolate decision's pools read it, apps/analysis/pool_sizing.py).
+GOODPUT, CLASS_CAPACITY = "goodput_capacity", "class_capacity"
+
 
 def calibration_settings(experiment: Experiment) -> dict[str, Any] | None:
     """The spec's calibration block (normalised by apps/experiments/spec.py), or None."""
@@ -33,7 +38,8 @@ def offered_load(*, experiment: Experiment) -> dict[str, Any]:
     measured capacity); ``frozen``: whether they are final (a probe that has
     not run yet leaves provisional values); then the probe's capacities,
     binding mixture, fractions and runs, and any goodput capacity per cell
-    (labelled as measured per cell, never used as a rate).
+    (labelled as measured per cell, never used as a rate) and capacity per cell for one class
+    alone (``class_capacity``: what an isolate decision sizes its pools from).
     """
     workload = experiment.workload
     d = workload.rates_derivation or {}
@@ -95,21 +101,23 @@ def offered_load(*, experiment: Experiment) -> dict[str, Any]:
             frozen=True,
             said="typed by hand in the spec (workload.rates), frozen when the experiment was created",
         )
-    goodput = d.get("goodput_capacity") or {}
-    if goodput:
-        out["goodput_capacity"] = {
-            cell: {
-                mixture: {
-                    "status": s.get("status", "done"),
-                    "capacity_rps": s.get("capacity_rps"),
-                    "bracketed": s.get("bracketed"),
-                    "steps": len(s.get("steps") or []),
-                    "reason": s.get("reason"),
+    # Each cell's goodput searches by mixture, and its capacity searches for one class alone by class.
+    for section in (GOODPUT, CLASS_CAPACITY):
+        searches = d.get(section) or {}
+        if searches:
+            out[section] = {
+                cell: {
+                    key: {
+                        "status": s.get("status", "done"),
+                        "capacity_rps": s.get("capacity_rps"),
+                        "bracketed": s.get("bracketed"),
+                        "steps": len(s.get("steps") or []),
+                        "reason": s.get("reason"),
+                    }
+                    for key, s in sorted(per.items())
                 }
-                for mixture, s in sorted(per.items())
+                for cell, per in sorted(searches.items())
             }
-            for cell, per in sorted(goodput.items())
-        }
     return out
 
 

@@ -153,6 +153,7 @@ def build(
     output_mode: str = "exact",
     stop_reasons: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
     quality_probes: Sequence[Mapping[str, Any]] | None = None,
+    class_capacities: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Build every run of the plan, call behaviour(cell, mixture, rate, repeat, class, index) per request."""
     inputs = build_inputs(
@@ -168,6 +169,7 @@ def build(
         options=options,
         stop_reasons=stop_reasons,
         quality_probes=quality_probes,
+        class_capacities=class_capacities,
     )
 
 

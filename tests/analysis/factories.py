@@ -61,3 +61,18 @@ def done_experiment(
         runs = {str(r.run_id): r for r in experiment.runs.all()}
         RecordRow.objects.bulk_create([record_row(runs[r.run_id], r) for r in records])
     return experiment, records
+
+
+def short_slow_everywhere(cell: str, mixture: str, repeat: int, cls: str, index: int) -> dict[str, Any]:
+    """Every cell breaks the short class's TTFT contract (2 s) on shared capacity: isolate."""
+    return {"ttft_ms": 5000.0} if cls == "short" else {}
+
+
+def isolate_experiment(class_capacity: Mapping[str, Any] | None = None) -> Experiment:
+    """An experiment whose analysis decides isolate (no cell keeps the short contract), with the
+    workload's ``rates_derivation.class_capacity`` set to ``class_capacity`` (cell -> class -> search)."""
+    experiment, _ = done_experiment(short_slow_everywhere, per_run=500, spacing_s=0.02)
+    workload = experiment.workload
+    workload.rates_derivation = {"class_capacity": dict(class_capacity or {})}
+    workload.save(update_fields=["rates_derivation"])
+    return experiment

@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 
 from apps.runs.models import MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
-from tests.analysis.factories import done_experiment
+from tests.analysis.factories import done_experiment, isolate_experiment
 
 pytestmark = pytest.mark.django_db
 
@@ -155,3 +155,22 @@ def test_it_takes_analysis_options_and_refuses_bad_ones():
         call_command("experiment_report", str(experiment.pk), "--options", '{"nope": 1}')
     with pytest.raises(CommandError, match="not valid JSON"):
         call_command("experiment_report", str(experiment.pk), "--options", "{")
+
+
+def test_the_summary_says_how_an_isolate_decision_sizes_its_pools():
+    search = {"status": "done", "capacity_rps": 0.5, "bracketed": True, "steps": []}
+    experiment = isolate_experiment({"C1": {"short": search}})
+    out = io.StringIO()
+    call_command("experiment_report", str(experiment.pk), "--format", "summary", stdout=out)
+    text = out.getvalue()
+    assert "decision: isolate B0" in text
+    assert "pools (20% headroom): replicas = ceil(" in text
+    assert (
+        "pool short: C1, capacity alone 0.5 req/s (capacity search of C1 on short alone); "
+        "80-20 @ low: 80% of the requests, 0.8 req/s -> 2 replicas at 80% of capacity"
+    ) in text
+    assert (
+        f"long's capacity alone not measured: run `python manage.py experiment_calibrate {experiment.pk} "
+        in text
+    )
+    assert "pools in all: unknown until long can be sized" in text

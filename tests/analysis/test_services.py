@@ -14,7 +14,7 @@ from apps.analysis.services import (
     experiment_report_build,
 )
 from apps.runs.models import MetricSample, Run
-from tests.analysis.factories import done_experiment
+from tests.analysis.factories import done_experiment, isolate_experiment
 
 pytestmark = pytest.mark.django_db
 
@@ -118,3 +118,20 @@ def test_the_report_carries_the_engine_time_the_runs_recorded():
     report = experiment_report_build(experiment_id=experiment.pk)
     n = experiment.runs.count()
     assert report["engine_time"]["spent_s"] == 56.0 * n and report["engine_time"]["server_starts"] == n
+
+
+def test_an_isolate_report_sizes_its_pools_from_the_workloads_class_capacity_searches():
+    search = {"status": "done", "capacity_rps": 0.5, "bracketed": True, "steps": [{"rate_rps": 0.5}]}
+    experiment = isolate_experiment({"C1": {"short": search}, "B0": {"short": {"status": "queued"}}})
+    report = experiment_report_build(experiment_id=experiment.pk)
+    assert report["decision"]["outcome"] == "isolate"
+    short, long = report["pools"]["pools"]
+    # 80% of 1 req/s is short: 0.8 / (0.5 x 0.8) = 2 servers of C1, the one measured alone.
+    assert (short["cell"], short["capacity_rps"], short["replicas"]) == ("C1", 0.5, 2)
+    assert short["capacity"]["source"] == "capacity search of C1 on short alone"
+    assert short["points"][0]["share"] == 0.8 and short["points"][0]["measured_share"] == 0.8
+    # Nothing measured the long class alone: no number, and the command that would measure it.
+    assert long["replicas"] is None and long["cell"] == "B0"
+    assert f"experiment_calibrate {experiment.pk} --cell B0 --class long" in long["how_to_measure"]
+    assert report["pools"]["unsized"] == ["long"] and report["pools"]["total_replicas"] is None
+    json.dumps(report, allow_nan=False)

@@ -628,3 +628,48 @@ def test_a_scenario_run_that_failed_and_was_retried_is_judged_by_its_retry(
     decision.save()
     check3 = scenario_evidence(decision, chosen_cell="C1", baseline="B0")
     assert check3["check"] == "pass" and [r["run"] for r in check3["runs"]] == ["retry"]
+
+
+@pytest.mark.django_db
+def test_an_isolate_manifest_carries_the_pools_the_analysed_report_sized(approver) -> None:  # type: ignore[no-untyped-def]
+    from apps.analysis.services import experiment_analyse
+    from tests.analysis.factories import isolate_experiment
+
+    search = {"status": "done", "capacity_rps": 0.5, "bracketed": True, "steps": []}
+    experiment = isolate_experiment({"C1": {"short": search}})
+    decision = experiment_analyse(experiment_id=experiment.pk)
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.ANALYSED)
+    assert decision.outcome == "isolate" and decision.report["pools"]["pools"][0]["replicas"] == 2
+    # Measured again after the analysis: the manifest states what the approver saw, never a recount.
+    workload = experiment.workload
+    workload.rates_derivation = {"class_capacity": {"C1": {"short": {**search, "capacity_rps": 4.0}}}}
+    workload.save(update_fields=["rates_derivation"])
+    manifest = experiment_approve(
+        deployment_revision="rel-1",
+        route_target="chat-pool",
+        experiment=experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="split the classes",
+    )
+    doc = mf.document(manifest.content, manifest.sha256)
+    assert mf.verify(doc)
+    decision.refresh_from_db()  # the report as stored, which report_sha256 digests
+    pools = doc["evidence"]["pools"]
+    assert pools == decision.report["pools"]
+    assert pools["pools"][0]["replicas"] == 2 and pools["pools"][0]["capacity_rps"] == 0.5
+    assert doc["evidence"]["decision"]["report_sha256"] == mf.content_sha256(decision.report)
+
+
+@pytest.mark.django_db
+def test_a_manifest_of_another_outcome_has_no_pools(analysed_experiment, approver) -> None:  # type: ignore[no-untyped-def]
+    manifest = experiment_approve(
+        deployment_revision="rel-1",
+        route_target="chat-pool",
+        experiment=analysed_experiment,
+        approver=approver,
+        chosen_cell="B0",
+        reason="keep",
+    )
+    assert analysed_experiment.decision.outcome != "isolate"
+    assert "pools" not in manifest.content["evidence"]

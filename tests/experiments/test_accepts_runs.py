@@ -357,6 +357,28 @@ def test_the_goodput_page_refuses_a_decided_experiment_with_the_reason(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("status", DECIDED)
+def test_a_class_capacity_search_is_refused_like_a_goodput_search(
+    client, author, experiment, status: str, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    # An isolate decision's pools are measured before the analysis (docs/ANALYSIS.md, "Isolate
+    # sizes its pools"): an analysed experiment takes no probe run, whatever it is for.
+    from apps.runs.dispatch import CELL_GOODPUT_CAPACITY
+
+    sent = hold_tasks(monkeypatch, CELL_GOODPUT_CAPACITY)
+    make_host()
+    Experiment.objects.filter(pk=experiment.pk).update(status=status)
+    client.force_login(author)
+    page = client.post(
+        f"/experiments/{experiment.pk}/goodput/", {"cell": "C1", "request_class": "short"}, follow=True
+    ).content.decode()
+    assert f"Capacity of C1 for short alone not queued: experiment {experiment.pk} is {status}" in page
+    assert not sent
+    experiment.workload.refresh_from_db()
+    assert "class_capacity" not in (experiment.workload.rates_derivation or {})
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("status", ["approved", "rejected", "revoked"])
 def test_the_rehearse_page_refuses_a_decided_experiment_with_the_reason(
     client, author, experiment, status: str, monkeypatch

@@ -182,6 +182,20 @@ def test_it_validates_the_analysis_options() -> None:
         assert [e.path for e in info.value.errors] == [where]
 
 
+def test_it_takes_a_pool_headroom_and_names_the_field_when_it_is_wrong() -> None:
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["analysis"] = {"pool_headroom": 0.3}
+    assert validate_spec(spec)["analysis"]["pool_headroom"] == 0.3
+    spec["analysis"] = {}
+    assert validate_spec(spec)["analysis"]["pool_headroom"] == 0.2  # the default, stated
+    for bad in (1, 1.2, -0.1, "20%", True):
+        spec["analysis"] = {"pool_headroom": bad}
+        with pytest.raises(SpecError) as info:
+            validate_spec(spec)
+        assert [e.path for e in info.value.errors] == ["analysis.pool_headroom"], bad
+        assert "from 0 up to, not including, 1" in info.value.errors[0].message
+
+
 def test_it_takes_a_primary_metric_per_class_and_refuses_an_unknown_one() -> None:
     spec = copy.deepcopy(SMALL_SPEC)
     spec["classes"][0]["primary_metric"] = "e2e_p99_ms"

@@ -58,6 +58,7 @@ PARAMS = [
     "page_size",
     "rate",
     "reason",
+    "request_class",
     "status",
 ]
 _READS_QUERY = re.compile(r"\b(?:GET|query_params)\.get\(\s*[\"']([^\"']+)[\"']")

@@ -107,6 +107,25 @@ def test_a_goodput_search_that_never_started_is_marked_lost() -> None:
     assert repairs(experiment) == ["goodput search marked lost: it never started"]
 
 
+def test_a_class_capacity_search_that_never_started_is_marked_lost_beside_a_fresh_one() -> None:
+    experiment = make_experiment()
+    w = experiment.workload
+    old, fresh = (timezone.now() - LATER).isoformat(), timezone.now().isoformat()
+    w.rates_derivation = {
+        "class_capacity": {
+            "C1": {"short": {"status": "queued", "requested_at": old}},
+            "B0": {"long": {"status": "queued", "requested_at": fresh}},
+        }
+    }
+    w.save()
+    experiments_reconcile()
+    w.refresh_from_db()
+    lost = w.rates_derivation["class_capacity"]["C1"]["short"]
+    assert lost["status"] == "lost" and "never started" in lost["reason"]
+    assert w.rates_derivation["class_capacity"]["B0"]["long"]["status"] == "queued"
+    assert repairs(experiment) == ["class capacity search marked lost: it never started"]
+
+
 def test_a_failed_analysis_is_recorded_not_lost() -> None:
     from workers.tasks import analyse_experiment
 

@@ -321,6 +321,52 @@ def test_it_calibrates_from_the_command_and_refuses_an_experiment_without_calibr
 
 
 @pytest.mark.django_db
+def test_it_measures_a_cells_capacity_for_one_class_alone_from_the_command(
+    model_dir: Path, monkeypatch
+) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from apps.analysis.pool_capacity import class_capacities
+
+    # The search replays a mixture of the short class alone: its runs carry that label.
+    fake = _fake_execute(capacity_rps={"short alone": 3.0})
+    monkeypatch.setattr("workers.pipeline.inline_executor", lambda: contextlib.nullcontext(fake))
+    experiment = make_experiment(model=spec_with(model_dir)["model"])
+    out = StringIO()
+    call_command("experiment_calibrate", str(experiment.pk), "--cell", "C1", "--class", "short", stdout=out)
+    assert "capacity of C1 for short alone: 3.0 req/s" in out.getvalue()
+    probes = list(experiment.runs.filter(kind=Run.Kind.CALIBRATION).order_by("id"))
+    assert [r.rate_rps for r in probes] == [1.0, 2.0, 4.0, 3.0, 3.5, 3.25]
+    assert {(r.cell.cell_id, r.mixture) for r in probes} == {("C1", "short alone")}
+    for run in probes:
+        assert {r.klass for r in trace_load(sha256=run.trace_sha256).requests} == {"short"}
+    workload = experiment.workload.__class__.objects.get(pk=experiment.workload.pk)
+    search = workload.rates_derivation["class_capacity"]["C1"]["short"]
+    assert (search["status"], search["capacity_rps"], search["bracketed"]) == ("done", 3.0, True)
+    assert "goodput_capacity" not in workload.rates_derivation and workload.rates_source == "manual"
+    # What an isolate decision's pools read.
+    found = class_capacities(workload.rates_derivation, mixtures=workload.mixtures, baseline="B0")
+    assert found["C1"]["short"]["capacity_rps"] == 3.0
+    with pytest.raises(CommandError, match="class: no class 'tiny'"):
+        call_command("experiment_calibrate", str(experiment.pk), "--cell", "C1", "--class", "tiny")
+    with pytest.raises(CommandError, match="--class needs --cell"):
+        call_command("experiment_calibrate", str(experiment.pk), "--class", "short")
+    with pytest.raises(CommandError, match="give one"):
+        call_command(
+            "experiment_calibrate",
+            str(experiment.pk),
+            "--cell",
+            "C1",
+            "--class",
+            "short",
+            "--mixture",
+            "80-20",
+        )
+
+
+@pytest.mark.django_db
 def test_it_plans_and_freezes_uniform_companions_apart_from_the_sweep(model_dir: Path) -> None:
     make_host()
     spec = spec_with(model_dir)

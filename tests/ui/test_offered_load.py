@@ -94,6 +94,36 @@ def test_it_queues_a_goodput_search_on_a_live_host_once(
 
 
 @pytest.mark.django_db
+def test_it_queues_a_class_capacity_search_for_an_isolate_decisions_pools(
+    client, author, experiment, monkeypatch, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    sent = hold_tasks(monkeypatch, CELL_GOODPUT_CAPACITY)
+    url = f"/experiments/{experiment.pk}/goodput/"
+    client.force_login(author)
+    assert 'id="class-capacity-form"' in client.get(f"/experiments/{experiment.pk}/").content.decode()
+    Host.objects.create(name="cpu-a", queue="host.cpu-a", last_heartbeat=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        page = client.post(url, {"cell": "C1", "request_class": "short"}, follow=True).content.decode()
+    assert "Capacity of C1 for short alone queued on cpu-a" in page
+    assert 'id="class-capacity-table"' in page and 'class="badge status-queued"' in page
+    assert sent == [
+        (
+            CELL_GOODPUT_CAPACITY,
+            {"experiment_pk": experiment.pk, "cell_id": "C1", "mixture": "", "request_class": "short"},
+            "host.cpu-a",
+        )
+    ]
+    # Stored by class, apart from the goodput searches by mixture.
+    experiment.workload.refresh_from_db()
+    load = offered_load(experiment=experiment)
+    assert load["class_capacity"]["C1"]["short"]["status"] == "queued" and "goodput_capacity" not in load
+    again = client.post(url, {"cell": "C1", "request_class": "short"}, follow=True).content.decode()
+    assert "short alone is being measured already" in again and len(sent) == 1
+    wrong = client.post(url, {"cell": "C1", "request_class": "tiny"}, follow=True).content.decode()
+    assert "class: no class &#x27;tiny&#x27;" in wrong and len(sent) == 1
+
+
+@pytest.mark.django_db
 def test_it_keeps_a_crashed_goodput_search_as_failed_with_its_reason(experiment) -> None:  # type: ignore[no-untyped-def]
     def crash(*, run_pk: int) -> str:
         raise RuntimeError("engine exploded")
@@ -132,3 +162,19 @@ def test_it_puts_the_offered_load_and_goodput_capacity_beside_the_comparison(
     html = client.get(f"/experiments/{analysed_experiment.pk}/results/").content.decode()
     assert "Offered load:</strong> typed by hand" in html
     assert 'id="results-goodput"' in html and "2.5 req/s" in html
+
+
+@pytest.mark.django_db
+def test_the_results_page_shows_an_isolate_decisions_pools(client, viewer) -> None:  # type: ignore[no-untyped-def]
+    from apps.analysis.services import experiment_analyse
+    from tests.analysis.factories import isolate_experiment
+
+    search = {"status": "done", "capacity_rps": 0.5, "bracketed": True, "steps": []}
+    experiment = isolate_experiment({"C1": {"short": search}})
+    experiment_analyse(experiment_id=experiment.pk)
+    client.force_login(viewer)
+    html = client.get(f"/experiments/{experiment.pk}/results/").content.decode()
+    assert 'id="results-pools"' in html and "sized at the agreed rates with 20% headroom" in html
+    assert "<td>short</td><td>C1</td>" in html and "0.5 req/s" in html and "<strong>2</strong>" in html
+    assert "80-20 @ low: 80% → 0.8 req/s (2)" in html
+    assert "not measured" in html and f"experiment_calibrate {experiment.pk} --cell B0 --class long" in html

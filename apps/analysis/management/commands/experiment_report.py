@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -52,6 +53,8 @@ class Command(BaseCommand):
             return
         d = report["decision"]
         self.stdout.write(f"decision: {d['outcome']} {d['chosen_cell']}\nrule: {d['rule']}")
+        for line in pool_lines(report.get("pools")):
+            self.stdout.write(line)
         for name, check in report["checks"].items():
             line = f"check {name}: {check['status']}"
             if name == "recovery" and check.get("reason"):
@@ -124,3 +127,38 @@ class Command(BaseCommand):
                 )
                 quantiles.append(f"{q} {at['ttft_ms']} ms ({split or 'not split'})")
             self.stdout.write(f"ttft parts: {where}: {'; '.join(quantiles)} [{how}]")
+
+
+def pool_lines(pools: Mapping[str, Any] | None) -> list[str]:
+    """An isolate decision's pools in words (apps/analysis/pool_sizing.py): each class's config, its
+    capacity alone, its share of the requests and the replicas it needs, or how to measure it."""
+    if not pools:
+        return []
+    out = [f"pools ({pools['headroom']:.0%} headroom): {pools['rule']}"]
+    for p in pools["pools"]:
+        head = f"pool {p['class']}: {p['cell'] or 'no config'}"
+        if p["capacity_rps"] is not None:
+            head += f", capacity alone {p['capacity_rps']:g} req/s ({(p.get('capacity') or {}).get('source', '')})"
+        for pt in p["points"]:
+            offered = f"{pt['offered_rps']:g} req/s" if pt["offered_rps"] is not None else "rate unknown"
+            need = (
+                f"{pt['replicas']} replicas"
+                + (f" at {pt['utilisation']:.0%} of capacity" if pt["utilisation"] is not None else "")
+                if pt["replicas"] is not None
+                else "replicas unknown"
+            )
+            head += (
+                f"; {pt['mixture']} @ {pt['rate']}: {pt['share']:.0%} of the requests, {offered} -> {need}"
+            )
+        out.append(head)
+        if p["how_to_measure"]:
+            out.append(f"  {p['class']}'s capacity alone {p['how_to_measure']}")
+        if p["note"]:
+            out.append(f"  note: {p['note']}")
+    total = pools["total_replicas"]
+    out.append(
+        f"pools in all: {total} servers"
+        if total is not None
+        else f"pools in all: unknown until {', '.join(pools['unsized'])} can be sized"
+    )
+    return out
