@@ -12,9 +12,10 @@ Steps of :func:`run_execute`:
    the database in batches about every second while the run goes on; a
    watcher moves the status warming -> measuring -> draining by the trace's
    windows and stops everything within a second of a cancel.
-4. Scrape /metrics before, during and after; stop the server (TERM, then
-   KILL); mark the run done, invalid (load generator fell behind, args
-   differ) or failed (with the reason and vLLM's last log lines).
+4. Scrape /metrics before, during and after; join the server's spans of the
+   run's requests to its records (workers/server_timings.py); stop the server
+   (TERM, then KILL); mark the run done, invalid (load generator fell behind,
+   args differ) or failed (with the reason and vLLM's last log lines).
 5. Release the lease; after the experiment's last run, queue the analysis.
 
 Whatever goes wrong, the run ends in a finished status with a reason and its
@@ -67,6 +68,7 @@ from workers.rehearsal_run import rehearsal_execute
 from workers.replay.config import ReplayConfig
 from workers.replay.result import ReplayResult
 from workers.replay.run import processes_for, run_replay
+from workers.server_timings import run_server_spans
 from workers.slot import ServerSlot
 from workers.watch import Outcome, RunWatcher, advance_phase
 
@@ -96,12 +98,16 @@ class EngineUnavailable(ValueError):
     """The host cannot start the engine build a candidate names: the run fails before starting."""
 
 
-def host_config(host: Host, cell: ServerConfig | None = None, *, dev_mode: bool = False) -> HostConfig:
+def host_config(
+    host: Host, cell: ServerConfig | None = None, *, dev_mode: bool = False, server_spans: bool | None = None
+) -> HostConfig:
     """How this host starts a cell's server: its own command, or the one it lists for the
     candidate's ``engine.image`` (TAILTUNE_VLLM_COMMANDS). ``dev_mode``: vLLM's development
     endpoints on (``/reset_prefix_cache``, for a reused server with prefix caching), which the
     launcher refuses unless the host binds loopback. The model must lie under this worker's own
-    TAILTUNE_MODEL_ROOTS (not the host row's, which anyone with the admin could edit)."""
+    TAILTUNE_MODEL_ROOTS (not the host row's, which anyone with the admin could edit).
+    ``server_spans``: the server traces its requests to the worker (default: this worker's
+    TAILTUNE_SERVER_SPANS)."""
     command, digest = tuple(host.vllm_command), host.image_digest
     image = cell.engine_image if cell is not None else ""
     if image:
@@ -120,6 +126,7 @@ def host_config(host: Host, cell: ServerConfig | None = None, *, dev_mode: bool 
         image_digest=digest,
         dev_mode=dev_mode,
         model_roots=tuple(settings.TAILTUNE_MODEL_ROOTS),
+        server_spans=settings.TAILTUNE_SERVER_SPANS if server_spans is None else server_spans,
     )
 
 
@@ -251,7 +258,8 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
                 host,
                 model=model,
                 controls=run_controls(experiment),
-                host_config=host_config(host),
+                # Its two servers are measured by the switch, not split per request.
+                host_config=host_config(host, server_spans=False),
                 log_dir=log_path.parent,
                 stop=stop,
                 watcher=watcher,
@@ -381,6 +389,7 @@ def _with_server(
         **result.summary(),
         "engine_time": _windows_time(spent, run, result),
         "server": server_facts,
+        "server_spans": run_server_spans(run, server, result),
     }
     if check is not None:
         summary["idle_check"] = check
