@@ -15,7 +15,8 @@ Steps of :func:`run_execute`:
 4. Scrape /metrics before, during and after; join the server's spans of the
    run's requests to its records (workers/server_timings.py); stop the server
    (TERM, then KILL); mark the run done, invalid (load generator fell behind,
-   args differ) or failed (with the reason and vLLM's last log lines).
+   its loop or the scraper stalled past tolerance, args differ) or failed (with
+   the reason and vLLM's last log lines).
 5. Release the lease; after the experiment's last run, queue the analysis.
 
 Whatever goes wrong, the run ends in a finished status with a reason and its
@@ -46,6 +47,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from apps.analysis.validity import gaps_summary
 from apps.experiments.generation import request_sampling
 from apps.experiments.models import Experiment, ServerConfig
 from apps.lifecycle.completion import experiment_check_finished
@@ -397,6 +399,10 @@ def _with_server(
         summary["quality_probe"] = probe
     summary["scrape_errors"] = scraper.errors[:20]
     summary["restarts_t_ns"] = scraper.restarts
+    summary["scrape_gap_max_s"] = scraper.gap_max_s()
+    summary["measurement_gaps"] = gaps_summary(
+        loop_stall_max_ms=result.loop_stall_max_ms, scrape_gap_max_s=summary["scrape_gap_max_s"]
+    )
     fields = {
         **result.run_fields(),
         "generation": result.extra_body,
@@ -507,13 +513,17 @@ def _judge(
     run: Run, server: EngineServer, watcher: RunWatcher, result: ReplayResult, fields: dict[str, Any]
 ) -> Outcome:
     """How the run ends: cancelled, failed (the server died), invalid (the load generator fell
-    behind) or done."""
+    behind, or the client's loop or the scraper stalled past tolerance: ``measurement_gaps``) or
+    done."""
     if watcher.cancelled or result.stopped:
         return Run.Status.CANCELLED, "cancelled mid-run; partial records kept", fields
     death = server.failure()
     if death is not None:
         return Run.Status.FAILED, death, fields
-    if not result.valid:
-        return Run.Status.INVALID, result.invalid_reason, fields
+    gaps = run_summary(fields.get("summary")).get("measurement_gaps")
+    reasons = [result.invalid_reason] if not result.valid else []
+    reasons += gaps["problems"] if gaps else []
+    if reasons:
+        return Run.Status.INVALID, "; ".join(reasons), fields
     advance_phase(run.pk, Run.Status.DRAINING)
     return Run.Status.DONE, "", fields
