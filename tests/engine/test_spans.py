@@ -323,6 +323,15 @@ def test_it_waits_for_the_answered_requests_spans_and_no_longer() -> None:
     assert sorted(got) == [0, 1] and 0.3 <= clock.now < 0.4
 
 
+def test_it_waits_for_the_answered_requests_own_spans_not_for_a_count() -> None:
+    store, clock = SpanStore(), FakeClock()
+    records = [record(0), record(1), record(2, ok=False)]
+    # Two spans, one of them of the request that failed: request 1's is still to come.
+    store.add([ServerSpan(request_id=completion_id(RUN, 0)), ServerSpan(request_id=completion_id(RUN, 2))])
+    got = collect_run_spans(store, RUN, records, clock=clock, sleep=clock.sleep)
+    assert sorted(got) == [0, 2] and clock.now >= sp.SPAN_WAIT_S  # it waited its bound for 1
+
+
 def test_it_gives_up_at_its_bound_and_sooner_for_a_server_that_never_exported() -> None:
     records = [record(0), record(1)]
     exporting, clock = SpanStore(), FakeClock()

@@ -219,6 +219,12 @@ class SpanStore:
         with self._lock:
             return len(self._runs.get(run_key, ()))
 
+    def covers(self, run_key: str, indexes: Iterable[int]) -> bool:
+        """Whether the run has a span of every one of ``indexes``."""
+        with self._lock:
+            run = self._runs.get(run_key, {})
+            return all(i in run for i in indexes)
+
     def take(self, run_key: str) -> dict[int, ServerSpan]:
         """Remove and return one run's spans, by trace index."""
         with self._lock:
@@ -388,15 +394,15 @@ def collect_run_spans(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[int, ServerSpan]:
-    """Step 4: wait until the run has as many spans as answered requests, at most ``wait_s``
+    """Step 4: wait until the run has the span of every answered request, at most ``wait_s``
     (default ``SPAN_WAIT_S``; ``grace_s``, default ``SPAN_GRACE_S``, while the server has sent no
     export at all), then take the run's spans out."""
     wait_s = SPAN_WAIT_S if wait_s is None else wait_s
     grace_s = SPAN_GRACE_S if grace_s is None else grace_s
     run_key = server_run_key(run_id)
-    expected = _answered(records)
+    expected = [r.index for r in records if r.ok]
     began = clock()
-    while store.count(run_key) < expected:
+    while not store.covers(run_key, expected):
         limit = wait_s if store.exports else grace_s
         if clock() - began >= limit:
             break
