@@ -4,6 +4,7 @@ with real OTLP protobuf bodies built with opentelemetry-proto, as vLLM's exporte
 from __future__ import annotations
 
 import math
+import socket
 from typing import Any
 
 import httpx
@@ -152,7 +153,20 @@ def test_it_refuses_a_body_without_a_length_or_over_its_limit() -> None:
             yield big[10:]
 
         assert httpx.post(small.endpoint, content=chunks(), headers=PROTOBUF).status_code == 411
+        for length in (b"\xb2", b"-1", b"12a"):  # a superscript two is a digit to str.isdigit
+            assert _raw_status(small, b"Content-Length: " + length) == 400, length
         assert small.store.exports == 0
+
+
+def _raw_status(receiver: SpanReceiver, header: bytes) -> int:
+    """The status of a POST written byte by byte with ``header`` (httpx sends ASCII headers only)."""
+    with socket.create_connection(("127.0.0.1", receiver.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + header
+            + b"\r\n\r\n"
+        )
+        return int(sock.recv(64).split(b" ")[1])
 
 
 def test_it_keeps_at_most_max_spans_and_says_how_many_it_rejected() -> None:

@@ -258,7 +258,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if raw is None:
             self._answer(411, "Content-Length is required")
             return
-        if not raw.strip().isdigit():
+        if not re.fullmatch(r"[0-9]{1,15}", raw.strip()):
             self._answer(400, "Content-Length must be a number of bytes")
             return
         length = int(raw)
