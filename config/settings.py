@@ -343,6 +343,9 @@ TAILTUNE_HOST = envstr("TAILTUNE_HOST", "local-cpu")
 TAILTUNE_MODEL_ROOTS = envpaths(
     "TAILTUNE_MODEL_ROOTS", [str(ENGINE_DIR / "models"), str(DATA_DIR / "models")]
 )
+# This host's servers trace each request to the worker (per-request queue, prefill and decode
+# times, workers/engine/spans.py); false for an engine that cannot reach the worker's loopback.
+TAILTUNE_SERVER_SPANS = envbool("TAILTUNE_SERVER_SPANS", True)
 # The running vLLM servers B0 may be captured from on the create page and through the API, by
 # name (docs/SPEC.md, "Capturing B0"): a JSON object, name -> base URL. A user picks a name, never
 # a URL; `manage.py baseline_capture --url` is the operator's and takes any.

@@ -12,9 +12,11 @@ Steps of :func:`run_execute`:
    the database in batches about every second while the run goes on; a
    watcher moves the status warming -> measuring -> draining by the trace's
    windows and stops everything within a second of a cancel.
-4. Scrape /metrics before, during and after; stop the server (TERM, then
-   KILL); mark the run done, invalid (load generator fell behind, args
-   differ) or failed (with the reason and vLLM's last log lines).
+4. Scrape /metrics before, during and after; join the server's spans of the
+   run's requests to its records (workers/server_timings.py); stop the server
+   (TERM, then KILL); mark the run done, invalid (load generator fell behind,
+   its loop or the scraper stalled past tolerance, args differ) or failed (with
+   the reason and vLLM's last log lines).
 5. Release the lease; after the experiment's last run, queue the analysis.
 
 Whatever goes wrong, the run ends in a finished status with a reason and its
@@ -45,6 +47,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from apps.analysis.validity import gaps_summary
 from apps.experiments.generation import request_sampling
 from apps.experiments.models import Experiment, ServerConfig
 from apps.lifecycle.completion import experiment_check_finished
@@ -67,6 +70,7 @@ from workers.rehearsal_run import rehearsal_execute
 from workers.replay.config import ReplayConfig
 from workers.replay.result import ReplayResult
 from workers.replay.run import processes_for, run_replay
+from workers.server_timings import run_server_spans
 from workers.slot import ServerSlot
 from workers.watch import Outcome, RunWatcher, advance_phase
 
@@ -96,12 +100,16 @@ class EngineUnavailable(ValueError):
     """The host cannot start the engine build a candidate names: the run fails before starting."""
 
 
-def host_config(host: Host, cell: ServerConfig | None = None, *, dev_mode: bool = False) -> HostConfig:
+def host_config(
+    host: Host, cell: ServerConfig | None = None, *, dev_mode: bool = False, server_spans: bool | None = None
+) -> HostConfig:
     """How this host starts a cell's server: its own command, or the one it lists for the
     candidate's ``engine.image`` (TAILTUNE_VLLM_COMMANDS). ``dev_mode``: vLLM's development
     endpoints on (``/reset_prefix_cache``, for a reused server with prefix caching), which the
     launcher refuses unless the host binds loopback. The model must lie under this worker's own
-    TAILTUNE_MODEL_ROOTS (not the host row's, which anyone with the admin could edit)."""
+    TAILTUNE_MODEL_ROOTS (not the host row's, which anyone with the admin could edit).
+    ``server_spans``: the server traces its requests to the worker (default: this worker's
+    TAILTUNE_SERVER_SPANS)."""
     command, digest = tuple(host.vllm_command), host.image_digest
     image = cell.engine_image if cell is not None else ""
     if image:
@@ -120,6 +128,7 @@ def host_config(host: Host, cell: ServerConfig | None = None, *, dev_mode: bool 
         image_digest=digest,
         dev_mode=dev_mode,
         model_roots=tuple(settings.TAILTUNE_MODEL_ROOTS),
+        server_spans=settings.TAILTUNE_SERVER_SPANS if server_spans is None else server_spans,
     )
 
 
@@ -251,7 +260,8 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
                 host,
                 model=model,
                 controls=run_controls(experiment),
-                host_config=host_config(host),
+                # Its two servers are measured by the switch, not split per request.
+                host_config=host_config(host, server_spans=False),
                 log_dir=log_path.parent,
                 stop=stop,
                 watcher=watcher,
@@ -381,6 +391,7 @@ def _with_server(
         **result.summary(),
         "engine_time": _windows_time(spent, run, result),
         "server": server_facts,
+        "server_spans": run_server_spans(run, server, result),
     }
     if check is not None:
         summary["idle_check"] = check
@@ -388,6 +399,10 @@ def _with_server(
         summary["quality_probe"] = probe
     summary["scrape_errors"] = scraper.errors[:20]
     summary["restarts_t_ns"] = scraper.restarts
+    summary["scrape_gap_max_s"] = scraper.gap_max_s()
+    summary["measurement_gaps"] = gaps_summary(
+        loop_stall_max_ms=result.loop_stall_max_ms, scrape_gap_max_s=summary["scrape_gap_max_s"]
+    )
     fields = {
         **result.run_fields(),
         "generation": result.extra_body,
@@ -498,13 +513,17 @@ def _judge(
     run: Run, server: EngineServer, watcher: RunWatcher, result: ReplayResult, fields: dict[str, Any]
 ) -> Outcome:
     """How the run ends: cancelled, failed (the server died), invalid (the load generator fell
-    behind) or done."""
+    behind, or the client's loop or the scraper stalled past tolerance: ``measurement_gaps``) or
+    done."""
     if watcher.cancelled or result.stopped:
         return Run.Status.CANCELLED, "cancelled mid-run; partial records kept", fields
     death = server.failure()
     if death is not None:
         return Run.Status.FAILED, death, fields
-    if not result.valid:
-        return Run.Status.INVALID, result.invalid_reason, fields
+    gaps = run_summary(fields.get("summary")).get("measurement_gaps")
+    reasons = [result.invalid_reason] if not result.valid else []
+    reasons += gaps["problems"] if gaps else []
+    if reasons:
+        return Run.Status.INVALID, "; ".join(reasons), fields
     advance_phase(run.pk, Run.Status.DRAINING)
     return Run.Status.DONE, "", fields

@@ -21,6 +21,7 @@ from apps.analysis.checks import rounded
 from apps.analysis.report_inputs import CellInput, ExperimentInput
 from apps.analysis.report_types import RunResult, ValidityCheck
 from apps.experiments.generation import request_sampling
+from apps.runs.summary_types import MeasurementGaps
 
 
 def lag_over_tolerance(lag_p99_ms: float | None, max_lag_ms: float | None) -> bool:
@@ -28,6 +29,49 @@ def lag_over_tolerance(lag_p99_ms: float | None, max_lag_ms: float | None) -> bo
     tolerance (no tolerance, or no lag measured: not over). The one statement of the rule, for
     the validity check and for a gate that stops at its first unusable run (early_stop.unusable)."""
     return lag_p99_ms is not None and max_lag_ms is not None and lag_p99_ms > max_lag_ms
+
+
+# Measurement gaps a run may have and stay valid (docs/SPEC.md, "Measurement gaps"). The load
+# generator's event loop stamps every send and every token frame: while it cannot run, sends go
+# out late and frames are stamped late by up to the stall, so a stall longer than this could move
+# a request's TTFT or stall by more than a short class's contract allows for noise. The replay
+# measures its longest stall itself (workers/replay/client.py, ``loop_stall_max_ms``).
+MAX_LOOP_STALL_MS = 250.0
+# /metrics is scraped every 2 s (workers/pipeline.py): a run that went longer than this without a
+# scrape (five intervals: the scraper stalled, or its scrapes failed) has holes in the gauges the
+# diagnosis reads (running, waiting, KV use) and in its counters' timeline.
+MAX_SCRAPE_GAP_S = 10.0
+
+
+def measurement_gaps(*, loop_stall_max_ms: float | None, scrape_gap_max_s: float | None) -> list[str]:
+    """Why a run's measurements have a hole over tolerance, one sentence per gap that is; empty
+    when there is none (a gap not measured is none). Such a run is ``invalid``: its numbers are
+    not the server's, so it is never judged against a contract (early stopping passes over it)."""
+    problems = []
+    if loop_stall_max_ms is not None and loop_stall_max_ms > MAX_LOOP_STALL_MS:
+        problems.append(
+            f"the load generator's event loop stalled for {loop_stall_max_ms:.0f} ms, over the "
+            f"{MAX_LOOP_STALL_MS:.0f} ms tolerance: sends and token times after it are late by up to that"
+        )
+    if scrape_gap_max_s is not None and scrape_gap_max_s > MAX_SCRAPE_GAP_S:
+        problems.append(
+            f"the /metrics scrape had a gap of {scrape_gap_max_s:.1f} s, over the "
+            f"{MAX_SCRAPE_GAP_S:.0f} s tolerance: the server went unobserved that long"
+        )
+    return problems
+
+
+def gaps_summary(*, loop_stall_max_ms: float | None, scrape_gap_max_s: float | None) -> MeasurementGaps:
+    """A run's ``summary["measurement_gaps"]``: its longest client loop stall and scrape gap,
+    the tolerances, and :func:`measurement_gaps`' sentences (the worker ends the run ``invalid``
+    with them, workers/pipeline.py ``_judge``)."""
+    return {
+        "loop_stall_max_ms": loop_stall_max_ms,
+        "loop_stall_tolerance_ms": MAX_LOOP_STALL_MS,
+        "scrape_gap_max_s": scrape_gap_max_s,
+        "scrape_gap_tolerance_s": MAX_SCRAPE_GAP_S,
+        "problems": measurement_gaps(loop_stall_max_ms=loop_stall_max_ms, scrape_gap_max_s=scrape_gap_max_s),
+    }
 
 
 IDENTITY = ("hardware_id", "model_revision", "tokenizer_revision", "image_digest")

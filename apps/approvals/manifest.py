@@ -58,8 +58,11 @@ def content_sha256(content: Mapping[str, Any]) -> str:
 
 
 # Values local to one test run (where tailtune's worker bound the server, the devices it gave
-# it): never part of the config to deploy or roll back to. Kept apart, labelled.
-TEST_RUN_LOCAL = frozenset({"port", "host", "served_model_name", "device", "devices", "uvicorn_log_level"})
+# it, the worker's span receiver it traced to): never part of the config to deploy or roll back
+# to. Kept apart, labelled.
+TEST_RUN_LOCAL = frozenset(
+    {"port", "host", "served_model_name", "device", "devices", "uvicorn_log_level", "otlp_traces_endpoint"}
+)
 
 
 def split_test_run_local(args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

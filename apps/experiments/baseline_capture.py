@@ -82,6 +82,9 @@ SERVING_LOCAL = frozenset(
         "max_log_len",
         "device",
         "devices",
+        # Where that server sends its traces: tailtune's launcher points its own servers at the
+        # worker's span receiver (workers/engine/spans.py).
+        "otlp_traces_endpoint",
     }
 )
 # Secrets: dropped, and the note never shows the value.

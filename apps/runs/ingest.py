@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from apps.experiments.models import Experiment
 from apps.runs.models import MetricSample, RequestRecord, Run
+from workers.replay.records import SERVER_TIMING_FIELDS
 from workers.replay.records import RequestRecord as Observed
 
 _RECORD_COLUMNS = (
@@ -25,6 +26,7 @@ _RECORD_COLUMNS = (
     "planned_ns", "sent", "sent_ns", "admission_delay_ns", "first_token_ns", "last_token_ns", "end_ns",
     "output_tokens", "prompt_tokens", "chunks", "max_gap_ns", "chunk_gaps", "token_gaps", "http_status",
     "error_kind", "error", "finish_reason", "cancelled", "unfinished", "cut", "backend",
+    *SERVER_TIMING_FIELDS,
 )  # fmt: skip
 _JSON_COLUMNS = {"chunk_gaps", "token_gaps"}
 
@@ -59,6 +61,7 @@ def _row(run_pk: int, rec: Observed) -> dict[str, Any]:
         "unfinished": rec.unfinished,
         "cut": rec.cut,
         "backend": rec.backend,
+        **{name: getattr(rec, name) for name in SERVER_TIMING_FIELDS},
     }
 
 
@@ -115,6 +118,51 @@ def _copy_ignore_conflicts(
         keys = ", ".join(f'"{c}"' for c in conflict)
         cursor.execute(
             f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM tt_ingest ON CONFLICT ({keys}) DO NOTHING"  # noqa: S608
+        )
+        return cursor.rowcount
+
+
+def records_server_timings_ingest(*, run_pk: int, records: Sequence[Observed]) -> int:
+    """Write the server's timings of records already stored (``server_*_ns``, joined from the
+    server's spans after the run: workers/engine/spans.py) onto their rows, by (run, index);
+    returns how many rows changed. Refused (RunsRefused) like :func:`records_ingest`.
+
+    Postgres: the timings are COPYed into a temporary table and applied in one UPDATE ... FROM;
+    SQLite: bulk_update.
+    """
+    timed = [r for r in records if any(getattr(r, name) is not None for name in SERVER_TIMING_FIELDS)]
+    if not timed:
+        return 0
+    _accepting(run_pk)
+    if connection.vendor != "postgresql":
+        rows = {
+            row.index: row
+            for row in RequestRecord.objects.filter(run_id=run_pk, index__in=[r.index for r in timed])
+        }
+        changed = []
+        for rec in timed:
+            row = rows.get(rec.index)
+            if row is not None:
+                for name in SERVER_TIMING_FIELDS:
+                    setattr(row, name, getattr(rec, name))
+                changed.append(row)
+        RequestRecord.objects.bulk_update(changed, list(SERVER_TIMING_FIELDS), batch_size=500)
+        return len(changed)
+    columns = ("index", *SERVER_TIMING_FIELDS)
+    quoted = ", ".join(f'"{c}"' for c in columns)
+    table = RequestRecord._meta.db_table
+    assignments = ", ".join(f'"{c}" = t."{c}"' for c in SERVER_TIMING_FIELDS)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS pg_temp.tt_timings")
+        cursor.execute(
+            f"CREATE TEMP TABLE tt_timings ON COMMIT DROP AS SELECT {quoted} FROM {table} WITH NO DATA"  # noqa: S608 - names are ours
+        )
+        with cursor.cursor.copy(f"COPY tt_timings ({quoted}) FROM STDIN") as copy:
+            for rec in timed:
+                copy.write_row([getattr(rec, c) for c in columns])
+        cursor.execute(
+            f'UPDATE {table} AS r SET {assignments} FROM tt_timings AS t WHERE r."run_id" = %s AND r."index" = t."index"',  # noqa: S608
+            [run_pk],
         )
         return cursor.rowcount
 

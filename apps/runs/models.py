@@ -226,6 +226,14 @@ class RequestRecord(models.Model):
     # switch, and the server that answered; False and "" for every other run.
     cut = models.BooleanField(default=False)
     backend = models.CharField(max_length=64, blank=True, default="")
+    # The server's own timings of the request, in nanoseconds (durations, not times from the
+    # origin), from vLLM's span of it joined by request id after the run (workers/engine/spans.py);
+    # NULL where no span was joined (docs/ANALYSIS.md, "The server's own timings").
+    server_queue_ns = models.BigIntegerField(null=True)
+    server_prefill_ns = models.BigIntegerField(null=True)
+    server_decode_ns = models.BigIntegerField(null=True)
+    server_ttft_ns = models.BigIntegerField(null=True)
+    server_e2e_ns = models.BigIntegerField(null=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "index"], name="uniq_record_per_run_index")]

@@ -3,9 +3,10 @@ the run's columns. Types only: no Django, nothing runs here but two readers' cas
 
 Written when the run ends: by workers/pipeline.py for a sweep, calibration or scenario run (the
 replay's :class:`~workers.replay.result.ReplaySummary`, then the engine's time, the server's reuse,
-the idle check, the quality probe's answers, the scrape errors), by workers/rehearsal_run.py for a
-rollback rehearsal (the replay's summary, the rehearsal's facts, both servers' pids), and once
-more by workers/slot.py, which adds a kept server's stop to the last run's ``engine_time``.
+the idle check, the quality probe's answers, the scrape errors and gaps, the server spans' join), by
+workers/rehearsal_run.py for a rollback rehearsal (the replay's summary, the rehearsal's facts,
+both servers' pids), and once more by workers/slot.py, which adds a kept server's stop to the
+last run's ``engine_time``.
 tests/runs/test_run_summary.py walks summaries the worker really wrote against these types.
 
 A run that ended before its replay holds less: a reused server that would not go idle leaves
@@ -20,6 +21,7 @@ No ``from __future__ import annotations`` here: on Python 3.11 a TypedDict's
 from typing import NotRequired, TypedDict, cast
 
 from workers.engine.idle import IdleCheck
+from workers.engine.spans import ServerSpansSummary
 from workers.replay.result import RehearsalClientFacts, ReplaySummary
 
 
@@ -88,6 +90,17 @@ class RehearsalServers(TypedDict):
     b0: list[list[int]]
 
 
+class MeasurementGaps(TypedDict):
+    """The run's longest measurement gaps against their tolerances (apps/analysis/validity.py
+    ``measurement_gaps``): any over tolerance makes the run ``invalid`` with that reason."""
+
+    loop_stall_max_ms: float | None  # the replay's own event loop (ReplaySummary.loop_stall_max_ms)
+    loop_stall_tolerance_ms: float
+    scrape_gap_max_s: float | None  # the longest time without a /metrics scrape
+    scrape_gap_tolerance_s: float
+    problems: list[str]  # one sentence per gap over tolerance; empty: none
+
+
 class RunSummary(ReplaySummary, total=False):
     """A run's summary after its replay: the replay's, then what the worker adds. A rehearsal's
     ``rehearsal`` holds :class:`RehearsalFacts` (read it with :func:`rehearsal_facts`)."""
@@ -98,6 +111,9 @@ class RunSummary(ReplaySummary, total=False):
     quality_probe: QualityProbeAnswers  # a sweep run of an experiment with a probe
     scrape_errors: list[str]  # the first 20
     restarts_t_ns: list[int]  # where the server's counters restarted (workers/engine/scrape.py)
+    scrape_gap_max_s: float | None  # the longest time without a /metrics scrape (Scraper.gap_max_s)
+    measurement_gaps: MeasurementGaps
+    server_spans: ServerSpansSummary  # the per-request server timings' join (workers/engine/spans.py)
     servers: RehearsalServers  # a rehearsal's two servers
 
 

@@ -21,6 +21,7 @@ from apps.runs.models import Run
 from apps.runs.record_names import RUN_RECORD_FIELDS, WINDOW_NAMES
 from tests.analysis.factories import analysis_spec, done_experiment
 from tests.experiments.factories import UserFactory, make_experiment
+from workers.replay.records import SERVER_TIMING_FIELDS
 
 pytestmark = pytest.mark.django_db
 
@@ -145,3 +146,43 @@ def test_an_unknown_field_is_still_refused(tmp_path: Path) -> None:
         record["cell_name"] = "B0"
 
     _rejected(tmp_path, unknown, r"unknown field\(s\) cell_name")
+
+
+def test_the_servers_timings_of_each_record_are_imported_and_exported_again(tmp_path: Path) -> None:
+    _, lines, exported = _source()
+    timed = {
+        key: [
+            {**r, "server_queue_ns": 1_000 * r["index"], "server_prefill_ns": 2_000, "server_ttft_ns": 5_000}
+            for r in records
+        ]
+        for key, records in lines.items()
+    }
+    target = make_experiment(**analysis_spec(2))
+    directory = _write(tmp_path, timed, exported)
+    call_command("results_import", "--experiment", str(target.pk), str(directory), stdout=io.StringIO())
+    run = target.runs.select_related("cell").filter(kind=Run.Kind.SWEEP).first()
+    assert run is not None
+    row = RecordRow.objects.filter(run=run).order_by("index").last()
+    assert row is not None
+    assert (row.server_queue_ns, row.server_prefill_ns, row.server_ttft_ns) == (
+        1_000 * row.index,
+        2_000,
+        5_000,
+    )
+    assert row.server_decode_ns is None and row.server_e2e_ns is None  # not in the file: not measured
+    _, plaintext = token_create(user=UserFactory(roles=["viewer"]), name="again")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    page = api.get(f"/api/v1/runs/{run.run_id}/records?page_size=1000").json()["records"]
+    again = next(r for r in page if r["index"] == row.index)
+    assert {k: again[k] for k in SERVER_TIMING_FIELDS} == {k: getattr(row, k) for k in SERVER_TIMING_FIELDS}
+
+
+def test_a_server_timing_that_is_not_an_integer_is_refused_naming_it(tmp_path: Path) -> None:
+    _, lines, exported = _source()
+    key = next(iter(exported))
+    bad = [{**lines[key][0], "server_queue_ns": 1.5}, *lines[key][1:]]
+    target = make_experiment(**analysis_spec(2))
+    directory = _write(tmp_path, {key: bad}, {key: exported[key]})
+    with pytest.raises(CommandError, match="field server_queue_ns must be int or null"):
+        call_command("results_import", "--experiment", str(target.pk), str(directory), stdout=io.StringIO())

@@ -72,17 +72,34 @@ def test_it_hashes_independently_of_key_order() -> None:
 
 
 def test_values_local_to_the_test_run_are_kept_apart_and_do_not_split_the_vote() -> None:
+    # Each run's server listened on a port of its own and traced to its worker's span receiver.
+    spans = "http://127.0.0.1:{}/v1/traces"
     run = {
         "max_num_seqs": 8,
         "served_model_name": "tiny",
-        "vllm_non_default_args": {"port": 41129, "max_num_seqs": 8},
+        "vllm_non_default_args": {
+            "port": 41129,
+            "max_num_seqs": 8,
+            "otlp_traces_endpoint": spans.format(41130),
+        },
     }
-    other = {**run, "vllm_non_default_args": {"port": 52001, "max_num_seqs": 8}}
+    other = {
+        **run,
+        "vllm_non_default_args": {
+            "port": 52001,
+            "max_num_seqs": 8,
+            "otlp_traces_endpoint": spans.format(52002),
+        },
+    }
     eff = mf.effective_args({"max_num_seqs": 8}, [run, other])
     assert eff["args"] == {"max_num_seqs": 8, "vllm_non_default_args": {"max_num_seqs": 8}}
-    assert eff["test_run_only"] == {"served_model_name": "tiny", "vllm_non_default_args.port": 41129}
+    assert eff["test_run_only"] == {
+        "served_model_name": "tiny",
+        "vllm_non_default_args.port": 41129,
+        "vllm_non_default_args.otlp_traces_endpoint": spans.format(41130),
+    }
     assert (eff["confirmed_runs"], eff["agreeing_runs"], eff["distinct"]) == (2, 2, 1)
-    assert "port" not in json.dumps(eff["args"])
+    assert "port" not in json.dumps(eff["args"]) and "traces" not in json.dumps(eff["args"])
 
 
 def test_the_complete_args_are_the_defaults_under_what_the_engine_confirmed_and_logged() -> None:

@@ -5,8 +5,12 @@ vLLM it runs a child process (its "engine core"), logs a ``non-default args``
 line and serves /health, /v1/models, /metrics (cache_config_info) and
 /version. FAKE_SERVER_MODE chooses: ok, die (log an error and exit 1), hang
 (never listen), stubborn (ignore SIGTERM, so must be SIGKILLed, child too),
-liar (log a max_num_seqs one higher than asked). In every mode that serves, POST
-/v1/completions streams ``max_tokens`` tokens, 5 ms apart, as vLLM does with usage stats.
+liar (log a max_num_seqs one higher than asked), no-otel (refuse
+--otlp-traces-endpoint as an engine build without OpenTelemetry does, else serve). In every
+mode that serves, POST /v1/completions streams ``max_tokens`` tokens, 5 ms apart, as vLLM does
+with usage stats; given --otlp-traces-endpoint, it then posts the request's ``llm_request`` span
+there as vLLM's exporter does (OTLP/HTTP protobuf, id ``cmpl-<X-Request-Id>-0``), for every
+request whose trace index is not a multiple of FAKE_SERVER_SPAN_SKIP (unset: every request).
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ def main() -> int:
     if mode == "hang":
         time.sleep(600)
         return 0
+    endpoint = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--otlp-traces-endpoint=")), None)
+    if mode == "no-otel" and endpoint is not None:
+        # As vLLM's config check words it when the opentelemetry packages are missing.
+        print("Value error, OpenTelemetry is not available. Unable to configure tracing.", flush=True)
+        child.kill()
+        return 1
+    skip = int(os.environ.get("FAKE_SERVER_SPAN_SKIP", "0") or 0)
 
     args: dict[str, object] = {}
     for arg in sys.argv[1:]:
@@ -83,6 +94,8 @@ def main() -> int:
                 return
             tokens = int(body.get("max_tokens") or 8)
             prompt = body.get("prompt") or []
+            arrived = time.monotonic()
+            first = None
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
@@ -97,8 +110,20 @@ def main() -> int:
                 }
                 self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
                 self.wfile.flush()
+                first = first or time.monotonic()
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
+            request_id = self.headers.get("X-Request-Id")
+            index = request_id.rpartition("-")[2] if request_id else ""
+            if endpoint and request_id and not (skip and index.isdigit() and int(index) % skip == 0):
+                ended = time.monotonic()
+                export_span(
+                    endpoint,
+                    f"cmpl-{request_id}-0",
+                    {"queue": 0.0005, "ttft": (first or ended) - arrived, "e2e": ended - arrived},
+                    len(prompt),
+                    tokens,
+                )
 
         def log_message(self, *args: object) -> None:
             pass
@@ -107,6 +132,43 @@ def main() -> int:
     time.sleep(delay)  # a slow start, before it listens
     http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
     return 0
+
+
+def export_span(endpoint: str, request_id: str, times: dict[str, float], prompt: int, tokens: int) -> None:
+    """POST one llm_request span to ``endpoint`` as vLLM's OTLP/HTTP exporter would."""
+    import urllib.request
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    def attr(key: str, value: float | int | str) -> KeyValue:
+        if isinstance(value, str):
+            return KeyValue(key=key, value=AnyValue(string_value=value))
+        if isinstance(value, int):
+            return KeyValue(key=key, value=AnyValue(int_value=value))
+        return KeyValue(key=key, value=AnyValue(double_value=value))
+
+    prefill = max(0.0, times["ttft"] - times["queue"])
+    body = ExportTraceServiceRequest()
+    span = body.resource_spans.add().scope_spans.add().spans.add()
+    span.name = "llm_request"
+    span.attributes.extend(
+        [
+            attr("gen_ai.request.id", request_id),
+            attr("gen_ai.latency.time_in_queue", times["queue"]),
+            attr("gen_ai.latency.time_in_model_prefill", prefill),
+            attr("gen_ai.latency.time_in_model_decode", times["e2e"] - times["ttft"]),
+            attr("gen_ai.latency.time_to_first_token", times["ttft"]),
+            attr("gen_ai.latency.e2e", times["e2e"]),
+            attr("gen_ai.usage.prompt_tokens", prompt),
+            attr("gen_ai.usage.completion_tokens", tokens),
+        ]
+    )
+    request = urllib.request.Request(
+        endpoint, data=body.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        answer.read()
 
 
 if __name__ == "__main__":

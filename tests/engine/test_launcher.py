@@ -4,9 +4,12 @@ import shlex
 
 import pytest
 
+from workers.engine.confirm import compare_effective
 from workers.engine.launcher import (
     CONTROL_FLAGS,
+    OTEL_ENV,
     SCHEDULER_FLAGS,
+    SPAN_FLUSH_MS,
     DisallowedFlag,
     HostConfig,
     InvalidArgValue,
@@ -16,6 +19,7 @@ from workers.engine.launcher import (
     validate_args,
     validate_controls,
 )
+from workers.engine.vllm_args import DENIED
 
 HOST = HostConfig(vllm_command=("python", "-m", "vllm.entrypoints.openai.api_server"))
 CONTROLS = {
@@ -175,6 +179,83 @@ def test_it_sets_offline_env_and_devices_and_never_the_cpu_kv_override():
     assert "VLLM_CPU_KVCACHE_SPACE" not in plan.env
     with pytest.raises(LaunchError, match="VLLM_CPU_KVCACHE_SPACE"):
         HostConfig(vllm_command=("vllm", "serve"), extra_env={"VLLM_CPU_KVCACHE_SPACE": "4"})
+
+
+SPANS = "http://127.0.0.1:43210/v1/traces"
+
+
+def test_it_points_the_servers_tracing_at_the_workers_receiver_itself():
+    plan = launch(otlp_traces_endpoint=SPANS)
+    assert plan.argv.count(f"--otlp-traces-endpoint={SPANS}") == 1
+    assert plan.otlp_traces_endpoint == SPANS
+    # OTLP over HTTP with protobuf bodies (vLLM's default is gRPC), flushed often.
+    assert plan.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert plan.env["OTEL_BSP_SCHEDULE_DELAY"] == str(SPAN_FLUSH_MS) and SPAN_FLUSH_MS <= 500
+    assert plan.env["OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"] == "none"
+    # The launcher's own flag is no requested arg: the confirmation never holds the server to it.
+    assert "otlp_traces_endpoint" not in plan.requested
+    untraced = launch()
+    assert not any(a.startswith("--otlp") for a in untraced.argv) and untraced.otlp_traces_endpoint is None
+    assert not any(k.startswith("OTEL_") for k in untraced.env)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://collector.internal:4318/v1/traces", "http://127.0.0.1:4318/v1/logs", "127.0.0.1:4317", ""],
+)
+def test_it_traces_to_the_loopback_receiver_only(endpoint):
+    with pytest.raises(LaunchError) as info:
+        launch(otlp_traces_endpoint=endpoint)
+    assert info.value.name == "otlp_traces_endpoint"
+
+
+def test_a_spec_can_never_set_the_tracing_endpoint():
+    with pytest.raises(DisallowedFlag) as info:
+        launch(cell={**CELL, "otlp_traces_endpoint": "http://10.0.0.1:4318/v1/traces"})
+    assert info.value.name == "otlp_traces_endpoint"
+    assert "is denied: it is set by tailtune's launcher" in str(info.value)
+    assert "otlp_traces_endpoint" in DENIED
+    assert any(
+        e.startswith("otlp_traces_endpoint: is denied") for e in validate_args({"otlp_traces_endpoint": "x"})
+    )
+
+
+def test_no_inherited_exporter_setting_reaches_the_server():
+    host = HostConfig(
+        vllm_command=("vllm", "serve"),
+        extra_env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://elsewhere:4318/v1/traces"},
+    )
+    env = {
+        "PATH": "/usr/bin",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://elsewhere:4318",
+        "OTEL_SDK_DISABLED": "true",
+    }
+    for endpoint in (None, SPANS):
+        plan = build_launch(
+            model="/m",
+            cell_args=CELL,
+            controls=CONTROLS,
+            host=host,
+            port=1,
+            base_env=env,
+            otlp_traces_endpoint=endpoint,
+        )
+        assert {k: v for k, v in plan.env.items() if k.startswith("OTEL_")} == (OTEL_ENV if endpoint else {})
+
+
+def test_the_confirmation_does_not_hold_the_server_to_the_launchers_own_flag():
+    plan = launch(otlp_traces_endpoint=SPANS)
+    logged = {**plan.requested, "model": plan.model, "otlp_traces_endpoint": SPANS, "host": "127.0.0.1"}
+    logged["served_model_name"] = [plan.served_model_name]
+    conf = compare_effective(
+        requested=plan.requested,
+        model=plan.model,
+        served_model_name=plan.served_model_name,
+        non_default_args=logged,
+        models_payload={"data": [{"id": plan.served_model_name, "max_model_len": 8192}]},
+        cache_config={"kv_cache_memory_bytes": "67108864", "enable_prefix_caching": "False"},
+    )
+    assert conf.ok, conf.reason
 
 
 def test_it_binds_the_configured_host_and_picks_a_free_port():

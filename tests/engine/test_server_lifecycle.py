@@ -11,12 +11,20 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.waiting import wait_for
 from workers.engine import procs
 from workers.engine.launcher import HostConfig
-from workers.engine.server import EngineFailed, EngineInvalid, EngineServer
+from workers.engine.server import (
+    SPANS_OFF_BY_ENGINE,
+    SPANS_OFF_BY_HOST,
+    EngineFailed,
+    EngineInvalid,
+    EngineServer,
+)
+from workers.replay.request import server_request_id, server_run_key
 
 FAKE = Path(__file__).with_name("fake_server.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +34,9 @@ CONTROLS = {"max_model_len": 1024, "kv_cache_memory_bytes": 1048576, "enable_pre
 
 
 def fake_server(tmp_path: Path, mode: str = "ok", **kw) -> EngineServer:
-    host = HostConfig(vllm_command=(sys.executable, str(FAKE)), extra_env={"FAKE_SERVER_MODE": mode})
+    # The fake server exports its spans with opentelemetry-proto, from this interpreter's path.
+    env = {"FAKE_SERVER_MODE": mode, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    host = HostConfig(vllm_command=(sys.executable, str(FAKE)), extra_env=env)
     return EngineServer(
         model="/models/fake",
         cell_args={"max_num_seqs": 4, "max_num_batched_tokens": 512},
@@ -183,3 +193,53 @@ def test_it_can_be_stopped_from_another_thread_while_starting(tmp_path):
     stopper.join()
     assert time.monotonic() - started < 60
     assert procs.alive_pids(server.tracked_pids()) == []
+
+
+def test_a_server_traces_each_request_to_its_own_receiver_and_no_other(tmp_path):
+    with fake_server(tmp_path) as server:
+        assert server.spans is not None
+        endpoint = server.spans.endpoint
+        assert (
+            endpoint.startswith("http://127.0.0.1:")
+            and f"--otlp-traces-endpoint={endpoint}" in server.plan.argv
+        )
+        server.start()
+        server.confirm()  # the launcher's own flag is no mismatch
+        answer = httpx.post(
+            server.base_url + "/v1/completions",
+            json={"model": "/models/fake", "prompt": [1, 2, 3], "max_tokens": 3, "stream": True},
+            headers={"X-Request-Id": server_request_id("run-a", 4)},
+            timeout=10,
+        )
+        assert answer.status_code == 200
+        store = server.spans.store
+        wait_for(lambda: store.count(server_run_key("run-a")) == 1, 10, interval_s=0.05, what="the span")
+        [span] = store.take(server_run_key("run-a")).values()
+        assert span.request_id == f"cmpl-{server_request_id('run-a', 4)}-0" and span.completion_tokens == 3
+    assert server.spans is None  # closed with the server
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(endpoint, content=b"", headers={"Content-Type": "application/x-protobuf"}, timeout=2)
+
+
+def test_an_engine_build_without_opentelemetry_is_started_again_without_tracing(tmp_path):
+    with fake_server(tmp_path, "no-otel") as server:
+        server.start()
+        assert server.spans is None and server.spans_off_reason == SPANS_OFF_BY_ENGINE
+        assert not any(a.startswith("--otlp-traces-endpoint") for a in server.plan.argv)
+        assert server.failure() is None
+        server.confirm()
+    log = (tmp_path / "server.log").read_text()
+    assert log.count("OpenTelemetry is not available") == 1 and log.count("non-default args") == 1
+
+
+def test_a_host_that_turned_spans_off_starts_its_server_untraced(tmp_path):
+    server = EngineServer(
+        model="/models/fake",
+        cell_args={"max_num_seqs": 4},
+        controls=CONTROLS,
+        host=HostConfig(vllm_command=(sys.executable, str(FAKE)), server_spans=False),
+        log_path=tmp_path / "server.log",
+    )
+    with server:
+        assert server.spans is None and server.spans_off_reason == SPANS_OFF_BY_HOST
+        assert not any(a.startswith("--otlp-traces-endpoint") for a in server.plan.argv)

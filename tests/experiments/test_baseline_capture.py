@@ -145,6 +145,8 @@ def test_the_split_puts_controls_revisions_and_args_apart_and_drops_where_the_se
             "max_num_seqs": 64,
             "block_size": 32,
             "kv_cache_dtype": "fp8",
+            # The deployment's collector: tailtune's launcher traces its own servers to the worker.
+            "otlp_traces_endpoint": "http://otel.internal:4317",
         }
     )
     assert model == {"path": "/m", "revision": "abc", "tokenizer_revision": "abc"}
@@ -152,6 +154,7 @@ def test_the_split_puts_controls_revisions_and_args_apart_and_drops_where_the_se
     assert args == {"max_num_seqs": 64, "block_size": 32, "kv_cache_dtype": "fp8"}
     assert any(n.startswith("api_key: a secret") for n in notes) and "sk-very-secret" not in " ".join(notes)
     assert any(n.startswith("port:") for n in notes)
+    assert any(n.startswith("otlp_traces_endpoint:") for n in notes)
 
 
 def test_the_split_names_every_denied_or_unusable_flag_at_once() -> None:

@@ -88,6 +88,8 @@ class RequestLog:
     sampling: dict[str, Any] = field(default_factory=dict)
     # Every token-frame write time, when MockConfig.record_writes is on.
     writes_ns: list[int] | None = None
+    # The X-Request-Id header (the id vLLM would give the request and its span).
+    request_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -391,7 +393,14 @@ class _Protocol(asyncio.Protocol):
             return
         state = self.state
         tag = headers.get("x-tailtune-request")
-        entry = RequestLog(seq=state.seq, tag=tag, conn=self.conn, path=path, arrival_ns=arrival)
+        entry = RequestLog(
+            seq=state.seq,
+            tag=tag,
+            conn=self.conn,
+            path=path,
+            arrival_ns=arrival,
+            request_id=headers.get("x-request-id"),
+        )
         if config.record_writes:
             entry.writes_ns = []
         state.seq += 1

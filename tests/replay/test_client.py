@@ -13,6 +13,7 @@ from tests.waiting import wait_for
 from workers.replay.client import ReplayResult, request_body
 from workers.replay.config import ReplayConfig
 from workers.replay.records import RequestRecord
+from workers.replay.request import server_request_id
 from workers.replay.run import run_replay
 
 # run_replay's own keywords: the caller's hooks, not the replay's configuration.
@@ -306,7 +307,11 @@ def test_it_spreads_the_send_loop_over_processes_with_one_origin(mock_config: Mo
             on_batch=batches.append,
         )
         arrivals = {int(e.tag.rpartition(":")[2]): e.arrival_ns for e in server.log if e.tag}
+        request_ids = {int(e.tag.rpartition(":")[2]): e.request_id for e in server.log if e.tag}
     assert [r.index for r in result.records] == list(range(12))
+    # Each request carried vLLM's X-Request-Id, one per run and index, from whichever process sent it.
+    assert request_ids == {i: server_request_id("run-1", i) for i in range(12)}
+    assert len(set(request_ids.values())) == 12
     assert sorted(r.index for b in batches for r in b) == list(range(12))
     assert all(r.output_tokens == 6 for r in result.records if r.index != 3)
     assert result.records[3].error_kind == "http"

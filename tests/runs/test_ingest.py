@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from apps.runs.ingest import metric_samples_ingest, records_ingest
+from apps.experiments.models import Experiment, RunsRefused
+from apps.runs.ingest import metric_samples_ingest, records_ingest, records_server_timings_ingest
 from apps.runs.models import MetricSample, RequestRecord
 from tests.experiments.factories import make_experiment
 from tests.runs.factories import observed
+from workers.replay.records import SERVER_TIMING_FIELDS
 
 
 @pytest.mark.django_db(transaction=True)
@@ -72,3 +76,63 @@ def test_it_ingests_several_batches_inside_one_outer_transaction() -> None:
     records_ingest(run_pk=run.pk, records=[observed(str(run.run_id), i) for i in range(5)])
     records_ingest(run_pk=run.pk, records=[observed(str(run.run_id), i) for i in range(5, 9)])
     assert RequestRecord.objects.filter(run=run).count() == 9
+
+
+def _with_timings(rec, k: int):
+    rec.server_queue_ns, rec.server_prefill_ns, rec.server_decode_ns = 1000 + k, 2000 + k, 3000 + k
+    rec.server_ttft_ns, rec.server_e2e_ns = 4000 + k, 9000 + k
+    return rec
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_servers_timings_are_written_onto_records_already_stored() -> None:
+    run, other = make_experiment().runs.order_by("plan_position")[:2]
+    batch = [observed(str(run.run_id), i) for i in range(10)]
+    records_ingest(run_pk=run.pk, records=batch)
+    records_ingest(run_pk=other.pk, records=[observed(str(other.run_id), i) for i in range(10)])
+    # The join after the run: spans for 8 of the 10 records (none for 3 and 7).
+    joined = [_with_timings(r, r.index) if r.index not in (3, 7) else r for r in batch]
+    assert records_server_timings_ingest(run_pk=run.pk, records=joined) == 8
+    rows = {r.index: r for r in RequestRecord.objects.filter(run=run)}
+    assert rows[5].server_queue_ns == 1005 and rows[5].server_prefill_ns == 2005
+    assert (
+        rows[5].server_decode_ns == 3005 and rows[5].server_ttft_ns == 4005 and rows[5].server_e2e_ns == 9005
+    )
+    assert all(getattr(rows[i], name) is None for i in (3, 7) for name in SERVER_TIMING_FIELDS)
+    assert rows[5].first_token_ns == batch[5].first_token_ns  # the client's own fields untouched
+    # Another run's records with the same indexes are not touched.
+    assert not RequestRecord.objects.filter(run=other, server_e2e_ns__isnull=False).exists()
+    assert records_server_timings_ingest(run_pk=run.pk, records=[observed(str(run.run_id), 0)]) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_that_already_has_its_timings_keeps_them_through_the_copy() -> None:
+    run = make_experiment().runs.first()
+    records_ingest(run_pk=run.pk, records=[_with_timings(observed(str(run.run_id), 0), 0)])
+    stored = RequestRecord.objects.get(run=run)
+    assert [getattr(stored, name) for name in SERVER_TIMING_FIELDS] == [1000, 2000, 3000, 4000, 9000]
+
+
+def test_every_record_field_is_a_column_the_ingest_writes_and_the_import_reads() -> None:
+    from apps.analysis.management.commands.results_import import RECORD_TYPES
+    from apps.runs.ingest import _RECORD_COLUMNS
+    from workers.replay.records import RequestRecord as Observed
+
+    fields = {f.name for f in dataclasses.fields(Observed)}
+    model = {f.name for f in RequestRecord._meta.concrete_fields} - {"id", "run"}
+    assert set(SERVER_TIMING_FIELDS) <= fields
+    assert fields - {"run_id"} == model
+    assert set(_RECORD_COLUMNS) == model | {"run_id"}
+    assert set(RECORD_TYPES) == fields
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["analysed", "approved", "rejected", "revoked"])
+def test_the_servers_timings_never_change_the_records_of_a_decided_experiment(status: str) -> None:
+    experiment = make_experiment()
+    run = experiment.runs.first()
+    records_ingest(run_pk=run.pk, records=[observed(str(run.run_id), 0)])
+    Experiment.objects.filter(pk=experiment.pk).update(status=status)
+    with pytest.raises(RunsRefused, match=f"experiment {experiment.pk} is {status}"):
+        records_server_timings_ingest(run_pk=run.pk, records=[_with_timings(observed(str(run.run_id), 0), 0)])
+    assert RequestRecord.objects.get(run=run).server_e2e_ns is None

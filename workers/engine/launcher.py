@@ -53,6 +53,25 @@ FORBIDDEN_ENV = frozenset({"VLLM_CPU_KVCACHE_SPACE"})
 # start (docs/ENGINE.md, "Development endpoints").
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
+# Tracing: where the server sends one span per request (workers/engine/spans.py). Only the
+# worker's own receiver on loopback; a spec can never set the flag (vllm_args.DENIED).
+_SPAN_ENDPOINT = re.compile(r"^http://127\.0\.0\.1:[0-9]{1,5}/v1/traces$")
+# How often the server's span exporter sends what it has (milliseconds): the worker waits about
+# this long after a run for the last spans (workers/engine/spans.py).
+SPAN_FLUSH_MS = 200
+# The exporter's settings: OTLP over HTTP with protobuf bodies (vLLM's default is gRPC), no
+# compression, a flush every SPAN_FLUSH_MS, and a queue deep enough that a burst of finishing
+# requests between two flushes is never dropped.
+OTEL_ENV = {
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "none",
+    "OTEL_BSP_SCHEDULE_DELAY": str(SPAN_FLUSH_MS),
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "65536",
+}
+# Where else an exporter could be pointed or turned off: never inherited by a server.
+_OTEL_ENV_PREFIXES = ("OTEL_EXPORTER_OTLP_", "OTEL_BSP_", "OTEL_TRACES_", "OTEL_SDK_DISABLED")
+
 # Values that reach argv as strings: no leading dash (argparse would read a
 # flag), no whitespace or shell/control characters.
 _SAFE_STRING = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:/@+=-]{0,199}$")
@@ -218,6 +237,9 @@ class HostConfig:
     container image digest when the command runs a container. ``dev_mode`` turns vLLM's
     development endpoints on, which :func:`build_launch` allows on a loopback ``bind_host`` only;
     ``model_roots`` are where the model may lie (a model elsewhere is refused before it starts).
+    ``server_spans``: the server traces each request to the worker's span receiver
+    (:class:`~workers.engine.server.EngineServer` makes one and passes its endpoint to
+    :func:`build_launch`).
     """
 
     vllm_command: tuple[str, ...]
@@ -230,6 +252,10 @@ class HostConfig:
     # The directories the model must lie under (the worker's TAILTUNE_MODEL_ROOTS,
     # workers/engine/model_paths.py); None: not checked here (a command pointed at a server by hand).
     model_roots: tuple[str, ...] | None = None
+    # The server sends its per-request spans to the worker (workers/engine/spans.py); the
+    # host's operator turns it off with TAILTUNE_SERVER_SPANS=0 (an engine that cannot reach the
+    # worker's loopback, such as a container on its own network).
+    server_spans: bool = True
 
     def __post_init__(self) -> None:
         if not self.vllm_command or not all(isinstance(part, str) and part for part in self.vllm_command):
@@ -284,6 +310,9 @@ class LaunchPlan:
     port: int
     model: str
     requested: dict[str, Any]
+    # The launcher's own tracing endpoint (never part of ``requested``: the confirmation holds the
+    # server to what the spec asked for, and no spec may ask for this).
+    otlp_traces_endpoint: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -319,6 +348,7 @@ def build_launch(
     host: HostConfig,
     port: int | None = None,
     base_env: Mapping[str, str] | None = None,
+    otlp_traces_endpoint: str | None = None,
 ) -> LaunchPlan:
     """Build the server command for one cell; raise LaunchError (DisallowedFlag...) on bad input.
 
@@ -326,7 +356,15 @@ def build_launch(
     named, so a bad cell never half-starts. ``base_env`` defaults to no
     inherited variables beyond PATH/HOME/LANG of this process. A model outside
     ``host.model_roots`` and development mode on a bind beyond loopback are refused here too.
+    ``otlp_traces_endpoint``: the worker's span receiver (workers/engine/spans.py), written as
+    ``--otlp-traces-endpoint`` with the exporter's settings (``OTEL_ENV``) in the environment;
+    it must be a loopback ``/v1/traces`` URL. No ``OTEL_`` exporter variable is inherited.
     """
+    if otlp_traces_endpoint is not None and not _SPAN_ENDPOINT.match(otlp_traces_endpoint):
+        raise LaunchError(
+            "otlp_traces_endpoint",
+            f"must be the worker's span receiver, http://127.0.0.1:<port>/v1/traces (got {otlp_traces_endpoint!r})",
+        )
     if not isinstance(model, str) or not _SAFE_MODEL.match(model):
         raise LaunchError("model", f"must be a plain path or model id (got {model!r})")
     # Relative to this process's directory, where the server starts too.
@@ -344,6 +382,10 @@ def build_launch(
     env = {k: v for k, v in base_env.items() if k not in FORBIDDEN_ENV}
     env.update(OFFLINE_ENV)
     env.update(host.extra_env)
+    for name in [k for k in env if k.startswith(_OTEL_ENV_PREFIXES)]:
+        del env[name]
+    if otlp_traces_endpoint is not None:
+        env.update(OTEL_ENV)
     if host.devices:
         env["CUDA_VISIBLE_DEVICES"] = host.devices
     if host.dev_mode:
@@ -356,6 +398,8 @@ def build_launch(
     argv += [model] if host.model_positional else [f"--model={model}"]
     chosen_port = port if port is not None else free_port(host.bind_host)
     argv += [f"--host={host.bind_host}", f"--port={chosen_port}"]
+    if otlp_traces_endpoint is not None:
+        argv.append(f"--otlp-traces-endpoint={otlp_traces_endpoint}")
     for name in ALL_FLAGS:  # a fixed order, so the same cell always gives the same argv
         if name in requested:
             argv += flag_argv(name, requested[name])
@@ -363,5 +407,11 @@ def build_launch(
         argv += arg_argv(name, requested[name])
 
     return LaunchPlan(
-        argv=argv, env=env, host=host.bind_host, port=chosen_port, model=model, requested=requested
+        argv=argv,
+        env=env,
+        host=host.bind_host,
+        port=chosen_port,
+        model=model,
+        requested=requested,
+        otlp_traces_endpoint=otlp_traces_endpoint,
     )

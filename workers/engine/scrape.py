@@ -163,6 +163,10 @@ class Scraper:
         self.errors: list[str] = []
         self.epoch = 0
         self.restarts: list[int] = []  # t_ns of each restart boundary seen
+        self.taken_ns: list[int] = []  # t_ns of each scrape ingested (a failed one leaves a gap)
+        # t_ns of the first and the latest scrape tried, ingested or not.
+        self.first_attempt_ns: int | None = None
+        self.last_attempt_ns: int | None = None
         self._last: dict[tuple[str, tuple], float] = {}
         self._created: dict[tuple[str, tuple], float] = {}
         self._lock = threading.Lock()
@@ -192,6 +196,7 @@ class Scraper:
                 self.restarts.append(t_ns)
                 self._last.clear()
             self._created.update(created)
+            self.taken_ns.append(t_ns)
             taken_at = datetime.now(UTC)
             rows = []
             for s in parsed:
@@ -207,10 +212,26 @@ class Scraper:
             self.samples.extend(rows)
         return rows
 
+    def gap_max_s(self) -> float | None:
+        """The longest time the server went unobserved, in seconds: the largest interval between
+        two scrapes ingested, counting the first and the latest scrape tried as bounds (so scrapes
+        that all failed are one gap as long as the attempts). A stalled scraper and failing
+        scrapes both show; None before two scrapes were tried or ingested."""
+        with self._lock:
+            bounds = (self.first_attempt_ns, self.last_attempt_ns)
+            times = sorted({*self.taken_ns, *(t for t in bounds if t is not None)})
+        if len(times) < 2:
+            return None
+        return round(max(b - a for a, b in zip(times, times[1:], strict=False)) / 1e9, 3)
+
     def scrape(self, phase: str) -> list[dict[str, Any]]:
         """Fetch /metrics once and ingest it; raises httpx errors (unlike the thread)."""
         with self._fetch_lock:
             t_ns = self.clock()
+            with self._lock:
+                if self.first_attempt_ns is None:
+                    self.first_attempt_ns = t_ns
+                self.last_attempt_ns = t_ns
             response = self._client.get(self.url)
             response.raise_for_status()
             return self.ingest(response.text, phase, t_ns=t_ns)

@@ -61,10 +61,18 @@ from workers.engine.confirm import (
 )
 from workers.engine.launcher import HostConfig, LaunchPlan, build_launch
 from workers.engine.scrape import parse_metrics
+from workers.engine.spans import SpanReceiver
 from workers.engine.tinymodel import read_revisions
 
 GUARD = Path(__file__).with_name("guard.py")
 LOG_TAIL_LINES = 40
+# What vLLM logs when asked to trace without the OpenTelemetry packages (vllm/config/observability.py).
+OTEL_MISSING = "OpenTelemetry is not available"
+SPANS_OFF_BY_HOST = "the host's operator turned server spans off (TAILTUNE_SERVER_SPANS=0)"
+SPANS_OFF_BY_ENGINE = (
+    "the engine build has no OpenTelemetry packages, so vLLM cannot trace requests "
+    "(it refused --otlp-traces-endpoint; the server was started without it)"
+)
 
 # The lines of a dying vLLM that say why: exception lines and vLLM's ERROR records.
 _ERROR_LINE = re.compile(
@@ -190,9 +198,27 @@ class EngineServer:
         if not model_path.is_absolute() and model_path.exists():
             model = str(model_path.resolve())  # the server's cwd is not ours to assume
         self.host = host
-        self.plan: LaunchPlan = build_launch(
-            model=model, cell_args=cell_args, controls=controls, host=host, port=port, base_env=base_env
-        )
+        # The worker's span receiver for this server (workers/engine/spans.py), bound now so its
+        # endpoint goes on the command line; None when the host turned spans off, or the engine
+        # build turned out to have no OpenTelemetry (spans_off_reason says which).
+        self.spans: SpanReceiver | None = SpanReceiver() if host.server_spans else None
+        self.spans_off_reason = "" if host.server_spans else SPANS_OFF_BY_HOST
+        self._launch_args: dict[str, Any] = {
+            "model": model,
+            "cell_args": cell_args,
+            "controls": controls,
+            "host": host,
+            "base_env": base_env,
+        }
+        try:
+            self.plan: LaunchPlan = build_launch(
+                **self._launch_args,
+                port=port,
+                otlp_traces_endpoint=self.spans.endpoint if self.spans is not None else None,
+            )
+        except BaseException:
+            self._close_spans()
+            raise
         self.log_path = Path(log_path)
         self.health_deadline_s = health_deadline_s
         self.grace_s = grace_s
@@ -225,7 +251,25 @@ class EngineServer:
 
         Raises EngineFailed with the log's error text as soon as the process
         exits, or when ``health_deadline_s`` passes (the server is stopped first).
+        An engine build without OpenTelemetry refuses ``--otlp-traces-endpoint`` at start-up:
+        the server is then started once more without it, and ``spans_off_reason`` says so.
         """
+        if self.spans is not None:
+            self.spans.start()
+        try:
+            self._start_process()
+        except EngineFailed:
+            if self.spans is None or OTEL_MISSING not in read_tail(self.log_path, lines=400):
+                raise
+            self.stop()  # reaps what the failed start left
+            self.proc = None
+            self._tracked.clear()
+            self._close_spans()
+            self.spans_off_reason = SPANS_OFF_BY_ENGINE
+            self.plan = build_launch(**self._launch_args, port=self.plan.port)
+            self._start_process()
+
+    def _start_process(self) -> None:
         if self.proc is not None:
             raise RuntimeError("already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,8 +390,14 @@ class EngineServer:
                 self._log_fh = None
             return code
 
+    def _close_spans(self) -> None:
+        spans, self.spans = self.spans, None
+        if spans is not None:
+            spans.close()
+
     def close(self) -> None:
         self.stop()
+        self._close_spans()
         self._client.close()
 
     def __enter__(self) -> EngineServer:

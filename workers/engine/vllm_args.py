@@ -204,7 +204,6 @@ DENIED_GROUPS: dict[str, dict[str, str]] = {
         "ssl_ca_certs": f"it {_READS_FILE} (CA certificates); the replay speaks plain HTTP to the server",
     },
     "Other machines and addresses": {
-        "otlp_traces_endpoint": f"it {_NETWORK} (an OpenTelemetry collector)",
         "tool_server": f"it {_NETWORK} (tool servers)",
         "kv_transfer_config": f"it {_NETWORK} and can import a connector module by path",
         "ec_transfer_config": f"it {_NETWORK} and can import a connector module by path",
@@ -246,6 +245,10 @@ DENIED_GROUPS: dict[str, dict[str, str]] = {
         "log_level": f"it {_OWN}: the confirmation reads vLLM's INFO log ('non-default args')",
         "logging_config": f"it {_OWN}: the confirmation reads vLLM's INFO log, and it can name a file",
         "disable_log_stats": f"it {_OWN}: it turns off the /metrics tailtune scrapes",
+        "otlp_traces_endpoint": (
+            f"it {_OWN}: the server traces each request to the worker's own receiver on loopback "
+            f"(TAILTUNE_SERVER_SPANS); any other endpoint {_NETWORK}"
+        ),
         "speculative_config": "speculative decoding is not supported (controls.speculative_decoding)",
         "spec_method": "speculative decoding is not supported (controls.speculative_decoding)",
         "spec_model": "speculative decoding is not supported (controls.speculative_decoding)",

@@ -61,7 +61,14 @@ from typing import Any
 from workers.replay import rawhttp
 from workers.replay.batches import BatchCallback, Batcher, ProgressCallback
 from workers.replay.records import RequestRecord
-from workers.replay.request import OUTPUT_MODES, new_record, request_body, request_path
+from workers.replay.request import (
+    OUTPUT_MODES,
+    REQUEST_ID_HEADER,
+    new_record,
+    request_body,
+    request_path,
+    server_request_prefix,
+)
 from workers.replay.result import ReplayResult, summarise
 from workers.replay.runtime import burst_size, quiet_interpreter, raise_fd_limit
 from workers.replay.stream import (
@@ -144,6 +151,8 @@ class _Replay:
         self._pool: rawhttp.Pool
         self.model = model
         self.run_id = run_id
+        # request.server_request_id's prefix, built once: the header is written per send.
+        self._request_id_prefix = server_request_prefix(run_id)
         self.endpoint = endpoint
         self.warmup_ns = round(warmup_s * 1e9)
         self.observation_ns = round(observation_s * 1e9)
@@ -355,6 +364,8 @@ class _Replay:
             "Accept": "text/event-stream",
             # Lets a server (or the test and benchmark mocks) tie its log to this record.
             "X-Tailtune-Request": f"{self.run_id}:{record.index}",
+            # vLLM's request id, which its span of the request carries (server timings, joined later).
+            REQUEST_ID_HEADER: f"{self._request_id_prefix}{record.index}",
         }
 
     def _send_now(self, request: dict[str, Any], record: RequestRecord) -> rawhttp.Response | None:

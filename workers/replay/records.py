@@ -6,7 +6,8 @@ It imports nothing of ours, so it runs unchanged on a GPU host.
 
 Every time is an integer count of nanoseconds from the run's origin, taken
 with ``time.perf_counter_ns``. A time that was never observed is ``None``,
-never 0.
+never 0. The ``server_*_ns`` fields are durations the server measured on its own
+clocks (vLLM's span of the request), joined after the run.
 """
 
 from __future__ import annotations
@@ -124,6 +125,16 @@ class RequestRecord:
     # Recovery rehearsals only: which server answered ("candidate", "b0", a router's
     # header value, or "unknown"); empty for every other run.
     backend: str = ""
+    # The server's own timings of this request, from vLLM's OTLP span joined by request id
+    # after the run (workers/engine/spans.py); None where no span was joined. Durations in
+    # nanoseconds, not times from the origin: time in the scheduler's queue, in the model from
+    # the first schedule to the first token (prefill) and from there to the last (decode), and
+    # from the server's arrival to its first token (TTFT) and to the request's end (E2E).
+    server_queue_ns: int | None = None
+    server_prefill_ns: int | None = None
+    server_decode_ns: int | None = None
+    server_ttft_ns: int | None = None
+    server_e2e_ns: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -162,6 +173,16 @@ def merge_histograms(hists: Iterable[GapHistogram]) -> GapHistogram:
     for h in hists:
         out.merge(h)
     return out
+
+
+# The server's own timings of a request (vLLM's span, joined after the run by request id).
+SERVER_TIMING_FIELDS: tuple[str, ...] = (
+    "server_queue_ns",
+    "server_prefill_ns",
+    "server_decode_ns",
+    "server_ttft_ns",
+    "server_e2e_ns",
+)
 
 
 # Every per-request value of a record except its run and its gap histograms: what

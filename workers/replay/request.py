@@ -8,6 +8,7 @@ shared by the one-loop send loop (:mod:`workers.replay.client`), the process fan
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,30 @@ def request_path(request: dict[str, Any], *, endpoint: str) -> str:
 
 
 OUTPUT_MODES = ("exact", "natural")
+
+# The header vLLM's OpenAI server takes a request's id from; its span of the request carries that
+# id (with the endpoint's prefix, ``cmpl-`` or ``chatcmpl-``, and for a completion the choice's
+# ``-0``), which is how the server's timings are joined to the record (workers/engine/spans.py).
+REQUEST_ID_HEADER = "X-Request-Id"
+_UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._:]")
+
+
+def server_run_key(run_id: str) -> str:
+    """The run's part of its server request ids: the run id with every character that is not a
+    letter, digit, ``.``, ``_`` or ``:`` written as ``_`` (a UUID's ``-`` too), so an id is one
+    header token and the index after the run key is unambiguous."""
+    return _UNSAFE_ID_CHARS.sub("_", run_id)
+
+
+def server_request_prefix(run_id: str) -> str:
+    """What every server request id of one run starts with: ``tt-<run key>-``."""
+    return f"tt-{server_run_key(run_id)}-"
+
+
+def server_request_id(run_id: str, index: int) -> str:
+    """The ``X-Request-Id`` of the request with trace index ``index`` in run ``run_id``: unique
+    per run and index, so the server's span of it names exactly one record."""
+    return f"{server_request_prefix(run_id)}{int(index)}"
 
 
 def request_body(

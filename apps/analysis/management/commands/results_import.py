@@ -57,7 +57,8 @@ RECORD_TYPES: dict[str, str] = {
     "prompt_tokens": _OPT_INT, "chunks": _INT, "max_gap_ns": _OPT_INT, "chunk_gaps": _HIST,
     "token_gaps": _HIST, "http_status": _OPT_INT, "error_kind": _OPT_STR, "error": _OPT_STR,
     "finish_reason": _OPT_STR, "cancelled": _BOOL, "unfinished": _BOOL, "sent": _BOOL, "priority": _INT,
-    "cut": _BOOL, "backend": _STR,
+    "cut": _BOOL, "backend": _STR, "server_queue_ns": _OPT_INT, "server_prefill_ns": _OPT_INT,
+    "server_decode_ns": _OPT_INT, "server_ttft_ns": _OPT_INT, "server_e2e_ns": _OPT_INT,
 }  # fmt: skip
 REQUIRED = (
     "run_id",
