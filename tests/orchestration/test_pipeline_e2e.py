@@ -46,8 +46,23 @@ def _server_pids(host_name: str) -> list[int]:
 
 
 def test_it_runs_a_small_experiment_end_to_end_and_ignores_a_redelivered_task(workers: Workers) -> None:
+    """Also issue #35's acceptance: B0 with chunked prefill off (budget 8192) against a candidate
+    chunking at 512 tokens on a short/long mix; the report says where each cell's short-class TTFT
+    p99 went, from vLLM's own per-request spans joined to at least 95% of the records."""
     workers.start()
-    experiment = make_experiment()
+    experiment = make_experiment(
+        baseline={
+            "id": "B0",
+            "captured_from": "prod",
+            "args": {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192, "max_num_seqs": 8},
+        },
+        candidates=[
+            {
+                "id": "C1",
+                "args": {"enable_chunked_prefill": True, "max_num_batched_tokens": 512, "max_num_seqs": 8},
+            }
+        ],
+    )
     assert experiment_start(experiment=experiment) == 2
     experiment = _wait_experiment(experiment, 600, workers)
     runs = list(experiment.runs.select_related("cell"))
@@ -66,6 +81,7 @@ def test_it_runs_a_small_experiment_end_to_end_and_ignores_a_redelivered_task(wo
         assert run.trace_sha256 and run.hardware_id and run.image_digest
     assert runs[0].trace_sha256 == runs[1].trace_sha256  # paired: the same frozen traffic
     assert hasattr(experiment, "decision")
+    _assert_ttft_split_from_spans(experiment, runs)
 
     # The same task delivered again is harmless: one set of results.
     before = RequestRecord.objects.filter(run=runs[0]).count()
@@ -124,3 +140,41 @@ def make_experiment_workload() -> dict:
     from tests.experiments.factories import SMALL_SPEC
 
     return dict(SMALL_SPEC["workload"])
+
+
+def _assert_ttft_split_from_spans(experiment: Experiment, runs: list[Run]) -> None:
+    """vLLM's spans joined to the records (workers/engine/spans.py), and the report's split of the
+    short class's TTFT p99 per cell from them, with the bound named (apps/analysis/ttft_parts.py,
+    tail_bound.py)."""
+    for run in runs:
+        spans = run.summary["server_spans"]
+        assert spans["source"] == "otlp" and spans["used"], spans
+        assert spans["joined"] >= 0.95 * spans["answered"] and spans["answered"] == run.requests_planned, (
+            spans
+        )
+        joined = RequestRecord.objects.filter(run=run, server_ttft_ns__isnull=False)
+        assert joined.count() == spans["joined"]
+        for rec in joined:
+            # The server's own clock inside the client's: queue and prefill within vLLM's TTFT,
+            # vLLM's TTFT within the client's (from the send; 5 ms of clock slack between processes).
+            assert rec.server_queue_ns >= 0 and rec.server_prefill_ns > 0
+            assert rec.server_queue_ns + rec.server_prefill_ns <= rec.server_ttft_ns + 5_000_000
+            assert rec.server_ttft_ns <= rec.first_token_ns - rec.sent_ns + 5_000_000
+    report = experiment.decision.report
+    rows = {r["cell"]: r for r in report["ttft_parts"]["rows"] if r["class"] == "short"}
+    assert set(rows) == {"B0", "C1"}, report["ttft_parts"]
+    for cell, row in rows.items():
+        assert row["source"] == "spans" and row["per_request"], (cell, row)
+        assert row["joined_share"] >= 0.95, (cell, row)
+        p99 = row["p99"]
+        assert not p99["censored"] and p99["parts"], (cell, p99)
+        assert p99["parts"]["queue_ms"] is not None and p99["parts"]["prefill_ms"] is not None, (cell, p99)
+        # The p99 request's own parts add up to its TTFT (each rounded to a microsecond).
+        total = sum(v for v in p99["parts"].values() if v is not None)
+        assert abs(total - p99["request_ttft_ms"]) < 0.01 * len(p99["parts"]), (cell, p99)
+    bounds = {t["cell"]: t for t in report["tail_bounds"] if t["class"] == "short"}
+    assert set(bounds) == {"B0", "C1"}, report["tail_bounds"]
+    assert all(t["bound"] in ("queue", "prefill", "decode", "outside the engine") for t in bounds.values()), (
+        bounds
+    )
+    assert all(t["knobs"] or t["bound"] == "outside the engine" for t in bounds.values()), bounds
