@@ -135,8 +135,12 @@ def baseline_capture(
     container: str | None = None,
     url: str | None = None,
     at: str | None = None,
+    bounded: bool = True,
 ) -> bc.Captured:
     """B0 captured from one source; CaptureError (a SpecError) naming the field at fault.
+
+    ``bounded``: a pasted text's parse takes a slot of TAILTUNE_CAPTURE_PARSES (a web request);
+    the operator's command (``bounded=False``) waits for vLLM's parser instead of being refused.
 
     ``source``: ``server`` (``server``: a name from TAILTUNE_CAPTURE_SOURCES; ``url``: the
     operator's command only), ``command``, ``kubernetes`` or ``helm`` (``text``; ``container``
@@ -163,5 +167,5 @@ def baseline_capture(
         engine_python=engine_python(),
         container=(container or "").strip() or None,
         at=at,
-        parse=bounded_parse,
+        parse=bounded_parse if bounded else None,
     )

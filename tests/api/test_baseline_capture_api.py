@@ -4,6 +4,7 @@ manifest; a server only by name, every bad input a 400 naming its field, nothing
 from __future__ import annotations
 
 import copy
+import uuid
 
 import pytest
 import yaml
@@ -116,22 +117,23 @@ def test_a_pasted_command_is_parsed_once_and_no_more_parses_run_at_once_than_the
 
     from workers.engine import vllm_args
 
-    cache.clear()
+    cache.delete("capture-parse-slot:0")
     settings.TAILTUNE_CAPTURE_PARSES = 1
     calls: list[list[str]] = []
     api = client_for(author)
-    command = {"source": "command", "text": "vllm serve /models/m --max-num-seqs 48"}
+    model = f"/models/m-{uuid.uuid4().hex}"  # a command line no earlier run left in the cache
+    command = {"source": "command", "text": f"vllm serve {model} --max-num-seqs 48"}
 
     def parse(argv, engine_python, *, timeout_s):  # type: ignore[no-untyped-def]
         calls.append(list(argv))
         if len(calls) == 1:  # while this one runs, another capture arrives
             busy = api.post(
-                URL, {"source": "command", "text": "vllm serve /models/m --max-num-seqs 8"}, format="json"
+                URL, {"source": "command", "text": f"vllm serve {model} --max-num-seqs 8"}, format="json"
             )
             assert busy.status_code == 429 and busy["Retry-After"] == "30", busy.content
             assert "TAILTUNE_CAPTURE_PARSES" in busy.json()["errors"][0]["message"]
             assert busy.json()["errors"][0]["field"] == "text"
-        return {"model": "/models/m", "args": {"max_num_seqs": 48}, "vllm_version": vllm_args.PINNED_VERSION}
+        return {"model": model, "args": {"max_num_seqs": 48}, "vllm_version": vllm_args.PINNED_VERSION}
 
     monkeypatch.setattr(vllm_args, "parse_serve_command", parse)
     first = api.post(URL, command, format="json")
@@ -142,7 +144,7 @@ def test_a_pasted_command_is_parsed_once_and_no_more_parses_run_at_once_than_the
     assert again.json()["fragment"]["baseline"]["args"] == first.json()["fragment"]["baseline"]["args"]
     assert len(calls) == 1  # the busy one never reached the parser; the repeat came from the cache
     after = api.post(
-        URL, {"source": "command", "text": "vllm serve /models/m --max-num-seqs 8"}, format="json"
+        URL, {"source": "command", "text": f"vllm serve {model} --max-num-seqs 8"}, format="json"
     )
     assert after.status_code == 200, after.content  # the slot was given back
     assert len(calls) == 2

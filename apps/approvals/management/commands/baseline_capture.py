@@ -72,7 +72,9 @@ class Command(BaseCommand):
         if options["server"] is not None:
             return baseline_capture(source="server", server=options["server"]), "server"
         if options["command_line"] is not None:
-            return baseline_capture(source="command", text=options["command_line"]), "command-line"
+            return baseline_capture(
+                source="command", text=options["command_line"], bounded=False
+            ), "command-line"
         if options["experiment"] is not None or options["last_manifest"]:
             option = "experiment" if options["experiment"] is not None else "last-manifest"
             return baseline_capture(source="manifest", experiment=options["experiment"]), option
@@ -80,7 +82,9 @@ class Command(BaseCommand):
             if options[key] is not None:
                 option = key.replace("_", "-")
                 text = _read(options[key], option)
-                return baseline_capture(source=kind, text=text, container=options["container"]), option
+                return baseline_capture(
+                    source=kind, text=text, container=options["container"], bounded=False
+                ), option
         raise CommandError("give one source")  # argparse requires one
 
     def handle(self, *args, **options):
