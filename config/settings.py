@@ -300,7 +300,7 @@ else:
 # TAILTUNE_DATA that every process of this machine shares. TAILTUNE_CACHE_PREFIX keeps the keys of
 # services that share one Redis apart.
 # The test suite's lanes (pytest-xdist workers) share one Redis as they share one Postgres server:
-# each keeps its own keys, as each has its own database.
+# each keeps its own keys, as each has its own database (a TAILTUNE_CACHE_PREFIX given is used whole).
 _LANE = f"-{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else ""
 _redis_broker = _broker if _broker.startswith(("redis://", "rediss://")) else ""
 _cache_url = envstr("TAILTUNE_CACHE_URL") or _redis_broker
@@ -311,7 +311,7 @@ if _cache_url:
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": _cache_url,
-            "KEY_PREFIX": envstr("TAILTUNE_CACHE_PREFIX", "tailtune") + _LANE,
+            "KEY_PREFIX": envstr("TAILTUNE_CACHE_PREFIX") or f"tailtune{_LANE}",
             "OPTIONS": {"socket_connect_timeout": 5, "socket_timeout": 5},
         }
     }
