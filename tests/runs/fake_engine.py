@@ -34,14 +34,17 @@ def fake_vllm_command(tmp_path: Path, **env: str) -> list[str]:
     return [sys.executable, str(script)]
 
 
-def fake_sweep_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **env: str) -> Run:
+def fake_sweep_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *, reuse: bool = False, **env: str
+) -> Run:
     """The first sweep run of a small experiment (about 8 requests in 2 s) whose host serves the
     fake vLLM with ``env`` (FAKE_SERVER_MODE, FAKE_SERVER_SPAN_SKIP); the pull and the analysis
-    are held, so the test executes the run itself (workers.pipeline.run_execute)."""
+    are held, so the test executes the run itself (workers.pipeline.run_execute). ``reuse``: the
+    spec's engine.reuse."""
     hold_tasks(monkeypatch, HOST_PULL, ANALYSE_EXPERIMENT)
     monkeypatch.setenv("TAILTUNE_VLLM_COMMAND", json.dumps(fake_vllm_command(tmp_path, **env)))
     spec = small_spec()
-    spec["engine"] = {"reuse": False, "early_stop": False}
+    spec["engine"] = {"reuse": reuse, "early_stop": False}
     spec["workload"] = {**spec["workload"], "rates": {"low": 4.0}, "warmup_s": 0.5, "observation_s": 1.5}
     spec["workload"]["drain_deadline_s"] = 5
     host_register_local()

@@ -5,44 +5,27 @@ summary is walked in test_rehearsal_router.py."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from apps.experiments.models import Experiment
-from apps.lifecycle.creation import experiment_create
-from apps.lifecycle.running import experiment_freeze_and_enqueue
-from apps.runs.dispatch import ANALYSE_EXPERIMENT, HOST_PULL
-from apps.runs.hosts import host_register_local
 from apps.runs.models import Run
 from apps.runs.summary_types import PreReplaySummary, RunSummary, run_summary
-from tests.dispatch_support import hold_tasks
-from tests.experiments.factories import UserFactory, small_spec
+from tests.runs.fake_engine import fake_sweep_run
 from tests.test_typed_contracts import _problems
 from workers import pipeline
 
-FAKE = Path(__file__).resolve().parents[1] / "engine" / "fake_server.py"
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _sweep_run(monkeypatch: pytest.MonkeyPatch, *, reuse: bool) -> Run:
-    hold_tasks(monkeypatch, HOST_PULL, ANALYSE_EXPERIMENT)
-    monkeypatch.setenv("TAILTUNE_VLLM_COMMAND", json.dumps([sys.executable, str(FAKE)]))
-    spec = small_spec()
-    spec["engine"] = {"reuse": reuse, "early_stop": False}
-    spec["workload"] = {**spec["workload"], "rates": {"low": 4.0}, "warmup_s": 0.5, "observation_s": 1.5}
-    spec["workload"]["drain_deadline_s"] = 5
-    host_register_local()
-    experiment = experiment_create(spec=spec, owner=UserFactory(roles=["experimenter"]))
-    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING)
-    experiment_freeze_and_enqueue(experiment_id=experiment.pk)
-    return experiment.runs.filter(kind=Run.Kind.SWEEP).order_by("plan_position").first()
+def _sweep_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *, reuse: bool) -> Run:
+    return fake_sweep_run(monkeypatch, tmp_path, reuse=reuse)
 
 
-def test_a_sweep_runs_summary_is_the_replays_with_the_engines_time_and_the_server(monkeypatch) -> None:
-    run = _sweep_run(monkeypatch, reuse=False)
+def test_a_sweep_runs_summary_is_the_replays_with_the_engines_time_and_the_server(
+    monkeypatch, tmp_path
+) -> None:
+    run = _sweep_run(monkeypatch, tmp_path, reuse=False)
     assert pipeline.run_execute(run_pk=run.pk) == Run.Status.DONE
     run.refresh_from_db()
     assert _problems(run.summary, RunSummary, "summary") == []
@@ -55,10 +38,12 @@ def test_a_sweep_runs_summary_is_the_replays_with_the_engines_time_and_the_serve
     assert "idle_check" not in summary and "quality_probe" not in summary  # no reuse, no probe
 
 
-def test_a_reused_servers_run_that_never_went_idle_keeps_the_pre_replay_summary(monkeypatch) -> None:
+def test_a_reused_servers_run_that_never_went_idle_keeps_the_pre_replay_summary(
+    monkeypatch, tmp_path
+) -> None:
     # The fake server publishes no running or waiting gauge, so it never reads as idle.
     monkeypatch.setattr(pipeline, "IDLE_TIMEOUT_S", 0.3)
-    run = _sweep_run(monkeypatch, reuse=True)
+    run = _sweep_run(monkeypatch, tmp_path, reuse=True)
     [(pk, status)] = pipeline.host_pull(limit=1)
     assert (pk, status) == (run.pk, Run.Status.FAILED)
     run.refresh_from_db()
