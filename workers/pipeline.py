@@ -401,7 +401,9 @@ def _with_server(
     summary["restarts_t_ns"] = scraper.restarts
     summary["scrape_gap_max_s"] = scraper.gap_max_s()
     summary["measurement_gaps"] = gaps_summary(
-        loop_stall_max_ms=result.loop_stall_max_ms, scrape_gap_max_s=summary["scrape_gap_max_s"]
+        loop_stall_max_ms=result.loop_stall_max_ms,
+        scrape_gap_max_s=summary["scrape_gap_max_s"],
+        max_dispatch_lag_ms=run.experiment.workload.max_dispatch_lag_ms,
     )
     fields = {
         **result.run_fields(),

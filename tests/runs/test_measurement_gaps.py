@@ -41,6 +41,19 @@ def test_each_gap_over_tolerance_is_named_with_its_size() -> None:
     assert (summary["loop_stall_tolerance_ms"], summary["scrape_gap_tolerance_s"]) == (250.0, 10.0)
 
 
+def test_the_loop_tolerance_widens_to_a_dispatch_lag_tolerance_that_is_larger_and_never_narrows() -> None:
+    # A spec whose client shares CPUs with the engine accepts sends 30 s late: a 256 ms stall
+    # (which failed a gate run in CI) is within that; a 31 s one is not.
+    assert measurement_gaps(loop_stall_max_ms=256.0, scrape_gap_max_s=None, max_dispatch_lag_ms=30000) == []
+    [stall] = measurement_gaps(loop_stall_max_ms=31000.0, scrape_gap_max_s=None, max_dispatch_lag_ms=30000)
+    assert "over the 30000 ms tolerance" in stall
+    # A tight dispatch-lag tolerance (5 ms, the default) leaves the loop's own 250 ms.
+    [stall] = measurement_gaps(loop_stall_max_ms=256.0, scrape_gap_max_s=None, max_dispatch_lag_ms=5)
+    assert "over the 250 ms tolerance" in stall
+    summary = gaps_summary(loop_stall_max_ms=256.0, scrape_gap_max_s=1.0, max_dispatch_lag_ms=30000)
+    assert (summary["loop_stall_tolerance_ms"], summary["problems"]) == (30000.0, [])
+
+
 # --- the scraper's longest gap --------------------------------------------------------------------
 
 
