@@ -76,7 +76,10 @@ def measurement_gaps(
 
 
 def gaps_summary(
-    *, loop_stall_max_ms: float | None, scrape_gap_max_s: float | None, max_dispatch_lag_ms: float | None = None
+    *,
+    loop_stall_max_ms: float | None,
+    scrape_gap_max_s: float | None,
+    max_dispatch_lag_ms: float | None = None,
 ) -> MeasurementGaps:
     """A run's ``summary["measurement_gaps"]``: its longest client loop stall and scrape gap,
     the tolerances, and :func:`measurement_gaps`' sentences (the worker ends the run ``invalid``
