@@ -71,14 +71,15 @@ from workers.replay.config import ReplayConfig
 from workers.replay.result import ReplayResult
 from workers.replay.run import processes_for, run_replay
 from workers.server_timings import run_server_spans
-from workers.slot import ServerSlot
+from workers.slot import ServerSlot, slot_key
 from workers.watch import Outcome, RunWatcher, advance_phase
 
 log = logging.getLogger(__name__)
 
 WARMUP_REQUESTS = 4
-# The runs that may replay on a server kept from the run before (engine reuse, idle-checked).
-REUSING_KINDS = frozenset({Run.Kind.SWEEP, *Run.PROBES})
+# The runs that may replay on a server kept from the run before (engine reuse, idle-checked), each
+# in its own series (workers/slot.py ``slot_key``): all but the rehearsal, whose servers are its own.
+REUSING_KINDS = frozenset({Run.Kind.SWEEP, Run.Kind.UNIFORM, Run.Kind.SCENARIO, *Run.PROBES})
 IDLE_TIMEOUT_S = 30.0  # how long a reused server may take to go idle before its run is invalid
 
 
@@ -268,9 +269,9 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
             )
     else:
         reuse = run.kind in REUSING_KINDS and reuse_enabled(experiment)
-        # A sweep keeps its server for one cell and round; the inline probes (a series run by
-        # inline_executor) for one cell, apart from any sweep round.
-        key = (run.experiment_id, run.cell_id, run.repeat if run.kind == Run.Kind.SWEEP else -1)
+        # A sweep keeps its server for one cell and round; the uniform companions, the scenarios
+        # and the inline probes (run by inline_executor) each for one cell, apart from the rest.
+        key = slot_key(run)
         kept = slot.take(key) if reuse else None
         if kept is None:
             slot.close()

@@ -1,7 +1,8 @@
-"""The server a host keeps up between the runs of one cell and round (engine reuse).
+"""The server a host keeps up between the runs of one cell and series (engine reuse).
 
 :func:`workers.pipeline.host_pull` holds one :class:`ServerSlot`; each run takes the kept
-server when it is the same experiment, cell and round and the server is alive, and the slot
+server when it is the same experiment, cell and series (a sweep round, the uniform
+companions, the failure scenarios, the inline probes: :func:`slot_key`) and the server is alive, and the slot
 stops it otherwise, when a run on it did not end done or invalid, and when the pull ends.
 The stop's time belongs to the last run on the server (``summary["engine_time"]["stop_s"]``).
 """
@@ -14,6 +15,23 @@ from apps.runs.models import Host, Run
 from apps.runs.summary_types import EngineTime, run_summary
 from workers.engine.server import EngineServer
 
+# (experiment, cell, series): the runs that may share one server. A sweep's series is its round
+# (the repeat), the uniform companions and the failure scenarios are one series each, and the
+# inline probes another (:func:`slot_key`).
+SlotKey = tuple[int, int, int | str]
+
+
+def slot_key(run: Run) -> SlotKey:
+    """Which kept server ``run`` may replay on: its cell's, in its series (a sweep round, the
+    uniform companions, the scenarios, or the inline probes)."""
+    if run.kind == Run.Kind.SWEEP:
+        series: int | str = run.repeat
+    elif run.kind in Run.PROBES:
+        series = "probes"
+    else:
+        series = str(run.kind)
+    return (run.experiment_id, run.cell_id, series)
+
 
 class ServerSlot:
     """The server a host keeps up between the runs of one cell and round (engine reuse)."""
@@ -21,20 +39,20 @@ class ServerSlot:
     def __init__(self, host: Host) -> None:
         self.host = host
         self.server: EngineServer | None = None
-        self.key: tuple[int, int, int] | None = None
+        self.key: SlotKey | None = None
         self.kv_idle: float | None = None
         self.started_by = ""  # run_id of the run that started it
         self.last_run_pk: int | None = None
         self.runs = 0
 
-    def take(self, key: tuple[int, int, int]) -> EngineServer | None:
+    def take(self, key: SlotKey) -> EngineServer | None:
         """The kept server if it serves ``key`` and is alive; else stop whatever is kept."""
         if self.server is not None and self.key == key and self.server.failure() is None:
             return self.server
         self.close()
         return None
 
-    def keep(self, key: tuple[int, int, int], server: EngineServer, run: Run, *, new: bool) -> None:
+    def keep(self, key: SlotKey, server: EngineServer, run: Run, *, new: bool) -> None:
         if new:
             self.started_by, self.runs = str(run.run_id), 0
         self.server, self.key, self.last_run_pk = server, key, run.pk

@@ -13,6 +13,7 @@ from apps.lifecycle.runs import run_build
 from apps.lifecycle.scenario_schedule import scenario_runs_build
 from apps.lifecycle.transition import experiment_transition
 from apps.runs.models import Run
+from apps.runs.scheduling import reuse_enabled
 
 
 @transaction.atomic
@@ -70,13 +71,16 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
 
 
 def _uniform_companions(experiment: Experiment, *, cells: list[ServerConfig], first: int) -> list[Run]:
-    """One run per (cell, mixture, rate) replaying repeat 1's requests on constant spacing.
+    """One run per (cell, mixture, rate) replaying repeat 1's requests on constant spacing; with
+    engine reuse, a cell's companions follow each other (they replay on one server).
 
     Same requests and mean rate as the bursty trace, so the two differ only in
     burstiness: the p50 barely moves, the p99 is the story.
     """
     w = experiment.workload
     combos = [(c, m, r) for m in sorted(w.mixtures) for r in sorted(w.rates) for c in cells]
+    if reuse_enabled(experiment):  # a cell's companions back to back, on one server
+        combos.sort(key=lambda combo: cells.index(combo[0]))
     return [
         run_build(
             experiment=experiment,

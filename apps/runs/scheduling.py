@@ -18,7 +18,8 @@ does not hold up the end:
 4. With engine reuse (the spec's ``engine.reuse``, default on) a host that claims a sweep
    run reserves the rest of that cell's round (queued runs of the same experiment, cell and
    repeat get ``host`` = it) and takes those first, so it replays them back to back on the
-   server it has up. A lost host's reservations are released (:func:`host_release_reserved`)
+   server it has up; a uniform companion or a failure scenario reserves the rest of its cell's
+   uniform companions or scenarios the same way. A lost host's reservations are released (:func:`host_release_reserved`)
    and its running run is failed and re-queued (apps/lifecycle/retries.hosts_reap_lost), so the
    other hosts pick both up.
 """
@@ -37,9 +38,14 @@ from apps.runs.hosts import hosts_alive
 from apps.runs.models import Host, Run
 from workers.engine.launcher import dev_mode_refusal, is_loopback
 
+# The queued runs a host replays back to back on one server per cell (engine reuse): a sweep round,
+# the uniform companions, the failure scenarios (workers/slot.py ``slot_key``).
+SERIES_KINDS = frozenset({Run.Kind.SWEEP, Run.Kind.UNIFORM, Run.Kind.SCENARIO})
+
 
 def reuse_enabled(experiment: Experiment) -> bool:
-    """The spec's ``engine.reuse`` (default on): one server per cell and round."""
+    """The spec's ``engine.reuse`` (default on): one server per cell and round (and per cell for
+    its uniform companions and for its failure scenarios)."""
     return bool(((experiment.spec or {}).get("engine") or {}).get("reuse", True))
 
 
@@ -142,15 +148,17 @@ def run_claim_next(*, host: Host) -> Run | None:
         if won != 1:
             return None
         run = Run.objects.select_related("experiment", "cell", "trace", "experiment__workload").get(pk=run.pk)
-        if run.kind == Run.Kind.SWEEP and reuse_enabled(run.experiment):
-            Run.objects.filter(
+        if run.kind in SERIES_KINDS and reuse_enabled(run.experiment):
+            series = Run.objects.filter(
                 experiment_id=run.experiment_id,
                 cell_id=run.cell_id,
-                repeat=run.repeat,
-                kind=Run.Kind.SWEEP,
+                kind=run.kind,
                 status=Run.Status.QUEUED,
                 host__isnull=True,
-            ).update(host=host)
+            )
+            if run.kind == Run.Kind.SWEEP:
+                series = series.filter(repeat=run.repeat)
+            series.update(host=host)
         return run
 
 

@@ -23,7 +23,7 @@ from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import make_experiment, small_spec
 from tests.runs.factories import make_host
 from workers.pipeline import host_pull
-from workers.slot import ServerSlot
+from workers.slot import ServerSlot, slot_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,6 +76,60 @@ def test_a_host_reserves_its_cells_round_and_another_host_takes_the_next_cell(mo
 def test_without_reuse_nothing_is_reserved(monkeypatch) -> None:
     hold_tasks(monkeypatch, HOST_PULL)
     experiment = sweep(reuse=False)
+    run_claim_next(host=make_host("a", hardware_id=CPU))
+    assert not experiment.runs.filter(status="queued", host__isnull=False).exists()
+
+
+def companions_and_scenarios(**engine: Any) -> Experiment:
+    """B0 and C1 with two mixtures' uniform companions and two failure scenarios each (no sweep
+    runs queued): 4 uniform and 4 scenario runs, dispatched and runnable."""
+    base = small_spec()["workload"]
+    workload = {
+        **base,
+        "mixtures": {"a": base["mixtures"][next(iter(base["mixtures"]))]},
+        "uniform_companion": True,
+    }
+    workload["mixtures"]["b"] = workload["mixtures"]["a"]
+    experiment = make_experiment(
+        workload=workload, engine=engine, scenarios={"long_burst": {}, "cancellation": {}}
+    )
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING, hardware_id=CPU)
+    experiment.runs.filter(kind=Run.Kind.SWEEP).delete()
+    experiment.runs.update(trace_sha256="a" * 64)
+    runs_dispatch(list(experiment.runs.all()), experiment)
+    return experiment
+
+
+def test_a_cells_uniform_companions_and_its_scenarios_are_planned_together_and_reserved_as_a_series(
+    monkeypatch,
+) -> None:
+    hold_tasks(monkeypatch, HOST_PULL)
+    experiment = companions_and_scenarios()
+    for kind in (Run.Kind.UNIFORM, Run.Kind.SCENARIO):
+        order = [r.cell.cell_id for r in experiment.runs.filter(kind=kind).order_by("plan_position")]
+        assert order == ["B0", "B0", "C1", "C1"], kind  # a cell's series back to back
+    a = make_host("a", hardware_id=CPU)
+    taken = []
+    while (run := run_claim_next(host=a)) is not None:
+        # Each claim reserves the rest of its cell's series and nothing else.
+        reserved = experiment.runs.filter(status=Run.Status.QUEUED, host=a)
+        assert {(r.kind, r.cell_id) for r in reserved} <= {(run.kind, run.cell_id)}
+        taken.append((run.kind, run.cell.cell_id, slot_key(run)))
+        Run.objects.filter(pk=run.pk).update(status=Run.Status.DONE, finished_at=timezone.now())
+    assert [(kind, cell) for kind, cell, _ in taken] == [  # the plan: scenarios, then companions
+        (Run.Kind.SCENARIO, "B0"), (Run.Kind.SCENARIO, "B0"), (Run.Kind.SCENARIO, "C1"), (Run.Kind.SCENARIO, "C1"),
+        (Run.Kind.UNIFORM, "B0"), (Run.Kind.UNIFORM, "B0"), (Run.Kind.UNIFORM, "C1"), (Run.Kind.UNIFORM, "C1"),
+    ]  # fmt: skip
+    # One kept server per (cell, series): four keys for eight runs, none shared with a sweep round.
+    keys = [key for _, _, key in taken]
+    assert len(set(keys)) == 4 and {key[2] for key in keys} == {"uniform", "scenario"}
+
+
+def test_without_reuse_companions_and_scenarios_are_not_reserved_or_grouped(monkeypatch) -> None:
+    hold_tasks(monkeypatch, HOST_PULL)
+    experiment = companions_and_scenarios(reuse=False)
+    order = [r.cell.cell_id for r in experiment.runs.filter(kind=Run.Kind.UNIFORM).order_by("plan_position")]
+    assert order == ["B0", "C1", "B0", "C1"]
     run_claim_next(host=make_host("a", hardware_id=CPU))
     assert not experiment.runs.filter(status="queued", host__isnull=False).exists()
 
