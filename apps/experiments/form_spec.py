@@ -30,7 +30,8 @@ from apps.experiments.workload_fields import FORM_WORKLOAD_FIELDS
 
 
 def _blank(data: dict[str, Any]) -> bool:
-    return all(v in (None, "", [], {}) for v in data.values())
+    """A row the user left empty: no value typed, and no box ticked."""
+    return all(v is False or v in (None, "", [], {}) for v in data.values())
 
 
 def _args(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -105,7 +106,7 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
         if not cell or _blank(cell):
             continue
         cell_id = (cell.get("cell_id") or "").strip() or f"C{len(candidates) + 1}"
-        candidates.append({"id": cell_id, "args": _args(cell)})
+        candidates.append({"id": cell_id, "args": _args(cell), **({"control": True} if cell.get("control") else {})})
         origin.append(("cell", row))
 
     class_list: list[dict[str, Any] | None] = []

@@ -413,6 +413,12 @@ class CellForm(forms.Form):
     scheduling_policy = forms.ChoiceField(choices=POLICY_CHOICES, required=False)
     long_prefill_token_threshold = forms.IntegerField(required=False)
     max_num_queued_reqs = forms.IntegerField(required=False)
+    control = forms.BooleanField(
+        required=False,
+        label="A/A control",
+        help_text="B0's config run again: the report shows its difference from B0 as the noise floor "
+        "beside every comparison (docs/SPEC.md, 'Cross-checks'). Its args must be B0's.",
+    )
 
 
 class ClassForm(forms.Form):

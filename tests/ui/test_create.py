@@ -88,6 +88,35 @@ def test_it_adds_cells_one_by_one_after_the_grid(client, author) -> None:  # typ
 
 
 @pytest.mark.django_db
+def test_a_cell_ticked_as_control_is_an_aa_cell_and_a_control_unlike_b0_is_refused_beside_its_row(  # type: ignore[no-untyped-def]
+    client, author
+) -> None:
+    client.force_login(author)
+    page = client.get("/experiments/new/").content.decode()
+    assert 'name="cells-0-control"' in page and "A/A control" in page
+    b0_again = {"cells-0-cell_id": "AA", "cells-0-max_num_batched_tokens": "2048", "cells-0-max_num_seqs": "8"}
+    data = form_data(create="1", grid_max_num_seqs="8", grid_max_num_batched_tokens="512")
+    # Unticked, B0's config again is the same config twice: refused.
+    response = client.post("/experiments/new/", {**data, **b0_again})
+    assert response.status_code == 400 and not Experiment.objects.exists()
+    assert "B0 twice" in response.content.decode()
+    # Ticked, with other args, it is not B0's config: refused naming the control.
+    other = {**b0_again, "cells-0-max_num_seqs": "4", "cells-0-control": "on"}
+    response = client.post("/experiments/new/", {**data, **other})
+    assert response.status_code == 400 and not Experiment.objects.exists()
+    assert "An A/A control cell runs B0&#x27;s effective config exactly" in response.content.decode()
+    # Ticked, B0's config: created as the A/A cell.
+    client.post("/experiments/new/", {**data, **b0_again, "cells-0-control": "on"})
+    experiment = Experiment.objects.get()
+    assert {c.cell_id: c.control for c in experiment.cells.all()} == {"B0": False, "C1": False, "AA": True}
+    assert experiment.spec["candidates"][-1] == {
+        "id": "AA",
+        "args": {"max_num_batched_tokens": 2048, "max_num_seqs": 8},
+        "control": True,
+    }
+
+
+@pytest.mark.django_db
 def test_it_creates_from_an_uploaded_yaml_spec_owned_by_the_uploader(client, author, seed_spec_text) -> None:  # type: ignore[no-untyped-def]
     client.force_login(author)
     upload = SimpleUploadedFile("seed.yaml", seed_spec_text.encode(), content_type="text/yaml")
