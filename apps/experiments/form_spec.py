@@ -106,7 +106,9 @@ def build_spec(form: ExperimentForm, cells: Any, classes: Any, *, owner: str) ->
         if not cell or _blank(cell):
             continue
         cell_id = (cell.get("cell_id") or "").strip() or f"C{len(candidates) + 1}"
-        candidates.append({"id": cell_id, "args": _args(cell), **({"control": True} if cell.get("control") else {})})
+        candidates.append(
+            {"id": cell_id, "args": _args(cell), **({"control": True} if cell.get("control") else {})}
+        )
         origin.append(("cell", row))
 
     class_list: list[dict[str, Any] | None] = []

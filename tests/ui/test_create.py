@@ -94,7 +94,11 @@ def test_a_cell_ticked_as_control_is_an_aa_cell_and_a_control_unlike_b0_is_refus
     client.force_login(author)
     page = client.get("/experiments/new/").content.decode()
     assert 'name="cells-0-control"' in page and "A/A control" in page
-    b0_again = {"cells-0-cell_id": "AA", "cells-0-max_num_batched_tokens": "2048", "cells-0-max_num_seqs": "8"}
+    b0_again = {
+        "cells-0-cell_id": "AA",
+        "cells-0-max_num_batched_tokens": "2048",
+        "cells-0-max_num_seqs": "8",
+    }
     data = form_data(create="1", grid_max_num_seqs="8", grid_max_num_batched_tokens="512")
     # Unticked, B0's config again is the same config twice: refused.
     response = client.post("/experiments/new/", {**data, **b0_again})
