@@ -78,8 +78,10 @@ log = logging.getLogger(__name__)
 
 WARMUP_REQUESTS = 4
 # The runs that may replay on a server kept from the run before (engine reuse, idle-checked), each
-# in its own series (workers/slot.py ``slot_key``): all but the rehearsal, whose servers are its own.
-REUSING_KINDS = frozenset({Run.Kind.SWEEP, Run.Kind.UNIFORM, Run.Kind.SCENARIO, *Run.PROBES})
+# in its own series (workers/slot.py ``slot_key``). Not the failure scenarios: in the reference
+# sweep's one run with them reused, a scenario after kv_pressure on the same server failed; each
+# starts its own server until that is understood. Nor the rehearsal, whose servers are its own.
+REUSING_KINDS = frozenset({Run.Kind.SWEEP, Run.Kind.UNIFORM, *Run.PROBES})
 IDLE_TIMEOUT_S = 30.0  # how long a reused server may take to go idle before its run is invalid
 
 
@@ -269,7 +271,7 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
             )
     else:
         reuse = run.kind in REUSING_KINDS and reuse_enabled(experiment)
-        # A sweep keeps its server for one cell and round; the uniform companions, the scenarios
+        # A sweep keeps its server for one cell and round; the uniform companions
         # and the inline probes (run by inline_executor) each for one cell, apart from the rest.
         key = slot_key(run)
         kept = slot.take(key) if reuse else None

@@ -21,7 +21,6 @@ from apps.experiments.models import Experiment, ServerConfig
 from apps.lifecycle.runs import run_build
 from apps.runs.models import RequestRecord, Run
 from apps.runs.scenario_reports import failure_scenario_runs, scheduling_policy
-from apps.runs.scheduling import reuse_enabled
 from apps.workloads.models import Trace
 from apps.workloads.prompts import PromptTokenizer
 from apps.workloads.scenario_traces import (
@@ -101,13 +100,10 @@ def scenario_entries(
 
 
 def scenario_runs_build(*, experiment: Experiment, first_position: int) -> list[Run]:
-    """Unsaved Run rows for the experiment's scenarios, placed after the sweep in the plan; with
-    engine reuse, a cell's scenarios follow each other (they replay on one server, each after
-    the idle check, their counters read as deltas over their own run)."""
+    """Unsaved Run rows for the experiment's scenarios, placed after the sweep in the plan; each
+    starts its own server (workers/pipeline.py ``REUSING_KINDS``)."""
     cells = list(experiment.cells.all())
     entries = scenario_entries(spec=experiment.spec or {}, cells=cells)
-    if reuse_enabled(experiment):  # a cell's scenarios back to back, on one server
-        entries = sorted(entries, key=lambda entry: cells.index(entry[2]))
     runs = []
     for i, (name, params, cell) in enumerate(entries):
         windows = scenario_windows(name, params)

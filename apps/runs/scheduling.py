@@ -18,8 +18,8 @@ does not hold up the end:
 4. With engine reuse (the spec's ``engine.reuse``, default on) a host that claims a sweep
    run reserves the rest of that cell's round (queued runs of the same experiment, cell and
    repeat get ``host`` = it) and takes those first, so it replays them back to back on the
-   server it has up; a uniform companion or a failure scenario reserves the rest of its cell's
-   uniform companions or scenarios the same way. A lost host's reservations are released (:func:`host_release_reserved`)
+   server it has up; a uniform companion reserves the rest of its cell's uniform companions
+   the same way. A lost host's reservations are released (:func:`host_release_reserved`)
    and its running run is failed and re-queued (apps/lifecycle/retries.hosts_reap_lost), so the
    other hosts pick both up.
 """
@@ -39,13 +39,13 @@ from apps.runs.models import Host, Run
 from workers.engine.launcher import dev_mode_refusal, is_loopback
 
 # The queued runs a host replays back to back on one server per cell (engine reuse): a sweep round,
-# the uniform companions, the failure scenarios (workers/slot.py ``slot_key``).
-SERIES_KINDS = frozenset({Run.Kind.SWEEP, Run.Kind.UNIFORM, Run.Kind.SCENARIO})
+# the uniform companions (workers/slot.py ``slot_key``).
+SERIES_KINDS = frozenset({Run.Kind.SWEEP, Run.Kind.UNIFORM})
 
 
 def reuse_enabled(experiment: Experiment) -> bool:
     """The spec's ``engine.reuse`` (default on): one server per cell and round (and per cell for
-    its uniform companions and for its failure scenarios)."""
+    its uniform companions)."""
     return bool(((experiment.spec or {}).get("engine") or {}).get("reuse", True))
 
 

@@ -100,29 +100,34 @@ def companions_and_scenarios(**engine: Any) -> Experiment:
     return experiment
 
 
-def test_a_cells_uniform_companions_and_its_scenarios_are_planned_together_and_reserved_as_a_series(
+def test_a_cells_uniform_companions_are_planned_together_and_reserved_as_a_series(
     monkeypatch,
 ) -> None:
     hold_tasks(monkeypatch, HOST_PULL)
     experiment = companions_and_scenarios()
-    for kind in (Run.Kind.UNIFORM, Run.Kind.SCENARIO):
-        order = [r.cell.cell_id for r in experiment.runs.filter(kind=kind).order_by("plan_position")]
-        assert order == ["B0", "B0", "C1", "C1"], kind  # a cell's series back to back
+    order = [r.cell.cell_id for r in experiment.runs.filter(kind=Run.Kind.UNIFORM).order_by("plan_position")]
+    assert order == ["B0", "B0", "C1", "C1"]  # a cell's companions back to back
+    scenarios = [
+        r.cell.cell_id for r in experiment.runs.filter(kind=Run.Kind.SCENARIO).order_by("plan_position")
+    ]
+    assert scenarios == ["B0", "C1", "B0", "C1"]  # each scenario starts its own server
     a = make_host("a", hardware_id=CPU)
     taken = []
     while (run := run_claim_next(host=a)) is not None:
         # Each claim reserves the rest of its cell's series and nothing else.
         reserved = experiment.runs.filter(status=Run.Status.QUEUED, host=a)
         assert {(r.kind, r.cell_id) for r in reserved} <= {(run.kind, run.cell_id)}
+        if run.kind == Run.Kind.SCENARIO:
+            assert not reserved.exists()
         taken.append((run.kind, run.cell.cell_id, slot_key(run)))
         Run.objects.filter(pk=run.pk).update(status=Run.Status.DONE, finished_at=timezone.now())
     assert [(kind, cell) for kind, cell, _ in taken] == [  # the plan: scenarios, then companions
-        (Run.Kind.SCENARIO, "B0"), (Run.Kind.SCENARIO, "B0"), (Run.Kind.SCENARIO, "C1"), (Run.Kind.SCENARIO, "C1"),
+        (Run.Kind.SCENARIO, "B0"), (Run.Kind.SCENARIO, "C1"), (Run.Kind.SCENARIO, "B0"), (Run.Kind.SCENARIO, "C1"),
         (Run.Kind.UNIFORM, "B0"), (Run.Kind.UNIFORM, "B0"), (Run.Kind.UNIFORM, "C1"), (Run.Kind.UNIFORM, "C1"),
     ]  # fmt: skip
-    # One kept server per (cell, series): four keys for eight runs, none shared with a sweep round.
-    keys = [key for _, _, key in taken]
-    assert len(set(keys)) == 4 and {key[2] for key in keys} == {"uniform", "scenario"}
+    # One kept server per cell for its companions: two keys for four runs, none a sweep round's.
+    keys = [key for kind, _, key in taken if kind == Run.Kind.UNIFORM]
+    assert len(set(keys)) == 2 and {key[2] for key in keys} == {"uniform"}
 
 
 def test_without_reuse_companions_and_scenarios_are_not_reserved_or_grouped(monkeypatch) -> None:
