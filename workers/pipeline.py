@@ -54,7 +54,7 @@ from apps.lifecycle.completion import experiment_check_finished
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
-from apps.runs.scheduling import reuse_enabled, run_claim_next
+from apps.runs.scheduling import SERIES_KINDS, reuse_enabled, run_claim_next
 from apps.runs.services import host_lease, host_release, run_claim
 from apps.runs.summary_types import EngineTime, PreReplaySummary, RunSummary, ServerReuse, run_summary
 from apps.workloads.services import tokenizer_dir, trace_load
@@ -81,7 +81,8 @@ WARMUP_REQUESTS = 4
 # in its own series (workers/slot.py ``slot_key``). Not the failure scenarios: in the reference
 # sweep's one run with them reused, a scenario after kv_pressure on the same server failed; each
 # starts its own server until that is understood. Nor the rehearsal, whose servers are its own.
-REUSING_KINDS = frozenset({Run.Kind.SWEEP, Run.Kind.UNIFORM, *Run.PROBES})
+# The series a host reserves (apps/runs/scheduling.py), and the probes run inline.
+REUSING_KINDS = SERIES_KINDS | Run.PROBES
 IDLE_TIMEOUT_S = 30.0  # how long a reused server may take to go idle before its run is invalid
 
 

@@ -2,7 +2,7 @@
 
 :func:`workers.pipeline.host_pull` holds one :class:`ServerSlot`; each run takes the kept
 server when it is the same experiment, cell and series (a sweep round, the uniform
-companions, the failure scenarios, the inline probes: :func:`slot_key`) and the server is alive, and the slot
+companions, the inline probes: :func:`slot_key`) and the server is alive, and the slot
 stops it otherwise, when a run on it did not end done or invalid, and when the pull ends.
 The stop's time belongs to the last run on the server (``summary["engine_time"]["stop_s"]``).
 """
@@ -16,14 +16,13 @@ from apps.runs.summary_types import EngineTime, run_summary
 from workers.engine.server import EngineServer
 
 # (experiment, cell, series): the runs that may share one server. A sweep's series is its round
-# (the repeat), the uniform companions and the failure scenarios are one series each, and the
-# inline probes another (:func:`slot_key`).
+# (the repeat), the uniform companions are one series, and the inline probes another.
 SlotKey = tuple[int, int, int | str]
 
 
 def slot_key(run: Run) -> SlotKey:
     """Which kept server ``run`` may replay on: its cell's, in its series (a sweep round, the
-    uniform companions, the scenarios, or the inline probes)."""
+    uniform companions, or the inline probes)."""
     if run.kind == Run.Kind.SWEEP:
         series: int | str = run.repeat
     elif run.kind in Run.PROBES:
@@ -34,7 +33,7 @@ def slot_key(run: Run) -> SlotKey:
 
 
 class ServerSlot:
-    """The server a host keeps up between the runs of one cell and round (engine reuse)."""
+    """The server a host keeps up between the runs of one cell and series (engine reuse)."""
 
     def __init__(self, host: Host) -> None:
         self.host = host

@@ -100,12 +100,10 @@ def scenario_entries(
 
 
 def scenario_runs_build(*, experiment: Experiment, first_position: int) -> list[Run]:
-    """Unsaved Run rows for the experiment's scenarios, placed after the sweep in the plan; each
-    starts its own server (workers/pipeline.py ``REUSING_KINDS``)."""
+    """Unsaved Run rows for the experiment's scenarios, placed after the sweep in the plan."""
     cells = list(experiment.cells.all())
-    entries = scenario_entries(spec=experiment.spec or {}, cells=cells)
     runs = []
-    for i, (name, params, cell) in enumerate(entries):
+    for i, (name, params, cell) in enumerate(scenario_entries(spec=experiment.spec or {}, cells=cells)):
         windows = scenario_windows(name, params)
         runs.append(
             run_build(
