@@ -20,13 +20,20 @@ from apps.api.base import SPEC_ERRORS, ApiView, _clean_text, upload_resource, up
 from apps.audit.services import audit_record
 from apps.experiments.spec import MAX_TOKENS
 
+# What POST /api/v1/traces reads: the importers' formats, and request logs in the OpenAI request
+# format (their prompts, redacted, become the trace's corpus).
+FORMATS = ("tailtune", "azure", "burstgpt", "mooncake", "vllm-timed", "openai-log")
+# Literal redaction terms: an experimenter names words, never a regular expression (a pattern
+# from the API could backtrack for hours on a worker); the command line, run by an operator,
+# takes patterns.
+MAX_REDACT_TERMS = 100
+MAX_REDACT_TERM_CHARS = 200
+
 TRACE_UPLOAD = inline_serializer(
     "TraceUpload",
     {
         "file": serializers.FileField(),
-        "format": serializers.ChoiceField(
-            choices=["tailtune", "azure", "burstgpt", "mooncake", "vllm-timed"]
-        ),
+        "format": serializers.ChoiceField(choices=list(FORMATS)),
         "model_dir": serializers.CharField(
             help_text="the tokenizer's model directory, as this server sees it"
         ),
@@ -37,6 +44,19 @@ TRACE_UPLOAD = inline_serializer(
             required=False, help_text="keep the busiest window of this many seconds"
         ),
         "label": serializers.CharField(required=False),
+        "redact": serializers.CharField(
+            required=False,
+            help_text="openai-log only, required there: what is sensitive, replaced before "
+            "anything is stored: a comma list of email, key, number, or none",
+        ),
+        "redact_terms": serializers.CharField(
+            required=False,
+            help_text="openai-log only: literal words or phrases, one a line, replaced by "
+            "[REDACTED] (kept only as their sha256)",
+        ),
+        "output_tokens": serializers.IntegerField(
+            required=False, help_text="openai-log only: the output length of a request that logs none"
+        ),
     },
 )
 
@@ -77,10 +97,8 @@ class TraceUpload(ApiView):
                 {"field": "file", "message": f"is {upload.size} bytes; at most {DEFAULT_MAX_BYTES}"}
             )
         fmt = str(data.get("format", ""))
-        if fmt not in ("tailtune", "azure", "burstgpt", "mooncake", "vllm-timed"):
-            errors.append(
-                {"field": "format", "message": "must be tailtune, azure, burstgpt, mooncake or vllm-timed"}
-            )
+        if fmt not in FORMATS:
+            errors.append({"field": "format", "message": f"must be one of {', '.join(FORMATS)}"})
         imported = fmt != "tailtune"
         texts: dict[str, str] = {}
         for name in ("model_dir", "tokenizer_revision", "classes", "label"):
@@ -95,6 +113,7 @@ class TraceUpload(ApiView):
             data, "max_model_len", errors, integer=True, low=2, high=MAX_TOKENS, required=imported
         )
         busiest = _number(data, "busiest", errors, integer=False, low=1e-3, high=86_400.0, required=False)
+        redaction = _redaction(data, errors) if fmt == "openai-log" else {}
         thresholds: list[tuple[str, int | None]] = []
         if imported and "classes" in texts:
             try:
@@ -118,6 +137,7 @@ class TraceUpload(ApiView):
                 model_dir=texts["model_dir"],
                 tokenizer_revision=texts["tokenizer_revision"],
                 max_model_len=int(max_model_len or 0),
+                **redaction,
             )
         row = upload_queue(
             kind=Upload.Kind.TRACE,
@@ -164,6 +184,47 @@ def _upload_resource(row: Any) -> dict[str, Any]:
         if trace is not None:
             body.update(requests=trace.requests, duration_s=trace.duration_s)
     return body
+
+
+def _redaction(data: Any, errors: list[dict[str, str]]) -> dict[str, Any]:
+    """A request log's redaction fields (``redact``, ``redact_terms``, ``output_tokens``), checked;
+    the options the import reads, or {} with field errors appended."""
+    from apps.workloads.redaction import RedactionError, parse_rules
+
+    out: dict[str, Any] = {}
+    raw = data.get("redact")
+    if raw in (None, "") or not _clean_text(raw, 100):
+        errors.append(
+            {
+                "field": "redact",
+                "message": "is required for openai-log: email, key, number (a comma list) or none",
+            }
+        )
+    else:
+        try:
+            out["redact"] = [] if raw.strip() == "none" else parse_rules(raw)
+        except RedactionError as exc:
+            errors.append({"field": "redact", "message": str(exc)})
+    terms_raw = data.get("redact_terms", "")
+    if not _clean_text(terms_raw, MAX_REDACT_TERMS * (MAX_REDACT_TERM_CHARS + 2)):
+        errors.append({"field": "redact_terms", "message": "must be text, one term a line"})
+    else:
+        terms = [t.strip() for t in terms_raw.splitlines() if t.strip()]
+        if len(terms) > MAX_REDACT_TERMS or any(len(t) > MAX_REDACT_TERM_CHARS for t in terms):
+            errors.append(
+                {
+                    "field": "redact_terms",
+                    "message": f"at most {MAX_REDACT_TERMS} terms of at most {MAX_REDACT_TERM_CHARS} characters",
+                }
+            )
+        elif terms:
+            out["redact_terms"] = terms
+    output_tokens = _number(
+        data, "output_tokens", errors, integer=True, low=1, high=MAX_TOKENS, required=False
+    )
+    if output_tokens is not None:
+        out["output_tokens"] = int(output_tokens)
+    return out
 
 
 def _number(

@@ -13,7 +13,9 @@ memory (bench/results/upload_memory.md measures it), and a bad file leaves only 
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +35,7 @@ from apps.experiments.services import spec_limits
 from apps.experiments.spec import SpecError, validate_spec
 from apps.lifecycle.creation import experiment_create_with_trace
 from apps.runs import dispatch
+from apps.workloads.requestlog import FORMAT as REQUEST_LOG
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +181,9 @@ def trace_upload_import(*, upload_pk: int, importers: Mapping[str, Importer] | N
         # dies in between leaves the upload to be imported again, never twice.
         with transaction.atomic():
             made = importer(row, data)
+            forgotten = _forget_terms(row.options)
+            if forgotten is not None:
+                made = {**made, "options": forgotten}
             TraceUpload.objects.filter(pk=row.pk).update(
                 status=TraceUpload.Status.DONE, updated_at=timezone.now(), **made
             )
@@ -194,8 +200,12 @@ def trace_upload_import(*, upload_pk: int, importers: Mapping[str, Importer] | N
             f"{FILE_FIELD.get(row.kind, 'file')}: the import failed: {type(exc).__name__}: {exc}"[:2000]
         ]
     if not done:
+        forgotten = _forget_terms(row.options)
         TraceUpload.objects.filter(pk=row.pk).update(
-            status=TraceUpload.Status.FAILED, errors=list(dict.fromkeys(errors)), updated_at=timezone.now()
+            status=TraceUpload.Status.FAILED,
+            errors=list(dict.fromkeys(errors)),
+            updated_at=timezone.now(),
+            **({} if forgotten is None else {"options": forgotten}),
         )
     path.unlink(missing_ok=True)
     return TraceUpload.Status.DONE if done else TraceUpload.Status.FAILED
@@ -240,16 +250,19 @@ def _import_alone(row: TraceUpload, data: bytes) -> dict[str, Any]:
             tokenizer = tokenizer_dir(str(options["model_dir"]))
             if not (tokenizer / "tokenizer.json").is_file():  # gone since the upload was checked
                 raise ImportRefused("model_dir", f"no tokenizer.json in {tokenizer}")
-            trace = trace_import(
-                data=data,
-                fmt=row.trace_format,
-                tokenizer_dir=tokenizer,
-                tokenizer_revision=str(options["tokenizer_revision"]),
-                thresholds=_thresholds(row),
-                max_model_len=int(options["max_model_len"]),
-                busiest_s=row.busiest_s,
-                label=label,
-            )
+            if row.trace_format == REQUEST_LOG:
+                trace = _import_request_log(row, data, tokenizer, label)
+            else:
+                trace = trace_import(
+                    data=data,
+                    fmt=row.trace_format,
+                    tokenizer_dir=tokenizer,
+                    tokenizer_revision=str(options["tokenizer_revision"]),
+                    thresholds=_thresholds(row),
+                    max_model_len=int(options["max_model_len"]),
+                    busiest_s=row.busiest_s,
+                    label=label,
+                )
         except (ValueError, OSError, ImportRefused):
             raise  # the file's own errors, with their line
         except Exception as exc:  # a tokenizer that cannot be read, and the like
@@ -261,3 +274,40 @@ def _import_alone(row: TraceUpload, data: bytes) -> dict[str, Any]:
         detail={"format": row.trace_format, "label": label, "upload": row.pk, "bytes": row.size_bytes},
     )
     return {"trace_sha256": trace.sha256}
+
+
+def _import_request_log(row: TraceUpload, data: bytes, tokenizer: Path, label: str) -> Any:
+    """A request log uploaded through the API: its prompts, redacted by the upload's rules and
+    literal terms, stored as the trace's corpus (apps/workloads/corpus_store.py)."""
+    from apps.workloads.corpus_store import request_log_import
+    from apps.workloads.redaction import redactor
+
+    options = row.options or {}
+    redact = redactor(
+        rules=list(options.get("redact") or []),
+        patterns=[re.escape(str(term)) for term in options.get("redact_terms") or []],
+    )
+    trace, _corpus = request_log_import(
+        data=data,
+        model_dir=tokenizer,
+        tokenizer_revision=str(options["tokenizer_revision"]),
+        thresholds=_thresholds(row),
+        max_model_len=int(options["max_model_len"]),
+        redact=redact,
+        busiest_s=row.busiest_s,
+        default_output_tokens=options.get("output_tokens"),
+        label=label,
+    )
+    return trace
+
+
+def _forget_terms(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The upload's options without its literal redaction terms (they spell what they hide):
+    kept only as their sha256 once the import has ended, whatever its outcome."""
+    if not options or "redact_terms" not in options:
+        return None
+    kept = {k: v for k, v in options.items() if k != "redact_terms"}
+    kept["redact_terms_sha256"] = [
+        hashlib.sha256(str(t).encode("utf-8")).hexdigest() for t in options["redact_terms"]
+    ]
+    return kept

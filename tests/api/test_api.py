@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import yaml
@@ -360,3 +361,61 @@ def test_a_canonical_trace_upload_is_stored_as_sent(
     assert trace_upload_import(upload_pk=sent.json()["upload"]) == "done"
     done = api.get(sent.json()["url"]).json()
     assert done["sha256"] == trace_sha256(trace_dumps(trace)) and done["requests"] == 1
+
+
+def test_a_request_log_upload_stores_its_redacted_prompts_as_the_traces_corpus(
+    author, tmp_path, monkeypatch, django_capture_on_commit_callbacks
+) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from apps.experiments.models import TraceUpload
+    from apps.lifecycle.trace_upload import trace_upload_import
+    from apps.runs.dispatch import IMPORT_TRACE
+    from apps.workloads.models import Corpus, Trace
+    from tests.dispatch_support import hold_tasks
+    from tests.workloads.test_requestlog import EXAMPLE
+    from workers.engine.tinymodel import build_tokenizer
+
+    hold_tasks(monkeypatch, IMPORT_TRACE)
+    model_dir = build_tokenizer(tmp_path / "tok")
+    api = client_for(author)
+    form = {
+        "format": "openai-log",
+        "model_dir": str(model_dir),
+        "tokenizer_revision": "tiny-v1",
+        "max_model_len": "4096",
+        "classes": "short:100,long",
+    }
+
+    def post(**fields: str) -> Any:
+        with django_capture_on_commit_callbacks(execute=True):
+            return api.post(
+                "/api/v1/traces",
+                {**form, **fields, "file": SimpleUploadedFile("log.jsonl", EXAMPLE.read_bytes())},
+                format="multipart",
+            )
+
+    # The redaction must be named (or "none" said); a rule it does not know is named as such.
+    assert [e["field"] for e in post().json()["errors"]] == ["redact"]
+    unknown = post(redact="phone").json()["errors"][0]
+    assert unknown["field"] == "redact" and "unknown redaction rule" in unknown["message"]
+    too_many = post(redact="none", redact_terms="\n".join(f"t{i}" for i in range(101))).json()["errors"]
+    assert [e["field"] for e in too_many] == ["redact_terms"]
+
+    # Literal terms, even ones that look like a regular expression, are matched as written.
+    ok = post(redact="email,key,number", redact_terms="Robin\nAlex\n(a+)+$")
+    assert ok.status_code == 202, ok.content
+    upload = ok.json()["upload"]
+    assert trace_upload_import(upload_pk=upload) == "done"
+    done = api.get(ok.json()["url"]).json()
+    trace = Trace.objects.get(sha256=done["sha256"])
+    assert trace.meta["source_format"] == "openai-log" and len(trace.meta["redaction"]["pattern_sha256"]) == 3
+    corpus = Corpus.objects.get(sha256=trace.corpus_sha256)
+    stored = gzip.decompress(bytes(corpus.content_gz)) + gzip.decompress(bytes(trace.content_gz))
+    for secret in (b"Robin", b"Alex", b"@example.org", b"sk-demo", b"555-01"):
+        assert secret not in stored
+    # Once imported, the upload keeps the terms only as their sha256 (they spell what they hide).
+    options = TraceUpload.objects.get(pk=upload).options
+    assert "redact_terms" not in options and len(options["redact_terms_sha256"]) == 3
