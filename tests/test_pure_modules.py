@@ -68,6 +68,7 @@ PURE = [
     "apps.experiments.spec_cross",
     "apps.runs.record_names",
     "workers.engine.model_paths",
+    "workers.engine.tokenizer_pin",
     "workers.engine.launcher",
     "workers.engine.vllm_args",
     "workers.replay.records",

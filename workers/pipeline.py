@@ -57,6 +57,7 @@ from apps.runs.models import Host, Run
 from apps.runs.scheduling import SERIES_KINDS, reuse_enabled, run_claim_next
 from apps.runs.services import host_lease, host_release, run_claim
 from apps.runs.summary_types import EngineTime, PreReplaySummary, RunSummary, ServerReuse, run_summary
+from apps.workloads.models import Trace
 from apps.workloads.services import tokenizer_dir, trace_load
 from workers.engine.confirm import local_hardware_id
 from workers.engine.idle import IdleCheck, not_idle_reason
@@ -65,6 +66,7 @@ from workers.engine.launcher import HostConfig, LaunchError
 from workers.engine.procs import proc_info
 from workers.engine.scrape import Scraper
 from workers.engine.server import EngineError, EngineInvalid, EngineServer, read_tail
+from workers.engine.tokenizer_pin import tokenizer_mismatch
 from workers.quality_probe import sweep_probe
 from workers.rehearsal_run import rehearsal_execute
 from workers.replay.config import ReplayConfig
@@ -250,6 +252,11 @@ def _execute(run: Run, host: Host, slot: ServerSlot) -> str:
     Run.objects.filter(pk=run.pk).update(log_path=str(log_path))
     stop = threading.Event()
     model = str(tokenizer_dir(experiment.model_path))
+    trace_meta = Trace.objects.filter(sha256=run.trace_sha256).values_list("meta", flat=True).first()
+    mismatch = tokenizer_mismatch(trace_meta or {}, model)
+    if mismatch is not None:
+        _finish(run.pk, Run.Status.FAILED, f"refused before start: {mismatch}")
+        return Run.Status.FAILED
     if run.kind == Run.Kind.REHEARSAL:
         slot.close()  # a rehearsal starts two servers of its own; one candidate at a time
         if run.cell.engine:

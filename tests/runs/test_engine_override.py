@@ -79,3 +79,26 @@ def test_the_worker_reads_its_engines_and_refuses_a_malformed_list() -> None:
     for bad in ("[1]", '{"a": "vllm serve"}', '{"a": []}', "{"):
         with pytest.raises(ValueError, match="TAILTUNE_VLLM_COMMANDS"):
             _engines(bad)
+
+
+@pytest.mark.django_db
+def test_a_run_whose_trace_pins_another_tokenizer_fails_before_starting_and_names_both(settings) -> None:
+    from apps.experiments.models import Experiment
+    from apps.runs.models import Run
+    from apps.workloads.models import Trace
+    from workers.pipeline import run_execute
+
+    experiment = experiment_create(spec=small_spec(), owner=UserFactory())
+    Experiment.objects.filter(pk=experiment.pk).update(status="running")
+    host = make_host(settings.TAILTUNE_HOST)
+    run = experiment.runs.get(cell__cell_id="C1")
+    # A trace made with another tokenizer.json than the one this host's model directory holds.
+    trace = Trace.objects.create(
+        sha256="e" * 64, corpus_sha256="", requests=1, duration_s=1.0, content_gz=b"",
+        meta={"tokenizer_sha256": "f" * 64},
+    )  # fmt: skip
+    Run.objects.filter(pk=run.pk).update(host=host, trace=trace, trace_sha256=trace.sha256)
+    assert run_execute(run_pk=run.pk) == "failed"
+    run.refresh_from_db()
+    assert run.reason.startswith("refused before start: the trace's prompts were made with tokenizer.json")
+    assert "f" * 16 in run.reason
