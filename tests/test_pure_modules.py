@@ -51,6 +51,7 @@ PURE = [
     "apps.workloads.scenario_layouts",
     "apps.workloads.redaction",
     "apps.workloads.corpus",
+    "apps.workloads.corpus_prompts",
     "apps.workloads.requestlog",
     "apps.workloads.chat_template",
     "apps.gate.verdict",

@@ -47,6 +47,7 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
         arrival["cv"] = w.arrival_cv
     if w.imported_trace_sha256:
         arrival["trace_sha256"] = w.imported_trace_sha256
+    prompts = ((experiment.spec or {}).get("workload") or {}).get("prompts")
     extra = {
         key: experiment.spec[key]
         for key in ("scenarios", "calibration", "analysis", "recovery", "quality")
@@ -111,6 +112,7 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
             **({"mixture_rates": w.mixture_rates} if w.mixture_rates else {}),
             "rates_source": w.rates_source,
             "arrival": arrival,
+            **({"prompts": prompts} if prompts else {}),
             **_workload_scalars(w, (experiment.spec or {}).get("workload") or {}),
         },
         **extra,

@@ -144,12 +144,20 @@ class Arrival(TypedDict):
     trace_sha256: NotRequired[str]  # the trace process only
 
 
+class Prompts(TypedDict):
+    """Where generated traffic's prompts come from: a corpus stored by hash (corpus_import)."""
+
+    corpus_sha256: str
+
+
 class Workload(TypedDict):
     mixtures: dict[str, dict[str, float]]  # mixture -> {class: weight}
     rates: dict[str, float]  # rate name -> req/s
     mixture_rates: NotRequired[dict[str, dict[str, float]]]  # mixture -> {rate name: req/s}
     rates_source: str
     arrival: Arrival
+    # Generated traffic's prompts from a stored corpus (absent: exact-length token ids).
+    prompts: NotRequired[Prompts]
     repeats: int
     repeat_traces: str
     output_mode: str

@@ -24,7 +24,7 @@ from apps.experiments.spec_rules import (
     TRACE_PROCESS,
     WEIGHT_TOLERANCE,
 )
-from apps.experiments.spec_types import Calibration, Contract, RequestClass
+from apps.experiments.spec_types import Calibration, Contract, Prompts, RequestClass
 from apps.experiments.workload_fields import WORKLOAD_FIELDS, WORKLOAD_KEYS, WorkloadField
 
 
@@ -190,6 +190,7 @@ def _check_workload(
         cv = c.number(arrival, "cv", "workload.arrival", positive=True, maximum=MAX_CV)
     elif "cv" in arrival:
         c.fail("workload.arrival.cv", f"only applies to the gamma process, not {process!r}")
+    prompts = _check_prompts(c, workload.get("prompts"), process)
     rates_source = workload.get("rates_source", "manual")
     if rates_source not in ("manual", "probe"):
         c.fail("workload.rates_source", f"must be manual or probe, got {rates_source!r}")
@@ -216,9 +217,29 @@ def _check_workload(
             **({"cv": cv} if cv is not None else {}),
             **({"trace_sha256": trace_sha} if trace_sha else {}),
         },
+        **({"prompts": prompts} if prompts else {}),
         **{f.name: _check_field(c, workload, f) for f in WORKLOAD_FIELDS},
     }
     return mixtures, rates
+
+
+def _check_prompts(c: _Checker, raw: Any, process: Any) -> Prompts | None:
+    """``workload.prompts``: generated traffic's prompts from a stored corpus, by its sha256.
+
+    Only the format is checked here; that the corpus is stored and covers every class a
+    mixture uses is checked when the experiment is created (apps/lifecycle/creation.py)."""
+    if raw is None:
+        return None
+    data = c.mapping(raw, "workload.prompts")
+    c.unknown(data, {"corpus_sha256"}, "workload.prompts")
+    sha = data.get("corpus_sha256")
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+        c.fail("workload.prompts.corpus_sha256", "must be the 64-hex sha256 that corpus_import printed")
+        return None
+    if process == TRACE_PROCESS:
+        c.fail("workload.prompts", "a replayed trace brings its own prompts; prompts only applies to generated traffic")
+        return None
+    return {"corpus_sha256": sha}
 
 
 def _check_field(c: _Checker, workload: Mapping[str, Any], field: WorkloadField) -> Any:

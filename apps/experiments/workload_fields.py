@@ -105,7 +105,7 @@ FORM_WORKLOAD_FIELDS = tuple(f for f in WORKLOAD_FIELDS if f.form)
 COLUMN_WORKLOAD_FIELDS = tuple(f for f in WORKLOAD_FIELDS if f.column)
 
 # The section's structure, checked by its own code in spec_workload.py, and its scalars.
-WORKLOAD_STRUCTURE = ("mixtures", "rates", "mixture_rates", "rates_source", "arrival")
+WORKLOAD_STRUCTURE = ("mixtures", "rates", "mixture_rates", "rates_source", "arrival", "prompts")
 WORKLOAD_KEYS = frozenset({*WORKLOAD_STRUCTURE, *WORKLOAD_FIELD})
 REPEAT_TRACES = WORKLOAD_FIELD["repeat_traces"].values
 OUTPUT_MODES = WORKLOAD_FIELD["output_mode"].values

@@ -57,7 +57,7 @@ from apps.runs.models import Run
 from apps.runs.selectors import CLASS_CAPACITY, GOODPUT, calibration_settings, goodput_settings
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer
-from apps.workloads.services import tokenizer_dir, trace_classes, trace_store
+from apps.workloads.services import experiment_corpus_prompts, tokenizer_dir, trace_classes, trace_store
 from workers.replay.records import SCALAR_RECORD_FIELDS, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,7 @@ def probe_step(
         tokenizer_dir=tokenizer_dir(experiment.model_path),
         tokenizer_revision=experiment.tokenizer_revision,
         tokenizer=tokenizer,
+        corpus=experiment_corpus_prompts(experiment),
     )
     row = trace_store(trace=trace, label=f"{experiment.name} probe {cell.cell_id} {mixture} {rate_rps:g} rps")
     run = probe_run_create(

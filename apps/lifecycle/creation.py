@@ -90,6 +90,66 @@ def _rendered_class_lengths(raw: Any) -> Any:
     return out
 
 
+def _corpus_class_lengths(spec: NormalizedSpec) -> NormalizedSpec:
+    """A spec drawing its prompts from a corpus (``workload.prompts``) takes each class's
+    ``input_tokens`` from it: the median rendered count of the class's entries that fit the
+    context with its output (apps/workloads/corpus_prompts.py), and is checked again with those
+    lengths, so every check and the analysis read what the server prefills. The corpus must be
+    stored and give every class a mixture uses a prompt; a class with a shared prefix is refused
+    (the corpus's texts are the team's, not generated). Any other spec is returned as it is."""
+    import copy
+
+    from apps.workloads.chat_template import ChatRenderer, ChatTemplateError
+    from apps.workloads.corpus_prompts import corpus_prompts
+    from apps.workloads.corpus_store import corpus_load
+    from apps.workloads.models import Corpus
+    from apps.workloads.services import tokenizer_dir
+
+    prompts = spec["workload"].get("prompts")
+    if not prompts:
+        return spec
+    field = "workload.prompts.corpus_sha256"
+    sha = prompts["corpus_sha256"]
+    if not Corpus.objects.filter(sha256=sha).exists():
+        raise SpecError([FieldError(field, f"no stored corpus {sha} (corpus_import prints it)")])
+    shared = [c["name"] for c in spec["classes"] if c.get("shared_prefix_tokens")]
+    if shared:
+        raise SpecError(
+            [FieldError("workload.prompts", f"class(es) {', '.join(shared)} set shared_prefix_tokens, which "
+                        "only applies to generated token ids, not to a corpus's prompts")]
+        )  # fmt: skip
+    try:
+        rendered = corpus_prompts(
+            corpus_load(sha256=sha),
+            sha256=sha,
+            renderer=ChatRenderer(tokenizer_dir(spec["model"]["path"])),
+            max_model_len=int(spec["controls"]["max_model_len"]),
+            output_tokens={c["name"]: int(c["output_tokens"]) for c in spec["classes"]},
+        )
+    except (ChatTemplateError, OSError, ValueError) as exc:
+        raise SpecError(
+            [FieldError(field, f"its prompts cannot be rendered with model.path's tokenizer: {exc}")]
+        ) from None
+    used = sorted(
+        {name for weights in spec["workload"]["mixtures"].values() for name, w in weights.items() if w > 0}
+    )
+    lengths = rendered.lengths()
+    missing = [name for name in used if name not in lengths]
+    if missing:
+        why = ", ".join(
+            f"{name} ({rendered.too_long[name]} entries too long for the context with its output)"
+            if rendered.too_long.get(name)
+            else name
+            for name in missing
+        )
+        raise SpecError([FieldError(field, f"the corpus has no usable prompt for class(es) {why}")])
+    raw: Any = copy.deepcopy(spec)
+    for cls in raw["classes"]:
+        if cls["name"] in lengths:
+            cls["input_tokens"] = lengths[cls["name"]]["median"]
+    return validate_spec(raw, limits=spec_limits())
+
+
 @transaction.atomic
 def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experiment:
     """Create an experiment, its cells, classes, workload and run plan from a spec.
@@ -114,7 +174,7 @@ def experiment_create(*, spec: Mapping[str, Any], owner: Any = None) -> Experime
         errors += spec_bind_errors(checked)  # development endpoints with no loopback host
     if errors or checked is None:
         raise SpecError(errors)
-    spec = checked
+    spec = _corpus_class_lengths(checked)
     _check_imported_trace(spec)
     spec["owner"] = owner.get_username()
     controls = spec["controls"]

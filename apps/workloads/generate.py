@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from apps.workloads import arrivals
+from apps.workloads.corpus_prompts import CorpusPromptError, CorpusPrompts, prompt_fields
 from apps.workloads.importers import ImportedTrace, assign_classes
 from apps.workloads.prompts import PromptTokenizer, build_prompts, corpus_sha256, stable_seed
 from apps.workloads.tracefile import T_DECIMALS, Trace, TraceRequest
@@ -124,8 +125,13 @@ def generate_trace(
     tokenizer_revision: str,
     uniform: bool = False,
     tokenizer: PromptTokenizer | None = None,
+    corpus: CorpusPrompts | None = None,
 ) -> Trace:
     """The trace of one (mixture, rate, repeat) of a workload; ``seed`` is the experiment seed.
+
+    With ``corpus`` (the spec's ``workload.prompts``), step 4 draws each request's prompt from
+    its class's corpus entries instead (apps/workloads/corpus_prompts.py): its input_tokens is
+    then the entry's rendered count.
 
     Steps: 1. derive the trace seed; 2. arrivals over [0, warmup_s +
     observation_s); 3. classes by count quotas; 4. one exact-length prompt
@@ -159,11 +165,19 @@ def generate_trace(
     )
     rows = [table[label] for label in labels]
     tok = tokenizer or PromptTokenizer(tokenizer_dir)
-    prompts = build_prompts(
-        tokenizer=tok,
-        requests=[(r["name"], r["input_tokens"], r["shared_prefix_tokens"]) for r in rows],
-        seed=stable_seed(s, "prompts"),
-    )
+    drawn = None
+    if corpus is not None:
+        try:
+            drawn = corpus.draw(labels, np.random.default_rng(stable_seed(s, "corpus")))
+        except CorpusPromptError as exc:
+            raise GenerateError(f"workload.prompts: {exc}") from None
+        prompts: list[list[int]] = []
+    else:
+        prompts = build_prompts(
+            tokenizer=tok,
+            requests=[(r["name"], r["input_tokens"], r["shared_prefix_tokens"]) for r in rows],
+            seed=stable_seed(s, "prompts"),
+        )
     if uniform:
         times = arrivals.uniform_companion(times, duration_s=duration)
     used = [table[n] for n in table if mixture.get(n, 0) > 0]
@@ -185,13 +199,35 @@ def generate_trace(
         "warmup_s": float(warmup_s),
         "observation_s": float(observation_s),
         "classes": used,
-        "corpus_sha256": corpus_sha256(prompts),
+        "corpus_sha256": corpus.sha256 if corpus is not None else corpus_sha256(prompts),
         "requests": len(times),
         # Exact output lengths need the engine to ignore EOS: the replay
         # sends max_tokens = min_tokens = output_tokens for synthetic traces.
         "synthetic_output": True,
         "prompt_encoding": "token_ids_without_special_tokens",
     }
+    if corpus is not None and drawn is not None:
+        meta.update(
+            prompt_encoding="chat_template",
+            prompt_source="corpus",
+            chat_template_sha256=corpus.template_sha256,
+        )
+        requests = []
+        for i, t in enumerate(times):
+            offset = round(float(t), T_DECIMALS)
+            requests.append(
+                TraceRequest(
+                    index=i,
+                    t_offset_s=offset,
+                    klass=labels[i],
+                    input_tokens=drawn[i].input_tokens,
+                    output_tokens=int(rows[i]["output_tokens"]),
+                    priority=int(rows[i]["priority"]),
+                    warmup=offset < warmup_s,
+                    **prompt_fields(drawn[i]),
+                )
+            )
+        return Trace(meta=meta, requests=requests)
     requests = _requests(
         times,
         labels=labels,
