@@ -237,7 +237,10 @@ def _check_prompts(c: _Checker, raw: Any, process: Any) -> Prompts | None:
         c.fail("workload.prompts.corpus_sha256", "must be the 64-hex sha256 that corpus_import printed")
         return None
     if process == TRACE_PROCESS:
-        c.fail("workload.prompts", "a replayed trace brings its own prompts; prompts only applies to generated traffic")
+        c.fail(
+            "workload.prompts",
+            "a replayed trace brings its own prompts; prompts only applies to generated traffic",
+        )
         return None
     return {"corpus_sha256": sha}
 
