@@ -31,4 +31,5 @@ urlpatterns = [
     path("", include("apps.experiments.urls")),
     path("", include("apps.runs.urls")),
     path("", include("apps.approvals.urls")),
+    path("", include("apps.notifications.urls")),
 ]

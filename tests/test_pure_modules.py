@@ -54,6 +54,7 @@ PURE = [
     "apps.workloads.requestlog",
     "apps.workloads.chat_template",
     "apps.gate.verdict",
+    "apps.notifications.events",
     "apps.experiments.plan",
     "apps.experiments.generation",
     "apps.experiments.spec",
