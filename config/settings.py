@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "apps.approvals",
     "apps.gate",
     "apps.notifications",
+    "apps.history",
 ]
 
 MIDDLEWARE = [

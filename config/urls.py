@@ -32,4 +32,5 @@ urlpatterns = [
     path("", include("apps.runs.urls")),
     path("", include("apps.approvals.urls")),
     path("", include("apps.notifications.urls")),
+    path("", include("apps.history.urls")),
 ]

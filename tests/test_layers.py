@@ -40,6 +40,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("apps.lifecycle",),
     # Notifications read the audit log's events and the experiment they name (#37 item 4).
     ("apps.approvals", "apps.gate", "apps.notifications"),
+    # Across experiments (#37 item 3): reads approvals' manifests and the gate's verdicts.
+    ("apps.history",),
     ("apps.api", "workers", "config"),
 )
 TOP = len(LAYERS) - 1
