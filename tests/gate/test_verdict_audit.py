@@ -33,3 +33,20 @@ def test_it_records_the_verdict_of_a_gate_and_of_nothing_else() -> None:
     # No decision was stored: the gate cannot say pass.
     assert row.target == "chat-pool" and row.detail["verdict"] == "inconclusive"
     assert row.detail["route_target"] == "chat-pool" and row.detail["deployment_revision"] == "r7"
+
+
+def test_a_gate_names_the_route_and_revision_its_b0_manifest_guards() -> None:
+    from apps.approvals.models import RollbackManifest
+    from apps.gate.services import _guards
+    from tests.history.factories import analysed_experiment, approve
+
+    approved = approve(analysed_experiment("live"), route="svc/chat", revision="helm-41")
+    manifest = RollbackManifest.objects.get(experiment=approved)
+    text = manifest.file("yaml")[0].decode()
+    assert _guards(text) == {
+        "baseline_manifest_sha256": manifest.sha256,
+        "baseline_experiment": approved.pk,
+        "route_target": "svc/chat",
+        "deployment_revision": "helm-41",
+    }
+    assert _guards(None)["route_target"] == ""

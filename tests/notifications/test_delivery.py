@@ -122,3 +122,18 @@ def test_a_redelivered_task_sends_nothing_twice(monkeypatch, django_capture_on_c
     deliver_all(held)
     deliver_all(held)
     assert len(mail.outbox) == 1 and Notification.objects.get().attempts == 1
+
+
+def test_a_gate_that_did_not_pass_tells_its_author_and_the_approvers(
+    monkeypatch, django_capture_on_commit_callbacks
+):  # type: ignore[no-untyped-def]
+    held = hold_tasks(monkeypatch, dispatch.NOTIFY)
+    ci = UserFactory(username="ci", email="ci@example.org", roles=["experimenter"])
+    UserFactory(username="ada", email="ada@example.org", roles=["approver"])
+    gate = make_experiment(owner=ci, name="gate")
+    with django_capture_on_commit_callbacks(execute=True):
+        audit_record(action="gate.verdict", experiment=gate, detail={"verdict": "pass"})
+        audit_record(action="gate.verdict", experiment=gate, detail={"verdict": "regression"})
+    deliver_all(held)
+    assert sorted(m.to[0] for m in mail.outbox) == ["ada@example.org", "ci@example.org"]
+    assert all(m.subject == f"[tailtune] gate gate (#{gate.pk}): regression" for m in mail.outbox)
