@@ -9,7 +9,9 @@ revocation and gate verdict, and its chart. Pure.
    class and E2E p99 for the long one) is read per config as the worst value over the
    experiment's points (mixture, rate): one number per class, the tail the contract guards.
 4. The chart draws each class's live value as a step line (a regression shows as a step up),
-   marks each event on it, and a gate's candidate as a cross beside the live value.
+   marks each event on it, and at a gate the live config as the gate measured it (on the gate's
+   own window: an open diamond, not joined to the line, whose values came from other traffic)
+   and the gate's candidate (a cross, green when it passed, red otherwise).
 """
 
 from __future__ import annotations
@@ -122,6 +124,22 @@ def chart(events: Sequence[Event], title: str) -> dict[str, Any]:
                 "connectgaps": False,
             }
         )
+        measured = [e for e in events if e.kind == "gate" and cls in e.metrics]
+        if measured:
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "name": f"{cls}: live config as the gate measured it",
+                    "x": [e.at.isoformat() for e in measured],
+                    "y": [e.metrics[cls] for e in measured],
+                    "text": [
+                        f"gate #{e.experiment_id}: B0 (the live config) on its own window" for e in measured
+                    ],
+                    "hovertemplate": "%{text}<br>%{y:.1f} ms<extra>" + cls + "</extra>",
+                    "marker": {"symbol": "diamond-open", "size": 11, "color": colours[cls]},
+                }
+            )
         gates = [e for e in events if e.kind == "gate" and cls in e.candidate_metrics]
         if gates:
             data.append(

@@ -46,6 +46,11 @@ def test_a_revocation_makes_the_approval_before_it_live_again_and_a_gate_changes
     line = fig["data"][0]
     assert line["line"]["shape"] == "hv" and line["y"] == [100.0, 140.0, 140.0, 100.0]
     assert line["marker"]["symbol"] == ["circle", "circle", "square", "triangle-down"]
+    assert [t["name"] for t in fig["data"]] == [
+        "short: live config",
+        "short: live config as the gate measured it",
+    ]
+    assert fig["data"][1]["y"] == [141.0]
 
 
 @pytest.mark.django_db
