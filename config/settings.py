@@ -76,6 +76,8 @@ INSTALLED_APPS = [
     "apps.lifecycle",
     "apps.approvals",
     "apps.gate",
+    "apps.notifications",
+    "apps.history",
 ]
 
 MIDDLEWARE = [
@@ -415,5 +417,24 @@ if TAILTUNE_TOKEN_DAYS < 1:
 # The address people reach this server at: the gate's reports link to experiment pages with it
 # (`manage.py gate` on the server; through the API, the request's own address is used).
 PUBLIC_URL = envstr("TAILTUNE_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+# Notifications (apps/notifications): email through Django's own mail settings, and webhooks the
+# operator names here as JSON, name -> URL ({"ops": "https://hooks.example/tailtune"}). A user
+# picks webhooks by name on /notifications/; no user or spec ever gives a URL.
+TAILTUNE_WEBHOOKS = envurls("TAILTUNE_WEBHOOKS")
+EMAIL_HOST = envstr("EMAIL_HOST", "")
+EMAIL_PORT = envint("EMAIL_PORT", 25)
+EMAIL_HOST_USER = envstr("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = envstr("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "tailtune@localhost")
+# No mail server configured: mail is written to the worker's log instead of being lost to a
+# connection refused on localhost:25.
+EMAIL_BACKEND = envstr(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
 # An experiment that has not moved for this long is looked at by the reconciler (apps/lifecycle/reconcile.py).
 RECONCILE_AFTER_S = envint("TAILTUNE_RECONCILE_AFTER_S", 300)

@@ -31,4 +31,6 @@ urlpatterns = [
     path("", include("apps.experiments.urls")),
     path("", include("apps.runs.urls")),
     path("", include("apps.approvals.urls")),
+    path("", include("apps.notifications.urls")),
+    path("", include("apps.history.urls")),
 ]

@@ -38,7 +38,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # writer of Experiment.status) and drives the apps below; approvals and the gate are steps
     # built on it (a verdict is a transition; a gate creates and starts an experiment).
     ("apps.lifecycle",),
-    ("apps.approvals", "apps.gate"),
+    # Notifications read the audit log's events and the experiment they name (#37 item 4).
+    ("apps.approvals", "apps.gate", "apps.notifications"),
+    # Across experiments (#37 item 3): reads approvals' manifests and the gate's verdicts.
+    ("apps.history",),
     ("apps.api", "workers", "config"),
 )
 TOP = len(LAYERS) - 1

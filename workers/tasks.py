@@ -85,6 +85,19 @@ def analyse_experiment(*, experiment_pk: int) -> str:
     return experiment_analysis(experiment_id=experiment_pk)
 
 
+@shared_task(name="tailtune.notify", bind=True, acks_late=True, max_retries=None)
+def notify(self, *, notification_pk: int) -> str:
+    """Send one notification (apps/notifications/services.py); a failed attempt is retried after
+    30 s, 60 s, 120 s ... (at most 10 minutes apart) until the service's MAX_ATTEMPTS, which
+    stops asking. Each attempt is recorded on the row whatever happens to this message."""
+    from apps.notifications.services import DeliveryFailed, notification_deliver
+
+    try:
+        return notification_deliver(notification_id=notification_pk)
+    except DeliveryFailed as exc:
+        raise self.retry(exc=exc, countdown=min(600, 30 * 2**self.request.retries)) from None
+
+
 @shared_task(name="tailtune.import_trace", acks_late=True)
 def import_trace(*, upload_pk: int) -> str:
     """Import an uploaded trace and make what it was uploaded for: the create page's experiment,

@@ -2,7 +2,16 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.permissions import AllowAny
 
-from apps.api import gates, views, views_capture, views_hosts, views_runs, views_traces
+from apps.api import (
+    gates,
+    views,
+    views_capture,
+    views_history,
+    views_hosts,
+    views_me,
+    views_runs,
+    views_traces,
+)
 
 app_name = "api"
 OPEN = {"authentication_classes": [], "permission_classes": [AllowAny]}
@@ -20,6 +29,9 @@ urlpatterns = [
     path("experiments/<int:pk>/approve", views.ExperimentApprove.as_view(), name="approve"),
     path("experiments/<int:pk>/revoke", views.ExperimentRevoke.as_view(), name="revoke"),
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
+    path("compare", views_history.Compare.as_view(), name="compare"),
+    path("history", views_history.RouteHistory.as_view(), name="history"),
+    path("me/notifications", views_me.MyNotifications.as_view(), name="me-notifications"),
     path("hosts/offers", views_hosts.HostOffers.as_view(), name="host-offers"),
     path("baselines/capture", views_capture.BaselineCapture.as_view(), name="baseline-capture"),
     path("runs/<str:run_id>", views_runs.RunDetail.as_view(), name="run"),

@@ -17,13 +17,14 @@ apps/api/base.py.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ParseError
 from rest_framework.exceptions import PermissionDenied as ApiForbidden
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -76,8 +77,29 @@ EXPERIMENT = inline_serializer(
 )
 EXPERIMENTS = inline_serializer(
     "ExperimentPage",
-    {"experiments": serializers.ListField(child=serializers.DictField())},
+    {
+        "experiments": serializers.ListField(child=serializers.DictField()),
+        "count": serializers.IntegerField(),
+        "page": serializers.IntegerField(allow_null=True),
+        "pages": serializers.IntegerField(allow_null=True),
+        "next": serializers.CharField(allow_null=True),
+    },
 )
+LIST_FILTERS = [
+    OpenApiParameter("status", str, description="only experiments in this status"),
+    OpenApiParameter("owner", str, description="only this user's experiments (username)"),
+    OpenApiParameter(
+        "route",
+        str,
+        description="only experiments whose approval or gate names this route target (contained)",
+    ),
+    OpenApiParameter("since", OpenApiTypes.DATE, description="created on or after this day (UTC)"),
+    OpenApiParameter("until", OpenApiTypes.DATE, description="created on or before this day (UTC)"),
+    OpenApiParameter("q", str, description="in the name or description"),
+    OpenApiParameter(
+        "page", int, description="25 a page; without it, the newest 200 that match (as before pages existed)"
+    ),
+]
 
 
 class ExperimentList(ApiView):
@@ -85,12 +107,49 @@ class ExperimentList(ApiView):
     scopes = {**ApiView.scopes, "POST": RUN}
 
     @extend_schema(
-        responses={200: EXPERIMENTS}, summary="Experiments, newest first", operation_id="experiments_list"
+        parameters=LIST_FILTERS,
+        responses={200: EXPERIMENTS},
+        summary="Experiments, newest first, filtered as the list page filters them",
+        operation_id="experiments_list",
     )
     def get(self, request: Request) -> Response:
+        from django.core.paginator import Paginator
+
+        from apps.history.list_filters import PAGE_SIZE, FilterError, parse_list_filters, parse_page
+        from apps.history.selectors import experiments_filtered
+
         self.need(VIEWER)
-        experiments = Experiment.objects.select_related("owner").order_by("-created_at")[:200]
-        return Response({"experiments": [_summary(e) for e in experiments]})
+        try:
+            filters = parse_list_filters(request.query_params)
+            number = parse_page(request.query_params.get("page")) if "page" in request.query_params else None
+        except FilterError as exc:
+            raise ParseError({exc.field: exc.message}) from None
+        rows = experiments_filtered(filters)
+        if number is None:  # the answer before pages existed: the newest 200, and how many match
+            return Response(
+                {
+                    "experiments": [_summary(e) for e in rows[:200]],
+                    "count": rows.count(),
+                    "page": None,
+                    "pages": None,
+                    "next": None,
+                }
+            )
+        page = Paginator(rows, PAGE_SIZE).get_page(number)
+        following = None
+        if page.has_next():
+            following = request.build_absolute_uri(
+                "?" + urlencode({**filters.query(), "page": page.next_page_number()})
+            )
+        return Response(
+            {
+                "experiments": [_summary(e) for e in page.object_list],
+                "count": page.paginator.count,
+                "page": page.number,
+                "pages": page.paginator.num_pages,
+                "next": following,
+            }
+        )
 
     @extend_schema(
         request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},

@@ -12,7 +12,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -29,6 +29,8 @@ from apps.experiments.services import experiment_to_spec
 from apps.experiments.spec import MAX_SPEC_BYTES, SpecError, dump_spec
 from apps.experiments.spec_capture import b0_origin
 from apps.experiments.spec_types import NormalizedSpec
+from apps.history.list_filters import PAGE_SIZE, FilterError, parse_list_filters, parse_page
+from apps.history.selectors import experiments_filtered
 from apps.lifecycle import running, selectors
 from apps.lifecycle.calibration import GoodputRequestError, goodput_capacity_request
 from apps.lifecycle.creation import experiment_create
@@ -40,6 +42,7 @@ from apps.runs.scheduling import hosts_by_qualification
 from apps.runs.selectors import offered_load
 from apps.workloads.importers import parse_class_thresholds
 from config.bodylimits import upload_limits
+from config.params import BadValue
 from config.uploadhandlers import too_large_message
 
 
@@ -57,17 +60,23 @@ def _experiment(request: HttpRequest, pk: int) -> Experiment:
 
 
 def experiment_list(request: HttpRequest) -> HttpResponse:
+    """Filtered by the URL's query (apps/history/list_filters.py), so a reload keeps them; 25 a page."""
     require_reader(request)
-    status = request.GET.get("status", "")
-    if status and status not in Experiment.Status.values:
-        return HttpResponseBadRequest(f"unknown status {status!r}")
-    rows = selectors.experiment_list_rows(status=status)
+    try:
+        filters = parse_list_filters(request.GET)
+        number = parse_page(request.GET.get("page"))
+    except FilterError as exc:
+        raise BadValue(exc.field, exc.message) from None
+    page = Paginator(experiments_filtered(filters), PAGE_SIZE).get_page(number)
     return render(
         request,
         "experiments/list.html",
         {
-            "experiments": rows,
-            "status": status,
+            "experiments": page.object_list,
+            "page": page,
+            "filters": filters,
+            "filter_query": filters.query(),
+            "status": filters.status,
             "statuses": Experiment.Status.values,
             "can_create": selectors.can_create(request.user),
         },

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from apps.audit.services import audit_record
 from apps.experiments.models import Experiment
 from apps.experiments.spec import FieldError, SpecError
 from apps.gate.build import (
@@ -177,6 +178,63 @@ def gate_check(request: GateInput) -> Baseline:
     return base
 
 
+GATE_CREATED = "gate.created"
+GATE_VERDICT = "gate.verdict"
+
+
+def _guards(manifest_text: str | None) -> dict[str, Any]:
+    """What production the gate guards, as its B0 manifest names it: the manifest's digest, its
+    route target and deployment revision (the history per route target reads them). A gate given
+    no manifest guards no named route."""
+    from apps.approvals.models import RollbackManifest
+    from apps.gate.build import parse_manifest
+
+    if manifest_text is None:
+        return {"baseline_manifest_sha256": None, "route_target": "", "deployment_revision": ""}
+    sha = str(parse_manifest(manifest_text).get("sha256") or "")
+    stored = RollbackManifest.objects.filter(sha256=sha).order_by("created_at", "pk").first()
+    deployment = ((stored.content or {}).get("baseline") or {}).get("deployment") or {} if stored else {}
+    return {
+        "baseline_manifest_sha256": sha,
+        "baseline_experiment": stored.experiment_id if stored else None,
+        "route_target": str(deployment.get("route_target") or ""),
+        "deployment_revision": str(deployment.get("revision") or ""),
+    }
+
+
+def gate_verdict_record(*, experiment: Experiment) -> None:
+    """Audit a gate experiment's verdict once it is analysed (``gate.verdict``): the history per
+    route target shows it, and a verdict other than pass tells people (apps/notifications).
+    Not a gate (no ``gate.created``): nothing."""
+    from apps.audit.models import AuditEvent
+
+    created = (
+        AuditEvent.objects.filter(experiment=experiment, action=GATE_CREATED).order_by("at", "pk").first()
+    )
+    if created is None:
+        return
+    experiment = Experiment.objects.select_related("decision").get(pk=experiment.pk)
+    verdict: dict[str, Any]
+    try:
+        verdict = dict(gate_resource(experiment=experiment))
+    except ValueError as exc:  # several candidates, none named: not a gate's shape
+        verdict = {"verdict": "inconclusive", "exit_code": None, "reasons": [str(exc)]}
+    guards = {
+        k: created.detail.get(k) for k in ("baseline_manifest_sha256", "route_target", "deployment_revision")
+    }
+    audit_record(
+        action=GATE_VERDICT,
+        experiment=experiment,
+        target=str(guards.get("route_target") or ""),
+        detail={
+            "verdict": verdict["verdict"],
+            "exit_code": verdict.get("exit_code"),
+            "reasons": [str(r)[:300] for r in verdict.get("reasons", [])[:5]],
+            **guards,
+        },
+    )
+
+
 def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experiment:
     """Store the window, create B0 vs the candidate on it, and start it; all or nothing.
 
@@ -199,6 +257,9 @@ def gate_create(*, request: GateInput, trace_data: bytes, owner: Any) -> Experim
             summary = summarize(stored.sha256, window.meta, [r for r in window.requests if not r.warmup])
             spec = gate_spec(request, base, summary, when=timezone.now().strftime("%Y-%m-%d %H:%M:%S"))
             experiment = experiment_create(spec=spec, owner=owner)
+            audit_record(
+                action=GATE_CREATED, actor=owner, experiment=experiment, detail=_guards(request.manifest_text)
+            )
             try:
                 experiment_start(experiment=experiment, actor=owner)
             except StartError as exc:

@@ -22,7 +22,16 @@ HOST_PULL = "tailtune.host_pull"
 ANALYSE_EXPERIMENT = "tailtune.analyse_experiment"
 CELL_GOODPUT_CAPACITY = "tailtune.cell_goodput_capacity"
 IMPORT_TRACE = "tailtune.import_trace"
-TASKS = (FREEZE_EXPERIMENT, EXECUTE_RUN, HOST_PULL, ANALYSE_EXPERIMENT, CELL_GOODPUT_CAPACITY, IMPORT_TRACE)
+NOTIFY = "tailtune.notify"
+TASKS = (
+    FREEZE_EXPERIMENT,
+    EXECUTE_RUN,
+    HOST_PULL,
+    ANALYSE_EXPERIMENT,
+    CELL_GOODPUT_CAPACITY,
+    IMPORT_TRACE,
+    NOTIFY,
+)
 
 
 def send(name: str, *, kwargs: dict[str, Any], queue: str) -> None:

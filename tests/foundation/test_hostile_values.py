@@ -39,8 +39,12 @@ HOSTILE = [
 # Every query parameter and raw form field a view of ours reads (request.GET/POST/query_params).
 # test_it_knows_every_parameter_the_views_read holds this list against the source.
 PARAMS = [
+    "a",
+    "a_cell",
     "action",
     "actor",
+    "b",
+    "b_cell",
     "candidate",
     "capture",
     "capture_container",
@@ -49,23 +53,43 @@ PARAMS = [
     "capture_source",
     "capture_text",
     "cell",
+    "deployment",
     "experiment",
     "format",
     "max_model_len",
     "mixture",
     "model_path",
+    "owner",
     "page",
     "page_size",
+    "q",
     "rate",
     "reason",
     "request_class",
+    "route",
+    "since",
     "status",
+    "until",
 ]
 _READS_QUERY = re.compile(r"\b(?:GET|query_params)\.get\(\s*[\"']([^\"']+)[\"']")
 _READS_FORM = re.compile(r"\bPOST\.get\(\s*[\"']([^\"']+)[\"']")
 # Names a module reads through a loop variable or a helper, which the scan cannot see.
 _READ_INDIRECTLY = {
-    "apps.experiments.views": {"cell", "mixture", "rate", "status"},  # _filters
+    # _filters; and the list's filters, read by apps/history/list_filters.py from the query.
+    "apps.experiments.views": {
+        "cell",
+        "mixture",
+        "rate",
+        "status",
+        "owner",
+        "q",
+        "route",
+        "since",
+        "until",
+        "page",
+    },
+    "apps.api.views": {"status", "owner", "q", "route", "since", "until", "page"},
+    "apps.history.views": {"a", "b", "a_cell", "b_cell", "route", "deployment"},  # comparison(), history()
     "apps.api.views_runs": {"page", "page_size"},  # _positive
 }
 
