@@ -21,6 +21,7 @@ urlpatterns = [
     path("experiments/<int:pk>/report", views.ExperimentReport.as_view(), name="report"),
     path("experiments/<int:pk>/approve", views.ExperimentApprove.as_view(), name="approve"),
     path("experiments/<int:pk>/revoke", views.ExperimentRevoke.as_view(), name="revoke"),
+    path("experiments/<int:pk>/bundle", views.ExperimentBundle.as_view(), name="bundle"),
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
     path("hosts/offers", views_hosts.HostOffers.as_view(), name="host-offers"),
     path("baselines/capture", views_capture.BaselineCapture.as_view(), name="baseline-capture"),

@@ -39,6 +39,7 @@ ENDPOINTS = [
     ("get", "/api/v1/experiments/{pk}/report"),
     ("post", "/api/v1/experiments/{pk}/approve"),
     ("get", "/api/v1/experiments/{pk}/manifest.json"),
+    ("get", "/api/v1/experiments/{pk}/bundle"),
     ("get", "/api/v1/runs/{run}"),
     ("get", "/api/v1/runs/{run}/records"),
     ("get", "/api/v1/hosts/offers"),
