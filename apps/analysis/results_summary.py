@@ -195,13 +195,13 @@ def change_rows(report: Mapping[str, Any], *, cell: str) -> list[ChangeRow]:
     return rows
 
 
-def change_chart_svg(rows: Sequence[ChangeRow], *, cell: str, width: int = 640) -> str:
+def change_chart_svg(rows: Sequence[ChangeRow], *, cell: str, width: int = 720) -> str:
     """One small horizontal chart: a row per class and point on a shared 0..max axis (ms): B0's
     value (hollow), the compared cell's (filled) with its interval as a bar, and the contract's
     limit as a red tick. Inline SVG: drawn with the page, no script, printable."""
     if not rows:
         return ""
-    label_w, row_h, top = 190, 26, 22
+    label_w, row_h, top = 250, 26, 22
     plot_w = width - label_w - 20
     values = [
         x
@@ -221,7 +221,7 @@ def change_chart_svg(rows: Sequence[ChangeRow], *, cell: str, width: int = 640) 
         return round(label_w + plot_w * max(v, 0.0) / top_value, 1)
 
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="change-chart" width="{width}" height="{height}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="change-chart" font-family="system-ui, sans-serif" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="B0 against {escape(cell)} per class">',
         f'<text x="{label_w}" y="14" font-size="12" fill="#444">○ B0   ● {escape(cell)} with its 95% interval'
         "   | contract limit (ms)</text>",

@@ -80,7 +80,7 @@ def tail_chart_svg(report: Mapping[str, Any], *, width: int = 640) -> str:
     top_value = max(v for _, v, _ in rows) or 1.0
     height = top + row_h * len(rows) + 8
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" font-family="system-ui, sans-serif" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
         '<text x="4" y="14" font-size="12" fill="#444">TTFT p99 (ms), pooled over repeats; B0 grey</text>',
     ]
     for i, (label, value, cell) in enumerate(rows):
