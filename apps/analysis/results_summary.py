@@ -78,8 +78,8 @@ class ThinRow(TypedDict):
 
 def num(v: Any) -> float | None:
     """A stored value as a finite float: a number, or a percentile's ``{"value": ...}``."""
-    if isinstance(v, Mapping):
-        v = v.get("value")
+    if isinstance(v, Mapping):  # a percentile: {"ms": ...} in the report, {"value": ...} elsewhere
+        v = v.get("ms", v.get("value"))
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
@@ -88,7 +88,7 @@ def num(v: Any) -> float | None:
 def fmt(v: Any, unit: str = "") -> str:
     """A value as a reader wants it: rounded, with its unit; "—" when absent."""
     if isinstance(v, Mapping) and v.get("censored"):
-        x = num(v.get("above")) or num(v)
+        x = num(v.get("above_ms", v.get("above")))
         return f"above {fmt(x, unit)}" if x is not None else "censored"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}{unit}"
@@ -143,7 +143,8 @@ def decision_reasons(decision: Mapping[str, Any], *, baseline: str, limit: int =
         c = ranked[0]
         why = list(dict.fromkeys(_shorten(str(r)) for r in c.get("reasons") or []))
         if why:
-            reasons.append(f"The closest candidate, {c['cell']}, is out: {'; '.join(why)}.")
+            more = f"; and {len(why) - 2} more (below)" if len(why) > 2 else ""
+            reasons.append(f"The closest candidate, {c['cell']}, is out: {'; '.join(why[:2])}{more}.")
     if evidence.get("b0_failures"):
         reasons.append(f"B0 breaks its contracts in {len(evidence['b0_failures'])} place(s).")
     return reasons[:limit]
@@ -283,7 +284,8 @@ def finding_table(finding: Mapping[str, Any], report: Mapping[str, Any]) -> list
     1. A comparison (``metric`` and ``diff``): B0 and the candidate from the report's
        comparisons; the change with its 95% interval; the material threshold; how many
        thresholds the change is.
-    2. A measurement beside B0's (``X`` and ``b0_X``): one row per such pair.
+    2. A measurement beside B0's (``X`` and ``b0_X``): one row per such pair; each of a
+       throughput finding's ``losses`` (a class's metric worse than B0's) a row of its own.
     3. Anything else: its measurements in words in the metric column, its limit as threshold.
     """
     fid = str(finding.get("id", ""))
@@ -292,7 +294,7 @@ def finding_table(finding: Mapping[str, Any], report: Mapping[str, Any]) -> list
     rows: list[FindingRow] = []
     for ev in finding.get("evidence") or []:
         cell = str(ev.get("cell", "")) + (f" · {_point(ev)}" if _point(ev) else "")
-        cls = str(ev.get("class", ""))
+        cls = str(ev.get("class", "")) or "—"
         if "metric" in ev and "diff" in ev:
             metric = str(ev["metric"])
             key = (ev.get("cell"), ev.get("mixture"), ev.get("rate"), ev.get("class"))
@@ -321,36 +323,44 @@ def finding_table(finding: Mapping[str, Any], report: Mapping[str, Any]) -> list
             continue
         pairs = [k for k in ev if not k.startswith("b0_") and f"b0_{k}" in ev]
         limit = fmt(ev.get("limit_ms")) if "limit_ms" in ev else "—"
-        if pairs:
-            for k in pairs:
-                b0, cand = num(ev[f"b0_{k}"]), num(ev[k])
-                rows.append(
-                    {
-                        "cell": cell,
-                        "cls": cls,
-                        "metric": metric_words(k),
-                        "b0": fmt(ev[f"b0_{k}"]),
-                        "candidate": fmt(ev[k]),
-                        "change": fmt(cand - b0) if cand is not None and b0 is not None else "—",
-                        "threshold": limit,
-                        "why": why_finding,
-                    }
-                )
+        for loss in ev.get("losses") or []:  # a class that pays for an aggregate gain, per metric
+            lo, hi = (num(x) for x in (loss.get("ci") or [None, None]))
+            rows.append(
+                {
+                    "cell": cell,
+                    "cls": str(loss.get("class", "")),
+                    "metric": metric_words(str(loss.get("metric", ""))),
+                    "b0": fmt(loss.get("b0")),
+                    "candidate": fmt(loss.get("candidate")),
+                    "change": fmt(loss.get("diff"))
+                    + (f" [{fmt(lo)}, {fmt(hi)}]" if lo is not None and hi is not None else ""),
+                    "threshold": "—",
+                    "why": f"worse while tokens/s rise; {why_finding}",
+                }
+            )
+        for k in pairs:
+            b0, cand = num(ev[f"b0_{k}"]), num(ev[k])
+            rows.append(
+                {
+                    "cell": cell,
+                    "cls": cls,
+                    "metric": metric_words(k),
+                    "b0": fmt(ev[f"b0_{k}"]),
+                    "candidate": fmt(ev[k]),
+                    "change": fmt(cand - b0) if cand is not None and b0 is not None else "—",
+                    "threshold": limit,
+                    "why": why_finding,
+                }
+            )
+        if pairs or ev.get("losses"):
             continue
         measured = [
             f"{metric_words(k)} {fmt(v)}"
             for k, v in ev.items()
             if k not in PLACE
             and k != "limit_ms"
-            and not isinstance(v, (list, dict))
-            or isinstance(v, Mapping)
-            and "value" in v
+            and (not isinstance(v, (list, Mapping)) or isinstance(v, Mapping) and ("ms" in v or "value" in v))
         ]
-        if "losses" in ev:
-            measured += [
-                f"loses {metric_words(str(x.get('metric', '')))} on {x.get('class', '')}"
-                for x in ev["losses"]
-            ]
         rows.append(
             {
                 "cell": cell or "all",

@@ -200,3 +200,28 @@ def test_values_read_as_numbers_with_their_censoring() -> None:
     assert rs.fmt({"value": 3.21}) == "3.2"
     assert rs.fmt({"censored": True, "above": 900.0}) == "above 900"
     assert rs.metric_words("e2e_p95_ms") == "E2E p95 (ms)"
+
+
+def test_a_class_that_pays_for_throughput_gets_a_row_per_metric_it_lost() -> None:
+    finding = {
+        "id": "throughput_up_class_loses",
+        "evidence": [
+            {
+                "cell": "C2", "mixture": "80-20", "rate": "low", "tokens_per_s": 778.0, "b0_tokens_per_s": 777.0,
+                "losses": [{"class": "short", "metric": "e2e_p99_ms", "b0": 3380.0, "candidate": 3764.0,
+                            "diff": 384.0, "ci": [115.0, 543.0]}],
+            }
+        ],
+    }  # fmt: skip
+    loss, tokens = rs.finding_table(finding, {})
+    assert (loss["cls"], loss["metric"], loss["change"]) == ("short", "E2E p99 (ms)", "384 [115, 543]")
+    assert (tokens["metric"], tokens["change"]) == ("tokens per s", "1.0")
+
+
+def test_a_percentile_in_the_evidence_reads_as_its_value() -> None:
+    finding = {
+        "id": "short_requests_wait",
+        "evidence": [{"cell": "B0", "short_ttft_p99": {"ms": 602.4, "censored": False}, "limit_ms": 500.0}],
+    }
+    (row,) = rs.finding_table(finding, {})
+    assert row["metric"] == "short TTFT p99 602" and row["threshold"] == "500"
