@@ -124,7 +124,8 @@ def decision_reasons(decision: Mapping[str, Any], *, baseline: str, limit: int =
        (closest: the lowest worst-p99 ratio against B0).
     """
     rule = str(decision.get("rule") or "")
-    reasons = [rule.split(": ", 1)[0].rstrip(".") + "."] if rule else []
+    first = rule.split(": ", 1)[0].rstrip(".")
+    reasons = [first[:1].upper() + first[1:] + "."] if first else []
     evidence = decision.get("evidence") or {}
     candidates = [c for c in evidence.get("candidates") or [] if c.get("cell") != baseline]
     chosen = decision.get("chosen_cell")
@@ -196,64 +197,51 @@ def change_rows(report: Mapping[str, Any], *, cell: str) -> list[ChangeRow]:
     return rows
 
 
-def change_chart_svg(rows: Sequence[ChangeRow], *, cell: str, width: int = 720) -> str:
-    """One small horizontal chart: a row per class and point on a shared 0..max axis (ms): B0's
-    value (hollow), the compared cell's (filled) with its interval as a bar, and the contract's
-    limit as a red tick. Inline SVG: drawn with the page, no script, printable."""
+def change_chart_svg(rows: Sequence[ChangeRow], *, cell: str, width: int = 780) -> str:
+    """One small horizontal chart, a row per class and point, each on its own 0..max scale (the
+    classes' limits differ by orders of magnitude): B0's value (hollow), the compared cell's
+    (filled) with the change's 95% interval as a bar (cut at the row's edge), the contract's limit
+    as a red tick, and the numbers in words at the right. Inline SVG: drawn with the page, no
+    script, printable."""
     if not rows:
         return ""
-    label_w, row_h, top = 250, 26, 22
-    plot_w = width - label_w - 20
-    values = [
-        x
-        for r in rows
-        for x in (
-            r["b0"],
-            r["candidate"],
-            r["limit"],
-            *(r["b0"] + d if r["b0"] is not None else None for d in r["ci"] if d is not None),
-        )
-        if x is not None
-    ]
-    top_value = max(values, default=1.0) * 1.08 or 1.0
-    height = top + row_h * len(rows) + 24
-
-    def x(v: float) -> float:
-        return round(label_w + plot_w * max(v, 0.0) / top_value, 1)
-
+    label_w, plot_w, row_h, top = 270, 300, 24, 22
+    height = top + row_h * len(rows) + 6
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="change-chart" font-family="system-ui, sans-serif" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="B0 against {escape(cell)} per class">',
-        f'<text x="{label_w}" y="14" font-size="12" fill="#444">○ B0   ● {escape(cell)} with its 95% interval'
-        "   | contract limit (ms)</text>",
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="change-chart" font-family="system-ui, sans-serif" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="B0 against {escape(cell)} per class">',
+        f'<text x="{label_w}" y="14" font-size="12" fill="#444">○ B0   ● {escape(cell)}, bar: 95% interval   '
+        "| contract limit   (each row its own scale, ms)</text>",
     ]
     for i, r in enumerate(rows):
         y = top + i * row_h + row_h / 2
+        b0, cand, limit = r["b0"], r["candidate"], r["limit"]
+        scale = max((v for v in (b0, cand, limit) if v is not None), default=1.0) * 1.12 or 1.0
+
+        def x(v: float, scale: float = scale) -> float:
+            return round(label_w + plot_w * min(max(v, 0.0), scale) / scale, 1)
+
         label = f"{r['cls']} · {metric_words(r['metric']).removesuffix(' (ms)')} · {r['point']}"
-        out.append(f'<text x="4" y="{y + 4}" font-size="12" fill="#222">{escape(label)}</text>')
-        out.append(f'<line x1="{label_w}" y1="{y}" x2="{label_w + plot_w}" y2="{y}" stroke="#e4e4e4"/>')
-        if r["b0"] is not None and r["ci"][0] is not None and r["ci"][1] is not None:
-            lo, hi = r["b0"] + r["ci"][0], r["b0"] + r["ci"][1]
+        out.append(f'<text x="4" y="{y + 4}" font-size="11" fill="#222">{escape(label)}</text>')
+        out.append(f'<line x1="{label_w}" y1="{y}" x2="{label_w + plot_w}" y2="{y}" stroke="#ddd"/>')
+        lo, hi = r["ci"]
+        if b0 is not None and lo is not None and hi is not None:
             out.append(
-                f'<rect x="{x(lo)}" y="{y - 4}" width="{max(x(hi) - x(lo), 1)}" height="8" '
+                f'<rect x="{x(b0 + lo)}" y="{y - 4}" width="{max(x(b0 + hi) - x(b0 + lo), 1)}" height="8" '
                 'fill="#7aa6d8" opacity="0.6"/>'
             )
-        if r["limit"] is not None:
+        if limit is not None:
             out.append(
-                f'<line x1="{x(r["limit"])}" y1="{y - 9}" x2="{x(r["limit"])}" y2="{y + 9}" '
-                'stroke="#c0392b" stroke-width="2"/>'
+                f'<line x1="{x(limit)}" y1="{y - 9}" x2="{x(limit)}" y2="{y + 9}" stroke="#c0392b" stroke-width="2"/>'
             )
-        if r["b0"] is not None:
-            out.append(
-                f'<circle cx="{x(r["b0"])}" cy="{y}" r="5" fill="white" stroke="#333" stroke-width="1.5"/>'
-            )
-        if r["candidate"] is not None:
-            out.append(f'<circle cx="{x(r["candidate"])}" cy="{y}" r="4.5" fill="#1f5fa8"/>')
-    axis_y = top + row_h * len(rows) + 4
-    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
-        v = top_value * frac
+        if b0 is not None:
+            out.append(f'<circle cx="{x(b0)}" cy="{y}" r="5" fill="white" stroke="#333" stroke-width="1.5"/>')
+        if cand is not None:
+            out.append(f'<circle cx="{x(cand)}" cy="{y}" r="4" fill="#1f5fa8"/>')
+        words = f"{fmt(b0)} → {fmt(cand)}" + (f" (limit {fmt(limit)})" if limit is not None else "")
         out.append(
-            f'<text x="{x(v)}" y="{axis_y + 14}" font-size="10" fill="#666" text-anchor="middle">{fmt(v)}</text>'
+            f'<text x="{label_w + plot_w + 8}" y="{y + 4}" font-size="11" fill="#222">{escape(words)}</text>'
         )
     out.append("</svg>")
     return "".join(out)

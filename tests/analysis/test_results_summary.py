@@ -147,6 +147,7 @@ def test_the_chart_is_an_svg_with_a_row_per_class_and_the_limit() -> None:
     assert svg.startswith("<svg") and svg.endswith("</svg>")
     assert "short · TTFT p99 · 80-20 @ low" in svg
     assert svg.count("<circle") == 2 and 'stroke="#c0392b"' in svg  # B0, candidate, the limit
+    assert "100 → 80.0 (limit 2,000)" in svg  # the numbers in words beside the marks
     assert "C1 &lt;x&gt;" in svg  # names are escaped
     assert rs.change_chart_svg([], cell="C1") == ""
 
