@@ -25,6 +25,7 @@ PURE = [
     "apps.analysis.cell_charts",
     "apps.analysis.run_charts",
     "apps.analysis.results_charts",
+    "apps.analysis.results_summary",
     "apps.analysis.checks",
     "apps.analysis.decide",
     "apps.analysis.rule_text",

@@ -1,9 +1,10 @@
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+from drf_spectacular.views import SpectacularSwaggerSplitView
 from rest_framework.permissions import AllowAny
 
 from apps.api import (
     gates,
+    schema,
     views,
     views_capture,
     views_history,
@@ -19,7 +20,9 @@ OPEN = {"authentication_classes": [], "permission_classes": [AllowAny]}
 urlpatterns = [
     # The document and its browsable docs are public: they describe the API, they hold no data.
     # The docs' script is a file of its own (?script), as the Content-Security-Policy asks.
-    path("openapi.json", SpectacularAPIView.as_view(**OPEN), name="openapi"),
+    # Each format has its own URL, so a plain GET (curl, generators) gets what the name says.
+    path("openapi.json", schema.OpenApiJSON.as_view(**OPEN), name="openapi"),
+    path("openapi.yaml", schema.OpenApiYAML.as_view(**OPEN), name="openapi-yaml"),
     path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:openapi", **OPEN), name="docs"),
     path("experiments", views.ExperimentList.as_view(), name="experiments"),
     path("experiments/<int:pk>", views.ExperimentDetail.as_view(), name="experiment"),
@@ -28,6 +31,7 @@ urlpatterns = [
     path("experiments/<int:pk>/report", views.ExperimentReport.as_view(), name="report"),
     path("experiments/<int:pk>/approve", views.ExperimentApprove.as_view(), name="approve"),
     path("experiments/<int:pk>/revoke", views.ExperimentRevoke.as_view(), name="revoke"),
+    path("experiments/<int:pk>/bundle", views.ExperimentBundle.as_view(), name="bundle"),
     path("experiments/<int:pk>/manifest.<str:fmt>", views.ExperimentManifest.as_view(), name="manifest"),
     path("compare", views_history.Compare.as_view(), name="compare"),
     path("history", views_history.RouteHistory.as_view(), name="history"),

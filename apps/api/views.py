@@ -32,9 +32,10 @@ from rest_framework.response import Response
 from apps.accounts.roles import EXPERIMENTER, VIEWER
 from apps.accounts.tokens import APPROVE, RUN
 from apps.api.base import SPEC_ERRORS, ApiView, SpecJsonParser, YamlParser, _clean_text, _errors
+from apps.approvals.bundle import bundle_download
 from apps.approvals.models import RollbackManifest
 from apps.approvals.services import ApprovalError, approval_revoke, experiment_approve
-from apps.approvals.views import manifest_response
+from apps.approvals.views import bundle_response, manifest_response
 from apps.experiments.models import Experiment
 from apps.experiments.services import spec_limits
 from apps.experiments.spec import SpecError, validate_spec
@@ -334,3 +335,17 @@ class ExperimentManifest(ApiView):
         if manifest is None:
             raise NotFound("no manifest: the experiment is not approved")
         return manifest_response(manifest, fmt)
+
+
+class ExperimentBundle(ApiView):
+    @extend_schema(
+        responses={(200, "text/html"): OpenApiTypes.STR},
+        summary="The review bundle: one self-contained HTML file (header X-Bundle-Sha256; the download is audited)",
+    )
+    def get(self, request: Request, pk: int) -> HttpResponse:
+        experiment = self.experiment(pk)
+        try:
+            bundle = bundle_download(experiment=experiment, actor=request.user)
+        except ValueError as exc:
+            raise NotFound(str(exc)) from None
+        return bundle_response(bundle)

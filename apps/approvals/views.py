@@ -10,6 +10,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
+from apps.approvals.bundle import Bundle, bundle_download
 from apps.approvals.models import RollbackManifest
 from apps.approvals.services import (
     ApprovalError,
@@ -176,6 +177,25 @@ def manifest_download(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
     response = manifest_response(manifest, fmt)
     response["Content-Disposition"] = f'attachment; filename="rollback-manifest-{pk}.{fmt}"'
     return response
+
+
+def bundle_response(bundle: Bundle) -> HttpResponse:
+    """The review bundle as a download, its sha256 in a header (the page's link and the API)."""
+    response = HttpResponse(bundle.body, content_type="text/html; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{bundle.filename}"'
+    response["X-Bundle-Sha256"] = bundle.sha256
+    return response
+
+
+def review_bundle(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: the review bundle of an analysed experiment (any reader; the download is audited)."""
+    require_reader(request)
+    experiment = get_object_or_404(Experiment, pk=pk)
+    try:
+        bundle = bundle_download(experiment=experiment, actor=request.user)
+    except ValueError as exc:
+        raise Http404(str(exc)) from None
+    return bundle_response(bundle)
 
 
 def manifest_response(manifest: RollbackManifest, fmt: str) -> HttpResponse:

@@ -19,7 +19,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.accounts.roles import APPROVER, has_role
-from apps.analysis import charts
+from apps.analysis import charts, results_summary
 from apps.analysis.services import recovery_check_now
 from apps.experiments.form_spec import attach_spec_errors, build_spec, spec_from_upload, validate_built
 from apps.experiments.forms import CAPTURE_SECTION, CellFormSet, ClassFormSet, ExperimentForm
@@ -560,6 +560,8 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
                 "recovery": recovery_check_now(experiment=experiment, report=report),
             },
             "approve_refusal": selectors.approve_refusal(request.user, experiment),
+            # The page's top in plain words: decision, reasons, the per-class chart, findings.
+            "top": results_summary.summary(report, outcome=decision.outcome, chosen=decision.chosen_cell),
         }
     )
     return render(request, "experiments/results.html", context)

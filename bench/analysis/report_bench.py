@@ -48,7 +48,7 @@ from django.db import connection, transaction  # noqa: E402
 from apps.analysis import services  # noqa: E402
 from apps.analysis.report import build_report  # noqa: E402
 from apps.experiments.models import Experiment  # noqa: E402
-from apps.experiments.services import experiment_create  # noqa: E402
+from apps.lifecycle.creation import experiment_create  # noqa: E402
 from apps.runs.models import MetricSample, Run  # noqa: E402
 from apps.runs.models import RequestRecord as RecordRow  # noqa: E402
 from workers.replay.records import GapHistogram, _bucket  # noqa: E402
@@ -57,8 +57,10 @@ COLUMNS = (
     "run_id", "index", "request_class", "warmup", "priority", "input_tokens", "expected_output_tokens",
     "planned_ns", "sent", "sent_ns", "admission_delay_ns", "first_token_ns", "last_token_ns", "end_ns",
     "output_tokens", "prompt_tokens", "chunks", "max_gap_ns", "chunk_gaps", "token_gaps", "http_status",
-    "error_kind", "error", "finish_reason", "cancelled", "unfinished",
+    "error_kind", "error", "finish_reason", "cancelled", "unfinished", "cut", "backend",
 )  # fmt: skip
+# Columns whose Django default is not a database default: COPY must name them.
+FIXED = (False, "")
 
 
 def create_experiment() -> Experiment:
@@ -177,7 +179,12 @@ def run_rows(run: Run, n: int, cell_pos: int, weights: dict[str, float], seed: i
 
 
 def load(experiment: Experiment, total: int) -> None:
-    runs = list(experiment.runs.select_related("cell").order_by("plan_position"))
+    # The sweep's runs only: failure-scenario runs (examples/seed-sweep.yaml has them) are not
+    # simulated here, and are marked skipped so the analysis reads the sweep alone.
+    experiment.runs.exclude(kind=Run.Kind.SWEEP).update(
+        status=Run.Status.SKIPPED, reason="not simulated by the bench"
+    )
+    runs = list(experiment.runs.filter(kind=Run.Kind.SWEEP).select_related("cell").order_by("plan_position"))
     cells = [c.cell_id for c in experiment.cells.order_by("position")]
     mixtures = experiment.workload.mixtures
     # Every cell of a (mixture, rate, repeat) replays the same trace, so every
@@ -194,7 +201,10 @@ def load(experiment: Experiment, total: int) -> None:
         run.save()
         n = per_run
         seed = zlib.crc32(f"{run.mixture}|{run.rate_name}|{run.repeat}".encode())
-        rows = run_rows(run, n, cells.index(run.cell.cell_id), mixtures[run.mixture], seed)
+        rows = [
+            (*row, *FIXED)
+            for row in run_rows(run, n, cells.index(run.cell.cell_id), mixtures[run.mixture], seed)
+        ]
         with transaction.atomic(), connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 with cursor.cursor.copy(f"COPY {table} ({quoted}) FROM STDIN") as copy:

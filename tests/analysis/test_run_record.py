@@ -142,7 +142,7 @@ def test_the_openapi_document_describes_the_record_the_api_answers(
     analysed_experiment, viewer, client
 ) -> None:  # type: ignore[no-untyped-def]
     client.force_login(viewer)
-    doc = yaml.safe_load(client.get("/api/v1/openapi.json").content)  # YAML or JSON: both parse
+    doc = yaml.safe_load(client.get("/api/v1/openapi.json").content)  # JSON, which YAML parses too
     response = doc["paths"]["/api/v1/runs/{run_id}"]["get"]["responses"]["200"]
     assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/RunRecord"}
     schema = doc["components"]["schemas"]["RunRecord"]

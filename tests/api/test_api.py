@@ -40,6 +40,7 @@ ENDPOINTS = [
     ("get", "/api/v1/experiments/{pk}/report"),
     ("post", "/api/v1/experiments/{pk}/approve"),
     ("get", "/api/v1/experiments/{pk}/manifest.json"),
+    ("get", "/api/v1/experiments/{pk}/bundle"),
     ("get", "/api/v1/runs/{run}"),
     ("get", "/api/v1/runs/{run}/records"),
     ("get", "/api/v1/hosts/offers"),
@@ -56,14 +57,19 @@ ENDPOINTS = [
 def test_the_openapi_document_is_served_and_valid(client) -> None:  # type: ignore[no-untyped-def]
     from openapi_spec_validator import validate
 
-    response = client.get("/api/v1/openapi.json")
+    response = client.get("/api/v1/openapi.json")  # no Accept header, as curl sends it
     assert response.status_code == 200
-    doc = (
-        json.loads(response.content)
-        if response["Content-Type"].startswith("application/json")
-        else yaml.safe_load(response.content)
-    )
+    assert response["Content-Type"].startswith("application/json")
+    doc = json.loads(response.content)
     validate(doc)
+    assert (
+        client.get("/api/v1/openapi.json", HTTP_ACCEPT="application/yaml")["Content-Type"]
+        == (response["Content-Type"])
+    )
+    as_yaml = client.get("/api/v1/openapi.yaml", HTTP_ACCEPT="application/json")
+    assert as_yaml.status_code == 200
+    assert "yaml" in as_yaml["Content-Type"]
+    assert yaml.safe_load(as_yaml.content) == doc
     assert "/api/v1/experiments/{id}/approve" in doc["paths"]
     assert doc["components"]["securitySchemes"]["tokenAuth"]["scheme"] == "bearer"
     assert client.get("/api/v1/docs/").status_code == 200

@@ -193,6 +193,7 @@ def test_it_runs_the_whole_journey_in_the_browser(new_page, worker, tmp_path) ->
     # started from the results page, which states its engine time first. Its timeline chart
     # (per-second TTFT p99 per class, B0's queue and KV, the switch and the deadline) follows.
     if "C1" not in (decision.report.get("rehearsals") or {}):
+        erin.goto(f"/experiments/{experiment.pk}/results/#rehearsal")  # the anchor opens its part
         assert "s of engine time" in erin.inner_text("#rehearse-form")
         erin.select_option("#rehearse-form select[name=cell]", "C1")
         erin.click("#rehearse-form button[type=submit]")
