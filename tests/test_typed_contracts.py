@@ -115,7 +115,9 @@ def search_spec() -> dict[str, Any]:
     """A search instead of a grid (it has no candidates, so it cannot join full_spec)."""
     spec = copy.deepcopy(SMALL_SPEC)
     del spec["candidates"]
-    spec["search"] = {"space": {"max_num_seqs": {"min": 4, "max": 64, "log": True}, "scheduling_policy": ["fcfs"]}}
+    spec["search"] = {
+        "space": {"max_num_seqs": {"min": 4, "max": 64, "log": True}, "scheduling_policy": ["fcfs"]}
+    }
     return spec
 
 
