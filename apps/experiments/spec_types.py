@@ -219,7 +219,7 @@ class SearchKnob(TypedDict, total=False):
 class SearchBudget(TypedDict):
     max_trials: int
     max_engine_hours: float | None  # None: only max_trials bounds the screening
-    patience: int  # stop after this many trials without a better objective
+    patience: int | None  # stop after this many trials without a better objective; None: never
 
 
 class SearchScreening(TypedDict):

@@ -120,7 +120,7 @@ def pareto_front(trials: Sequence[Trial]) -> list[int]:
 
 
 def stop_reason(
-    trials: Sequence[Trial], *, max_trials: int, max_engine_hours: float | None, patience: int
+    trials: Sequence[Trial], *, max_trials: int, max_engine_hours: float | None, patience: int | None
 ) -> str | None:
     """Why the screening stops now (None: propose another trial). Failed trials count toward
     every limit: they cost a server start and they are trials without improvement."""
@@ -136,7 +136,7 @@ def stop_reason(
             best, since = t.score, 0
         else:
             since += 1
-    if trials and since >= patience:
+    if trials and patience is not None and since >= patience:
         return f"{since} trials without a better margin, the budget's patience"
     return None
 

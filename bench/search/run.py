@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from apps.experiments.spec_search import range_values
+from apps.experiments.spec_search import DEFAULT_CONFIRM, DEFAULT_MAX_TRIALS, range_values
 from apps.search.objective import FAILED, Trial, best_k, outcome_of, pick_confirmed, stop_reason
 from apps.search.study import propose, server_args
 
@@ -70,13 +70,13 @@ SCREEN = ("50-50", "high")
 REPEATS = 5
 RUN_S = 90.0  # warm-up + observation + drain
 START_S = 60.0  # a server start (and stop)
-RUN_SIGMA = 0.05  # a run's p99 against the cell's true p99 (log scale)
+RUN_SIGMA = 0.03  # a run's p99 against the cell's true p99 (log scale)
 ROUND_SIGMA = 0.04  # a round's factor, shared by its cells
 MATERIAL = math.log(0.95)  # a gain must be at least 5%
 NONINFERIOR = math.log(1.25)  # the non-inferiority margin
 ALPHA = 0.05
-BUDGET = {"max_trials": 30, "max_engine_hours": None, "patience": 10}
-CONFIRM = 3
+BUDGET: dict[str, Any] = {"max_trials": DEFAULT_MAX_TRIALS, "max_engine_hours": None, "patience": None}
+CONFIRM = DEFAULT_CONFIRM
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--out", default="")
     ap.add_argument("--max-trials", type=int, default=BUDGET["max_trials"])
-    ap.add_argument("--patience", type=int, default=BUDGET["patience"])
+    ap.add_argument("--patience", type=int, default=None)
     ap.add_argument("--only", default="", help="sloped or flat")
     ap.add_argument("--confirm", type=int, default=CONFIRM)
     ap.add_argument("--run-sigma", type=float, default=RUN_SIGMA)
@@ -288,7 +288,8 @@ def main() -> int:
         "on the 2-core VM. Space: token budget 256..8192 (log; the grid at powers of two), max_num_seqs "
         "8..128 (5), chunked prefill on/off, fcfs/priority; B0 = 2048, 32, on, fcfs; max_model_len 2048. "
         f"Design: 2 mixtures x 2 rates x {REPEATS} repeats; budget max_trials {BUDGET['max_trials']}, "
-        f"patience {BUDGET['patience']}, confirm {CONFIRM}.",
+        f"patience {BUDGET['patience']}, confirm {CONFIRM}; a run's p99 noise sigma {RUN_SIGMA} (log), "
+        f"a round's shared factor sigma {ROUND_SIGMA}.",
         "",
     ]
     for name, rs in rows.items():

@@ -44,7 +44,7 @@ def test_a_search_spec_is_normalised_with_its_defaults() -> None:
     assert out["candidates"] == []
     assert search["space"]["max_num_batched_tokens"] == {"min": 256, "max": 4096, "log": True}
     assert search["space"]["max_num_seqs"] == {"values": [4, 8, 16]}
-    assert search["budget"] == {"max_trials": 30, "max_engine_hours": None, "patience": 10}
+    assert search["budget"] == {"max_trials": 60, "max_engine_hours": None, "patience": None}
     assert search["confirm"] == 3
     # The hardest agreed point: the mixture with most tokens per request, at the highest rate.
     assert search["screening"] == {"mixture": "50-50", "rate": "high", "chosen": "default"}
