@@ -94,3 +94,23 @@ def test_a_grid_ranks_by_goodput_gain_and_a_search_by_its_margin() -> None:
     margins = confirmed_margins(comps, CLASSES, {("m", "r")})
     assert round(margins["C2"], 3) == 0.35 and round(margins[B0_KEY], 3) == 0.2
     assert pick_confirmed(["C1", "C2", "C3"], margins, baseline=margins[B0_KEY]) == "C2"
+
+
+def test_the_report_of_a_search_experiment_ranks_by_margin() -> None:
+    # Through the real build_report: the experiment says it is a search, and every candidate the
+    # decision weighed carries its confirmed margin (a grid's do not).
+    from apps.analysis.columns import RecordTable
+    from apps.analysis.report import build_report
+    from tests.analysis.builders import Plan, build_inputs
+    from tests.analysis.test_decision_table import slow_short_b0
+
+    def report(search: bool) -> Any:
+        inputs = build_inputs(Plan(), slow_short_b0)
+        records = inputs.pop("records")
+        inputs["experiment"]["search"] = search
+        return build_report(**inputs, table=RecordTable.from_records(records))
+
+    searched = report(True)["decision"]
+    assert searched["outcome"] == "retune" and searched["chosen_cell"] == "C1"
+    assert all("confirmed_margin" in c for c in searched["evidence"]["candidates"])
+    assert not any("confirmed_margin" in c for c in report(False)["decision"]["evidence"]["candidates"])
