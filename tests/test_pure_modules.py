@@ -69,6 +69,7 @@ PURE = [
     "apps.experiments.spec_search",
     "apps.search.objective",
     "apps.search.study",
+    "apps.search.steps",
     "apps.runs.record_names",
     "workers.engine.model_paths",
     "workers.engine.launcher",

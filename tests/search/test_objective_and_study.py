@@ -122,3 +122,28 @@ def test_a_small_space_is_used_up() -> None:
     assert propose(space, trials, baseline_args={}, max_model_len=None, seed=1) is None
     pending = [{"max_num_seqs": 8}]
     assert propose(space, trials[1:], baseline_args={}, max_model_len=None, seed=1, pending=pending) is None
+
+
+def test_the_next_step_screens_waits_then_confirms_the_best_k() -> None:
+    from apps.search.steps import CONFIRM, SCREEN, WAIT, next_step
+
+    search = {
+        "space": SPACE,
+        "budget": {"max_trials": 3, "max_engine_hours": None, "patience": None},
+        "confirm": 2,
+    }
+    kw = {"baseline_args": {"max_num_seqs": 8}, "max_model_len": 2048, "seed": 5}
+    first = next_step(search, [], **kw)
+    assert first.action == SCREEN and first.args == server_args(
+        first.params, baseline_args={"max_num_seqs": 8}, max_model_len=2048
+    )
+    # One host: a trial running means wait.
+    assert next_step(search, [], pending=[first.params], **kw).action == WAIT
+    trials = [
+        Trial(0, {"max_num_seqs": 8}, KEPT, 0.1),
+        Trial(1, {"max_num_seqs": 16}, FAILED, None, reason="did not start"),
+        Trial(2, {"max_num_seqs": 32}, KEPT, 0.3),
+    ]
+    done = next_step(search, trials, **kw)
+    assert done.action == CONFIRM and "max_trials" in done.why
+    assert [(c["id"], c["args"]["max_num_seqs"]) for c in done.cells] == [("T2", 32), ("T0", 8)]
