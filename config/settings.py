@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "apps.workloads",
     "apps.runs",
     "apps.analysis",
+    "apps.search",
     "apps.lifecycle",
     "apps.approvals",
     "apps.gate",

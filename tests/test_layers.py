@@ -34,6 +34,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("apps.experiments",),
     ("apps.runs",),
     ("apps.analysis",),
+    # A search's trials (#36): screened runs and their scores, below the lifecycle that drives them.
+    ("apps.search",),
     # The experiment's life (#33 item 2): it moves the experiment through its statuses (the only
     # writer of Experiment.status) and drives the apps below; approvals and the gate are steps
     # built on it (a verdict is a transition; a gate creates and starts an experiment).

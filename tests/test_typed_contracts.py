@@ -17,7 +17,7 @@ import pytest
 from apps.analysis.report_types import Report
 from apps.approvals import manifest as mf
 from apps.approvals.manifest_types import ManifestContent, ManifestDocument
-from apps.experiments.spec import validate_spec
+from apps.experiments.spec import SpecLimits, validate_spec
 from apps.experiments.spec_types import NormalizedSpec
 from apps.gate.verdict import gate_verdict
 from apps.gate.verdict_types import GateResource, GateVerdict
@@ -111,9 +111,26 @@ def test_it_declares_every_key_of_a_normalised_spec(raw):
     assert _problems(json.loads(json.dumps(spec)), NormalizedSpec, "spec") == []
 
 
+def search_spec() -> dict[str, Any]:
+    """A search instead of a grid (it has no candidates, so it cannot join full_spec)."""
+    spec = copy.deepcopy(SMALL_SPEC)
+    del spec["candidates"]
+    spec["search"] = {
+        "space": {"max_num_seqs": {"min": 4, "max": 64, "log": True}, "scheduling_policy": ["fcfs"]}
+    }
+    return spec
+
+
+def test_it_declares_every_key_of_a_search_spec():
+    spec = validate_spec(search_spec(), limits=SpecLimits(search_runs=True))
+    assert _problems(spec, NormalizedSpec, "spec") == []
+    assert _problems(json.loads(json.dumps(spec)), NormalizedSpec, "spec") == []
+
+
 def test_it_covers_the_optional_sections_it_declares():
     spec = validate_spec(full_spec())
-    assert NormalizedSpec.__optional_keys__ <= set(spec)
+    # A search replaces the candidates, so its section is covered by the search spec's test.
+    assert NormalizedSpec.__optional_keys__ - {"search"} <= set(spec)
 
 
 def test_it_finds_a_key_the_types_do_not_declare():

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from apps.analysis import rule_text
 from apps.analysis.checks import rounded
+from apps.analysis.compare_options import metric_kind
 from apps.analysis.report_inputs import CellInput, ClassInput
 from apps.analysis.report_types import (
     AcceptanceCheck,
@@ -27,6 +28,7 @@ from apps.analysis.report_types import (
     ValidityCheck,
 )
 from apps.analysis.settle import Design
+from apps.search.objective import class_margin
 
 RETAIN, RETUNE, ISOLATE, INCONCLUSIVE = "retain", "retune", "isolate", "inconclusive"
 P99_KEYS = {"ttft_ms": "ttft", "e2e_ms": "e2e", "max_stall_ms": "stall"}
@@ -126,6 +128,35 @@ def _ranking(comps: Sequence[Comparison]) -> tuple[float, float]:
     return (min(gains) if gains else -math.inf, max(ratios) if ratios else math.inf)
 
 
+B0_KEY = "\x00b0"
+# A primary metric's kind -> the contract key that limits it.
+_LIMIT_OF = {"ttft": "ttft_p99_ms", "e2e": "e2e_p99_ms", "max_stall": "max_stall_ms"}
+
+
+def confirmed_margins(
+    comparisons: Sequence[Comparison], classes: Sequence[ClassInput], agreed_pairs: set[tuple[str, str]]
+) -> dict[str, float]:
+    """Each cell's worst class margin ``(limit - value) / limit`` on its primary metric over the
+    agreed points, and B0's, from the same comparisons' B0 side, under ``B0_KEY`` (no cell id can
+    hold a NUL). A value missing is the floor, -1."""
+    limits = {str(c["name"]): c for c in classes}
+    out: dict[str, float] = {}
+    b0 = math.inf
+    for c in comparisons:
+        primary = c.get("primary")
+        cls = limits.get(c["class"])
+        kind = metric_kind(primary) if primary else None
+        if (c["mixture"], c["rate"]) not in agreed_pairs or cls is None or kind is None or primary is None:
+            continue
+        limit = float(cls[_LIMIT_OF[kind]])  # type: ignore[literal-required]
+        v = c["metrics"][primary]
+        out[c["cell"]] = min(out.get(c["cell"], math.inf), class_margin(v.get("candidate"), limit))
+        b0 = min(b0, class_margin(v.get("b0"), limit))
+    if b0 != math.inf:
+        out[B0_KEY] = b0
+    return out
+
+
 def _considered(
     cell: str,
     claims: _Claims,
@@ -162,6 +193,7 @@ def decide(
     designs: Mapping[tuple[str, str, str, str], Design] | None = None,
     margin_rel: float | None = None,
     overload: Sequence[Mapping[str, Any]] = (),
+    by_margin: bool = False,
 ) -> Decision:
     """retain / retune / isolate (or inconclusive when B0 itself is not valid data).
 
@@ -188,6 +220,12 @@ def decide(
     3. Any eligible: retune to the best, ranked by (a) the largest smallest
        goodput gain over agreed (mixture, rate, class), relative to B0, then
        (b) the lowest worst p99 ratio candidate / B0, then (c) plan order.
+       A search experiment (``by_margin``, its candidates the confirmed cells of apps/search) ranks
+       by the search's own objective first: the worst class's margin to its contract on the
+       confirmation data (``confirmed_margins``), largest first, then (a)-(c); and a cell whose
+       margin is not above B0's in the same rounds is not eligible (the search looked for a wider
+       margin; a gain on one class while the worst has less to spare is not what it found).
+       objective.pick_confirmed is the same rule for the bench.
     4. Else B0 keeps its contracts: retain. Else no configuration does: isolate.
     5. B0 overloaded at an agreed point (``overload``: apps/analysis/overload.py, arrivals outran
        completions through the window): inconclusive, naming the overload and how to calibrate;
@@ -212,6 +250,7 @@ def decide(
         if (c["mixture"], c["rate"]) in agreed_pairs:
             by_cell[c["cell"]].append(c)
 
+    margins = confirmed_margins(comparisons, classes, agreed_pairs) if by_margin else {}
     considered: list[ConsideredCandidate] = []
     ranked = []
     for pos, cell in enumerate(c["cell_id"] for c in cells):
@@ -223,10 +262,19 @@ def decide(
         reasons = _reasons(cell, claims, rows, accept=accept, invalid=invalid, b0_passes=b0_passes)
         if cell in controls:
             reasons.insert(0, CONTROL_REASON)
+        margin = margins.get(cell, -math.inf)
+        if by_margin and margin <= margins.get(B0_KEY, -math.inf):
+            reasons.append(
+                f"confirmed margin {margin:.3f} not above B0's {margins.get(B0_KEY, -math.inf):.3f} "
+                "(the search's objective: the worst class's margin to its contract)"
+            )
         min_gain, worst_ratio = _ranking(comps)
-        considered.append(_considered(cell, claims, reasons, (min_gain, worst_ratio), rows))
+        entry = _considered(cell, claims, reasons, (min_gain, worst_ratio), rows)
+        if by_margin:
+            entry["confirmed_margin"] = rounded(margin)
+        considered.append(entry)
         if not reasons:
-            ranked.append((-min_gain, worst_ratio, pos, cell))
+            ranked.append((-margin if by_margin else 0.0, -min_gain, worst_ratio, pos, cell))
     ranked.sort()
     evidence: DecisionEvidence = {
         "b0_meets_contracts": b0_passes,

@@ -81,6 +81,7 @@ class _Judging:
     aa_cells: list[str]  # A/A control cells: B0's own arguments on B0's engine
     classes: Sequence[ClassInput] = ()  # their contracts, for the decision's words
     overload: Sequence[Mapping[str, Any]] = ()  # B0's load per point (overload.overload_points)
+    by_margin: bool = False  # a search experiment: rank the confirmed cells by margin
 
 
 def judge_sweep(
@@ -94,9 +95,11 @@ def judge_sweep(
     options: CompareOptions,
     rejected: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     overload: Sequence[Mapping[str, Any]] = (),
+    by_margin: bool = False,
 ) -> tuple[list[Comparison], Decision, Statistics]:
     """(comparisons, decision, statistics) of the sweep; ``overload``: B0's load per point
-    (apps/analysis/overload.py), which the decision reads."""
+    (apps/analysis/overload.py), which the decision reads; ``by_margin``: a search experiment's
+    confirmed cells, ranked by their margin (decide.decide)."""
     agreed_pairs = {(m, r) for m, r, _ in agreed}
     b0_cell = acceptance["cells"].get(sweep.baseline)
     b0_failures = b0_cell.get("failures", []) if b0_cell is not None else []
@@ -128,6 +131,7 @@ def judge_sweep(
         aa_cells=noise_floor.aa_cells(cells, sweep.baseline),
         classes=classes,
         overload=overload,
+        by_margin=by_margin,
     )
     comparisons, b0_own = _compare_all(ctx, groups_in, options.seed)
     fam, decision = _judged(ctx, comparisons, _designs(b0_own, ctx, family_m))
@@ -294,6 +298,7 @@ def _judged(
         designs=designs,
         margin_rel=ctx.options.noninferiority_margin_rel,
         overload=ctx.overload,
+        by_margin=ctx.by_margin,
     )
     return fam, verdict
 

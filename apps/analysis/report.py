@@ -306,6 +306,7 @@ def build_report(
         options=opts.compare,
         rejected=before.rejected,
         overload=overloaded,
+        by_margin=bool(experiment.get("search")),
     )
     # 6. The other checks, the findings, the report.
     checks: Checks = {

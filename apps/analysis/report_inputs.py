@@ -48,6 +48,9 @@ class ExperimentInput(HostPrice, total=False):
     output_mode: str  # "exact" | "natural"
     max_dispatch_lag_ms: float | None
     mixtures: dict[str, dict[str, float]]  # mixture -> class -> weight
+    # A search experiment (#36): its candidates are the confirmed cells, ranked by margin
+    # (decide.decide ``by_margin``).
+    search: bool
     enable_prefix_caching: bool  # the controls' prefix caching, every cell's (a frozen control)
     rates: JSONObject  # rate name -> its spec
     rates_source: str  # "manual" (typed in the spec) or "probe" (frozen from B0's measured capacity)

@@ -161,6 +161,8 @@ class ConsideredCandidate(TypedDict):
     not_shown_noninferior: list[list[str]]
     not_repaired: list[list[str]]
     rejected_by: list[JSONObject]
+    # A search experiment's confirmed cell: its worst class margin to its contract (decide.by_margin).
+    confirmed_margin: NotRequired[float | None]
 
 
 class DecisionEvidence(TypedDict, total=False):

@@ -104,6 +104,7 @@ def _experiment_inputs(experiment: Experiment) -> ExperimentInputs:
         "mixtures": workload.mixtures if workload else {},
         "rates": workload.rates if workload else {},
         "enable_prefix_caching": bool(experiment.enable_prefix_caching),
+        "search": "search" in (experiment.spec or {}),
         # Where the rates came from, and B0's capacity per mixture where the probe measured it:
         # what an overloaded B0's offered load is held against (apps/analysis/overload.py).
         "rates_source": workload.rates_source if workload else "manual",

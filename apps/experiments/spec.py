@@ -57,6 +57,7 @@ from apps.experiments.spec_rules import (
     WEIGHT_TOLERANCE,
     SpecLimits,
 )
+from apps.experiments.spec_search import check_search
 from apps.experiments.spec_sections import (
     _check_analysis,
     _check_calibration,
@@ -270,12 +271,31 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
         spec["recovery"] = _check_recovery(
             c, top.get("recovery"), spec["workload"], set(mixtures), set(rates)
         )
+    if "search" in top:
+        spec["search"] = check_search(
+            c,
+            top.get("search"),
+            baseline_args=spec["baseline"]["args"],
+            max_model_len=max_model_len,
+            mixtures=mixtures,
+            rates=rates,
+            class_tokens={
+                cls["name"]: int(cls.get("input_tokens") or 0) + int(cls.get("output_tokens") or 0)
+                for cls in spec.get("classes") or []
+            },
+        )
     _check_counts(c, spec)
     # Rules across sections (a class priority under fcfs, two cells with one config, a budget
     # below a class's prompt): apps/experiments/spec_cross.py.
     check_cross(c, spec)
     if not c.errors:
         _check_plan_size(c, cast(NormalizedSpec, spec), limits)
+    if not c.errors and "search" in spec and not limits.search_runs:
+        c.fail(
+            "search",
+            "is valid, but search experiments cannot be run yet (issue #36: the screening and "
+            "confirmation runs are not wired into the lifecycle); write the configs as candidates",
+        )
 
     if c.errors:
         raise SpecError(c.errors)
@@ -298,20 +318,34 @@ def _check_counts(c: _Checker, spec: Mapping[str, Any]) -> None:
 def plan_size(spec: NormalizedSpec, limits: SpecLimits = DEFAULT_LIMITS) -> tuple[int, float]:
     """(runs, engine-hours) a validated spec plans, from its counts alone (nothing is expanded).
 
-    Sweep runs = cells x mixtures x rates x repeats; the uniform companions add
+    Sweep runs = cells x mixtures x rates x repeats (a search: B0 and its ``confirm`` cells, plus
+    one screening run per trial, at most ``max_trials``); the uniform companions add
     cells x mixtures x rates; each failure scenario at most one run per cell; the
     rollback rehearsal (on unless ``recovery.rehearse`` is false) one run that starts
     two servers. A run costs its windows plus ``limits.run_overhead_s`` per server start.
     """
     w = spec["workload"]
-    cells = 1 + len(spec["candidates"])
+    search = spec.get("search")
+    per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"])
+    screening_runs = 0
+    # A search: each trial one run (one server) at the screening point, then its best k confirmed
+    # like a grid's candidates; with an engine-hours budget, the screening stops there.
+    if search is not None:
+        screening_runs = int(search["budget"]["max_trials"])
+        cells = 1 + int(search["confirm"])
+    else:
+        cells = 1 + len(spec["candidates"])
     points = cells * len(w["mixtures"]) * len(w["rates"])
     runs = points * int(w["repeats"])
     if w.get("uniform_companion"):
         runs += points
     runs += cells * len(spec.get("scenarios") or {})
-    per_run = float(w["warmup_s"]) + float(w["observation_s"]) + float(w["drain_deadline_s"])
     hours = runs * (per_run + limits.run_overhead_s) / 3600.0
+    if screening_runs:
+        screening_hours = screening_runs * (per_run + limits.run_overhead_s) / 3600.0
+        cap = search["budget"]["max_engine_hours"] if search is not None else None
+        runs += screening_runs
+        hours += min(screening_hours, cap) if cap is not None else screening_hours
     recovery = spec.get("recovery")
     if recovery is None or recovery.get("rehearse", True):
         # The rollback rehearsal of the proposed cell: one run, two servers started.

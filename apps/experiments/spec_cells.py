@@ -80,10 +80,16 @@ def _check_candidates(
 ) -> dict[str, str]:
     """The candidate cells, each {id, args} (and an optional engine override): fills
     ``spec["candidates"]``, each cell's args with B0's flags that are not the scheduler's where
-    the cell sets none of its own; returns every cell id (the baseline's too) with its path, each once."""
+    the cell sets none of its own; returns every cell id (the baseline's too) with its path, each once.
+
+    A search spec (a ``search`` section) has no candidates: its confirmed cells come from the
+    screening (apps/experiments/spec_search.py)."""
     candidates_raw = top.get("candidates")
     candidates: list[CandidateSpec] = []
-    if not isinstance(candidates_raw, list) or not candidates_raw:
+    if "search" in top:
+        if candidates_raw not in (None, []):
+            c.fail("candidates", "a spec has a grid (candidates) or a search, not both: leave one out")
+    elif not isinstance(candidates_raw, list) or not candidates_raw:
         c.fail("candidates", "must be a non-empty list of {id, args}")
     else:
         for i, item in enumerate(candidates_raw):

@@ -215,6 +215,36 @@ class RecoverySpec(TypedDict):
     ports: dict[str, int] | None
 
 
+class SearchKnob(TypedDict, total=False):
+    """One knob of a search's space: a set (``values``) or an integer range (``min``, ``max``, ``log``)."""
+
+    values: list[JSONValue]
+    min: int
+    max: int
+    log: bool
+
+
+class SearchBudget(TypedDict):
+    max_trials: int
+    max_engine_hours: float | None  # None: only max_trials bounds the screening
+    patience: int | None  # stop after this many trials without a better objective; None: never
+
+
+class SearchScreening(TypedDict):
+    mixture: str
+    rate: str
+    chosen: str  # "default" (the heaviest mixture at the highest rate) or "given"
+
+
+class SearchSpec(TypedDict):
+    """A search instead of a grid (apps/experiments/spec_search.py), every key filled in."""
+
+    space: dict[str, SearchKnob]  # knob (a CELL_ARGS name) -> its set or range
+    budget: SearchBudget
+    screening: SearchScreening
+    confirm: int  # the best k screened configs confirmed on fresh data
+
+
 class NormalizedSpec(TypedDict):
     """A validated experiment spec, as ``validate_spec`` returns it (keys in the documented order)."""
 
@@ -233,3 +263,4 @@ class NormalizedSpec(TypedDict):
     analysis: NotRequired[ReportOptionsJSON]
     quality: NotRequired[QualitySpec]
     recovery: NotRequired[RecoverySpec]
+    search: NotRequired[SearchSpec]  # a search spec: candidates is empty until confirmation
