@@ -55,9 +55,10 @@ from apps.runs.hosts import hosts_alive
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run
 from apps.runs.selectors import CLASS_CAPACITY, GOODPUT, calibration_settings, goodput_settings
+from apps.workloads.corpus_store import experiment_corpus_prompts
 from apps.workloads.generate import generate_trace
 from apps.workloads.prompts import PromptTokenizer
-from apps.workloads.services import experiment_corpus_prompts, tokenizer_dir, trace_classes, trace_store
+from apps.workloads.services import tokenizer_dir, trace_classes, trace_store
 from workers.replay.records import SCALAR_RECORD_FIELDS, RequestRecord
 
 log = logging.getLogger(__name__)

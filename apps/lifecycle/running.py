@@ -100,6 +100,7 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         scenario_traces_freeze,
         scenarios_need_pace,
     )
+    from apps.workloads.corpus_store import experiment_corpus_prompts
     from apps.workloads.services import quality_probe_freeze, workload_traces_freeze
 
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
@@ -138,12 +139,15 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         if not Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).exists():
             return 0
     try:
-        traces = workload_traces_freeze(experiment=experiment)
+        corpus = experiment_corpus_prompts(experiment)  # the spec's workload.prompts, if any
+        traces = workload_traces_freeze(experiment=experiment, corpus=corpus)
         scenario_traces = scenario_traces_freeze(experiment=experiment)
         probe = quality_probe_freeze(experiment=experiment)
         uniform_traces = {}
         if experiment.runs.filter(kind=Run.Kind.UNIFORM).exists():
-            uniform_traces = workload_traces_freeze(experiment=experiment, uniform=True, repeats=[1])
+            uniform_traces = workload_traces_freeze(
+                experiment=experiment, uniform=True, repeats=[1], corpus=corpus
+            )
     except Exception as exc:  # the user sees why, and can start again after fixing it
         log.exception("freezing experiment %s failed", experiment_id)
         _back_to_planned(

@@ -13,17 +13,19 @@ from __future__ import annotations
 import gzip
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from django.db import transaction
 
 from apps.workloads.chat_template import ChatRenderer
 from apps.workloads.corpus import Corpus as CorpusFile
 from apps.workloads.corpus import corpus_dumps, corpus_from_file, corpus_loads, corpus_sha256
+from apps.workloads.corpus_prompts import corpus_prompts
 from apps.workloads.importers import DEFAULT_MAX_BYTES, check_size
 from apps.workloads.models import Corpus, Trace
 from apps.workloads.redaction import Redactor
 from apps.workloads.requestlog import parse_request_log, trace_from_request_log
-from apps.workloads.services import trace_store
+from apps.workloads.services import tokenizer_dir, trace_store
 from apps.workloads.tracefile import trace_sha256
 
 
@@ -134,3 +136,33 @@ def request_log_import(
         corpus_row = corpus_store(corpus=corpus, label=label)
         trace_row = trace_store(trace=trace, label=label)
     return trace_row, corpus_row
+
+
+def experiment_corpus_prompts(experiment: Any) -> Any:
+    """The spec's ``workload.prompts`` corpus, rendered with the experiment's tokenizer and ready
+    to be drawn from (apps/workloads/corpus_prompts.py); None for exact-length token ids."""
+    prompts = ((experiment.spec or {}).get("workload") or {}).get("prompts") or {}
+    sha = prompts.get("corpus_sha256")
+    if not sha:
+        return None
+    model = tokenizer_dir(experiment.model_path)
+    outputs = {c.name: c.output_tokens for c in experiment.classes.all()}
+    try:
+        stamp = (model / "tokenizer.json").stat().st_mtime_ns
+    except OSError:
+        stamp = 0
+    # The probe's steps and the freeze draw from the same rendering: rendered once per worker.
+    key = (sha, str(model), stamp, int(experiment.max_model_len), tuple(sorted(outputs.items())))
+    if key not in _CORPUS_PROMPTS:
+        _CORPUS_PROMPTS.clear()
+        _CORPUS_PROMPTS[key] = corpus_prompts(
+            corpus_load(sha256=sha),
+            sha256=sha,
+            renderer=ChatRenderer(model),
+            max_model_len=int(experiment.max_model_len),
+            output_tokens=outputs,
+        )
+    return _CORPUS_PROMPTS[key]
+
+
+_CORPUS_PROMPTS: dict[tuple[Any, ...], Any] = {}

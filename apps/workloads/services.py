@@ -239,42 +239,12 @@ def trace_classes(experiment: Any) -> list[TraceClass]:
     ]
 
 
-def experiment_corpus_prompts(experiment: Any) -> Any:
-    """The spec's ``workload.prompts`` corpus, rendered with the experiment's tokenizer and ready
-    to be drawn from (apps/workloads/corpus_prompts.py); None for exact-length token ids."""
-    from apps.workloads.chat_template import ChatRenderer
-    from apps.workloads.corpus_prompts import corpus_prompts
-    from apps.workloads.corpus_store import corpus_load
-
-    prompts = ((experiment.spec or {}).get("workload") or {}).get("prompts") or {}
-    sha = prompts.get("corpus_sha256")
-    if not sha:
-        return None
-    model = tokenizer_dir(experiment.model_path)
-    outputs = {c.name: c.output_tokens for c in experiment.classes.all()}
-    try:
-        stamp = (model / "tokenizer.json").stat().st_mtime_ns
-    except OSError:
-        stamp = 0
-    # The probe's steps and the freeze draw from the same rendering: rendered once per worker.
-    key = (sha, str(model), stamp, int(experiment.max_model_len), tuple(sorted(outputs.items())))
-    if key not in _CORPUS_PROMPTS:
-        _CORPUS_PROMPTS.clear()
-        _CORPUS_PROMPTS[key] = corpus_prompts(
-            corpus_load(sha256=sha),
-            sha256=sha,
-            renderer=ChatRenderer(model),
-            max_model_len=int(experiment.max_model_len),
-            output_tokens=outputs,
-        )
-    return _CORPUS_PROMPTS[key]
-
-
-_CORPUS_PROMPTS: dict[tuple[Any, ...], Any] = {}
-
-
 def workload_traces_freeze(
-    *, experiment: Any, uniform: bool = False, repeats: Sequence[int] | None = None
+    *,
+    experiment: Any,
+    uniform: bool = False,
+    repeats: Sequence[int] | None = None,
+    corpus: Any = None,
 ) -> dict[tuple[str, str, int], Trace]:
     """Generate and store every trace of the experiment's plan: one per (mixture, rate, repeat).
 
@@ -303,7 +273,6 @@ def workload_traces_freeze(
     classes = trace_classes(experiment)
     tok_dir = tokenizer_dir(experiment.model_path)
     tok = PromptTokenizer(tok_dir)
-    corpus = experiment_corpus_prompts(experiment)
     # Each trace is reduced to its compressed bytes as soon as it is built:
     # a seed sweep's 18 traces hold ~20M token ids, too many to keep as
     # Python lists, and generation stays outside the (short) transaction.
