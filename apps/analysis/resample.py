@@ -130,26 +130,37 @@ class TailQuantile:
         self.tail = n if q < 0.9 else min(n, max(64, int(math.ceil((1 - q) * n * 4))))
         self.top = self.order[n - self.tail :][::-1]  # largest first
 
-    def _full(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
-        cum = np.cumsum(counts[:, self.order], axis=1, dtype=np.int64)
+    def _full(self, counts_t: np.ndarray, total: np.ndarray) -> np.ndarray:
+        cum = np.cumsum(counts_t[self.order], axis=0, dtype=self._cum_dtype(total))
         k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
-        pos = (cum < k[:, None]).sum(axis=1)
+        pos = (cum < k[None, :]).sum(axis=0)
         return self.values[self.order[np.minimum(pos, self.values.size - 1)]]
 
-    def _from_top(self, top_counts: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        out = np.full(top_counts.shape[0], np.nan)
+    def _from_top(self, top_t: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = np.full(top_t.shape[1], np.nan)
         k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
         need = total - k + 1  # the k-th smallest is the (total - k + 1)-th largest
-        pos = (np.cumsum(top_counts, axis=1, dtype=np.int64) < need[:, None]).sum(axis=1)
+        pos = (np.cumsum(top_t, axis=0, dtype=self._cum_dtype(total)) < need[None, :]).sum(axis=0)
         inside = (pos < self.tail) & (total > 0)
         out[inside] = self.values[self.top[pos[inside]]]
         return out, np.flatnonzero(~inside & (total > 0))
 
+    @staticmethod
+    def _cum_dtype(total: np.ndarray) -> type[np.signedinteger]:
+        # A running count never exceeds the replicate's total: int32 while that fits, as it
+        # always does here (a replicate holds its point's requests, far below 2**31).
+        return np.int32 if total.size == 0 or int(total.max()) < 2**31 - 1 else np.int64
+
     def of(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
         """Under each row of plain counts."""
+        return self.of_t(np.ascontiguousarray(counts.T), total)
+
+    def of_t(self, counts_t: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """Under each column of plain counts given transposed (positions x replicates, C order):
+        the tail's positions are then whole rows, read without a gather across the matrix."""
         if self.values.size == 0:
-            return np.full(counts.shape[0], np.nan)
-        out, rest = self._from_top(counts[:, self.top], total)
+            return np.full(counts_t.shape[1], np.nan)
+        out, rest = self._from_top(counts_t[self.top], total)
         if rest.size:
-            out[rest] = self._full(counts[rest], total[rest])
+            out[rest] = self._full(counts_t[:, rest], total[rest])
         return out

@@ -38,8 +38,8 @@ from django.core.management import call_command  # noqa: E402
 
 from apps.analysis.services import experiment_analyse  # noqa: E402
 from apps.experiments.models import Experiment  # noqa: E402
-from apps.experiments.services import experiment_create  # noqa: E402
 from apps.experiments.spec import load_yaml  # noqa: E402
+from apps.lifecycle.creation import experiment_create  # noqa: E402
 from apps.lifecycle.running import experiment_freeze_and_enqueue  # noqa: E402
 from apps.runs import dispatch  # noqa: E402
 from apps.runs.engine_time import engine_time_summary  # noqa: E402

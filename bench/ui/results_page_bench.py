@@ -36,7 +36,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from apps.analysis.services import experiment_analyse  # noqa: E402
 from apps.experiments.models import Experiment  # noqa: E402
-from apps.experiments.services import experiment_create  # noqa: E402
+from apps.lifecycle.creation import experiment_create  # noqa: E402
 from apps.runs.models import RequestRecord  # noqa: E402
 
 NAME = "bench-ui"
