@@ -9,6 +9,7 @@ Run for real, at their tiny size:
 - bench/analysis/report_bench.py (``--smoke``: B0 and C1 on one mixture, 8 runs of 50 records,
   the report by phase, the naive peer);
 - bench/ui/results_page_bench.py (``--smoke``: the same 8 runs analysed, each page loaded twice);
+- bench/runs/ingest_bench.py (``--smoke``: 2,000 records once by each path);
 - bench/analysis/aa_power.py, bench/analysis/gate_power.py (one set each, one process);
 - bench/calibration/search_cost.py (``--capacities 20``);
 - bench/replay/mock.py (a child process started, asked for one stream, stopped, its log read)
@@ -79,6 +80,14 @@ def test_results_page_bench(capsys):
     script("ui/results_page_bench.py").main(["--smoke"])
     out = capsys.readouterr().out
     assert "results page" in out and "p95 ms" in out and "8 runs" in out
+
+
+@pytest.mark.django_db
+def test_ingest_bench(capsys):
+    rates = script("runs/ingest_bench.py").main(["--smoke", "--no-migrate"])
+    out = capsys.readouterr().out
+    assert "2,000 records in batches of 1,000" in out and "records_ingest:" in out
+    assert rates["records_ingest"] > 0
 
 
 def test_aa_power(capsys):
