@@ -142,15 +142,14 @@ def _rows_of_sides(
     sizes = np.asarray(rs.sizes, dtype=np.int64)
     goods = np.stack([side.good.astype(np.float32) for side in sides.values()], axis=1)
     mults = []
-    # Positions as rows (positions x replicates): each tail quantile reads its top positions as
-    # whole rows.
-    fixed_t = np.ascontiguousarray(rs.fixed().T)
-    for counts_t, mult in itertools.chain([(fixed_t, rs.fixed_mult())], rs.chunks_t()):
+    for counts, mult in itertools.chain([(rs.fixed(), rs.fixed_mult())], rs.chunks()):
         mults.append(mult)
         total = mult @ sizes  # each drawn repeat contributes exactly its size
-        dur = mult @ obs if obs.size else np.zeros(counts_t.shape[1])
+        dur = mult @ obs if obs.size else np.zeros(counts.shape[0])
         # One pass over the counts for every side's good requests (exact in float32 below 2**24).
-        good_all = (goods.T @ counts_t.astype(np.float32)).T.astype(np.float64)
+        good_all = (counts.astype(np.float32) @ goods).astype(np.float64)
+        # Positions as rows: each tail quantile reads its top positions as whole rows.
+        counts_t = np.ascontiguousarray(counts.T)
         for i, name in enumerate(sides):
             rates(name, good_all[:, i], total, dur)
             for (kind, level, end), tq in quantiles[name].items():

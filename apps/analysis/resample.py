@@ -72,12 +72,6 @@ class Resampling:
 
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(counts, repeat multiplicities) for consecutive slices of the replicates."""
-        for counts_t, mult in self.chunks_t():
-            yield counts_t.T, mult
-
-    def chunks_t(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``chunks`` with the counts transposed (positions x replicates, C order): what the tail
-        quantiles read, built that way so no chunk is transposed after the fact."""
         rng = np.random.default_rng(list(self.seed))
         n_rep, total = self.n_repeats, self.total
         per_chunk = max(16, CHUNK_CELLS // max(1, total))
@@ -86,46 +80,34 @@ class Resampling:
             c = min(per_chunk, self.resamples - done)
             picks = rng.integers(0, n_rep, size=(c, n_rep)) if n_rep else np.zeros((c, 0), dtype=np.int64)
             mult = np.stack([(picks == r).sum(axis=1) for r in range(n_rep)], axis=1).astype(np.int64)
-            counts_t = np.zeros((total, c), dtype=np.int32)
+            counts = np.zeros((c, total), dtype=np.int32)
             for r, (o, n) in enumerate(zip(self.offsets, self.sizes, strict=True)):
                 k = -(-n // self.blocks[r]) if n else 0
                 for inst in range(int(mult[:, r].max()) if c and n else 0):
                     active = np.flatnonzero(mult[:, r] > inst)
                     starts = rng.integers(0, n, size=(active.size, k))
-                    cover = _block_cover_t(starts, self.lens(r), n)
-                    if active.size == c:
-                        counts_t[o : o + n] += cover
-                    else:
-                        counts_t[o : o + n, active] += cover
+                    counts[active, o : o + n] += _block_cover(starts, self.lens(r), n)
             done += c
-            yield counts_t, mult
+            yield counts, mult
 
 
 def _block_cover(starts: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
-    """Per row, how often each of n positions is covered by its circular blocks."""
-    return _block_cover_t(starts, lens, n).T
-
-
-def _block_cover_t(starts: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
-    """Per position (rows of the result) and replicate (its columns), how often the replicate's
-    circular blocks cover the position.
+    """Per row, how often each of n positions is covered by its circular blocks.
 
     A difference array: +1 where a block starts, -1 where it ends; a block that
     wraps past n ends at its overflow and adds +1 at position 0; the running sum
-    down each column is the coverage.
+    along each row is the coverage.
     """
     rows = starts.shape[0]
     width = n + 1
-    row = np.arange(rows, dtype=np.int64)[:, None]
+    base = (np.arange(rows, dtype=np.int64) * width)[:, None]
     ends = starts + lens[None, :]
     wrap = ends > n
     size = rows * width
-    diff = np.bincount((starts * rows + row).ravel(), minlength=size).astype(np.int32)
-    diff -= np.bincount((np.where(wrap, ends - n, ends) * rows + row).ravel(), minlength=size).astype(
-        np.int32
-    )
-    diff[:rows] += wrap.sum(axis=1).astype(np.int32)
-    return diff.reshape(width, rows).cumsum(axis=0, dtype=np.int32)[:n]
+    diff = np.bincount((base + starts).ravel(), minlength=size).astype(np.int32)
+    diff -= np.bincount((base + np.where(wrap, ends - n, ends)).ravel(), minlength=size).astype(np.int32)
+    diff[base[:, 0]] += wrap.sum(axis=1).astype(np.int32)
+    return diff.reshape(rows, width).cumsum(axis=1, dtype=np.int32)[:, :n]
 
 
 @functools.lru_cache(maxsize=64)
