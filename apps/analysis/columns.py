@@ -66,6 +66,8 @@ def error_code(kind: str | None) -> int:
 
 
 def _floats(values: Iterable[Any]) -> np.ndarray:
+    if isinstance(values, np.ndarray):  # a column read as an array already (record_reader.py)
+        return values.astype(np.float64, copy=False)
     # None becomes NaN: numpy does that for float arrays.
     return np.asarray(list(values) if not isinstance(values, (list, tuple)) else values, dtype=np.float64)
 

@@ -148,10 +148,12 @@ def _rows_of_sides(
         dur = mult @ obs if obs.size else np.zeros(counts.shape[0])
         # One pass over the counts for every side's good requests (exact in float32 below 2**24).
         good_all = (counts.astype(np.float32) @ goods).astype(np.float64)
+        # Positions as rows: each tail quantile reads its top positions as whole rows.
+        counts_t = np.ascontiguousarray(counts.T)
         for i, name in enumerate(sides):
             rates(name, good_all[:, i], total, dur)
             for (kind, level, end), tq in quantiles[name].items():
-                add(name, f"{latency_metric(kind, level)}:{end}", tq.of(counts, total))
+                add(name, f"{latency_metric(kind, level)}:{end}", tq.of_t(counts_t, total))
     all_mult = np.vstack(mults)
     out: dict[str, dict[str, Rows]] = {}
     for name in sides:

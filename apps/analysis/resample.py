@@ -8,6 +8,7 @@ replicates from the largest values only.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,15 @@ def _block_cover(starts: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
     return diff.reshape(rows, width).cumsum(axis=1, dtype=np.int32)[:, :n]
 
 
+@functools.lru_cache(maxsize=64)
+def _tie_order(n: int) -> np.ndarray:
+    """A fixed pseudo-random rank per position (seeded by n), read-only: shared by every quantile
+    of a point and by both seeds."""
+    out = np.random.default_rng(n).permutation(n)
+    out.setflags(write=False)
+    return out
+
+
 class TailQuantile:
     """Nearest-rank q-quantile of fixed values under many replicates; +inf ranks last.
 
@@ -125,31 +135,67 @@ class TailQuantile:
         # Ties in a fixed pseudo-random order: tied values are equal, so any order gives the
         # same answer, but ordering them by position would put the whole tail in the last
         # repeat's requests, outside every replicate that did not draw it.
-        shuffle = np.random.default_rng(n).permutation(n)
-        self.order = np.lexsort((shuffle, values))
+        self._shuffle = _tie_order(n)
+        self._order: np.ndarray | None = None
         self.tail = n if q < 0.9 else min(n, max(64, int(math.ceil((1 - q) * n * 4))))
-        self.top = self.order[n - self.tail :][::-1]  # largest first
+        if self.tail == n:
+            self.top = self.order[::-1]  # largest first
+        else:
+            # Only the tail is sorted: every value at or above the tail-th largest (ties at the
+            # edge included), ordered as the full sort orders them, the largest `tail` kept.
+            edge = np.partition(values, n - self.tail)[n - self.tail]
+            near = np.flatnonzero((values >= edge) | np.isnan(values))
+            ranked = near[np.lexsort((self._shuffle[near], values[near]))]
+            self.top = ranked[ranked.size - self.tail :][::-1]
 
-    def _full(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
-        cum = np.cumsum(counts[:, self.order], axis=1, dtype=np.int64)
+    @property
+    def order(self) -> np.ndarray:
+        """Every position, smallest value first (ties in the fixed shuffled order); sorted when
+        first needed: only a replicate whose quantile falls below the tail reads it."""
+        if self._order is None:
+            self._order = np.lexsort((self._shuffle, self.values))
+        return self._order
+
+    def _full(self, counts_t: np.ndarray, total: np.ndarray) -> np.ndarray:
+        cum = np.cumsum(counts_t[self.order], axis=0, dtype=self._cum_dtype(total))
         k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
-        pos = (cum < k[:, None]).sum(axis=1)
+        pos = (cum < k[None, :]).sum(axis=0)
         return self.values[self.order[np.minimum(pos, self.values.size - 1)]]
 
-    def _from_top(self, top_counts: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        out = np.full(top_counts.shape[0], np.nan)
+    def _from_top(self, top_t: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = np.full(top_t.shape[1], np.nan)
         k = np.maximum(1, np.ceil(self.q * total - 1e-9)).astype(np.int64)
         need = total - k + 1  # the k-th smallest is the (total - k + 1)-th largest
-        pos = (np.cumsum(top_counts, axis=1, dtype=np.int64) < need[:, None]).sum(axis=1)
+        dtype = self._cum_dtype(total)
+        # The rank counted over the tail's first half, then over the rest only for the replicates
+        # it did not reach in the first (the quantile lies about a quarter of the way down the tail).
+        half = max(1, self.tail // 2)
+        cum = np.cumsum(top_t[:half], axis=0, dtype=dtype)
+        pos = (cum < need[None, :]).sum(axis=0)
+        deeper = np.flatnonzero(pos >= half)
+        if deeper.size and self.tail > half:
+            rest = np.cumsum(top_t[half:, deeper], axis=0, dtype=dtype) + cum[-1, deeper][None, :]
+            pos[deeper] = half + (rest < need[deeper][None, :]).sum(axis=0)
         inside = (pos < self.tail) & (total > 0)
         out[inside] = self.values[self.top[pos[inside]]]
         return out, np.flatnonzero(~inside & (total > 0))
 
+    @staticmethod
+    def _cum_dtype(total: np.ndarray) -> type[np.signedinteger]:
+        # A running count never exceeds the replicate's total: int32 while that fits, as it
+        # always does here (a replicate holds its point's requests, far below 2**31).
+        return np.int32 if total.size == 0 or int(total.max()) < 2**31 - 1 else np.int64
+
     def of(self, counts: np.ndarray, total: np.ndarray) -> np.ndarray:
         """Under each row of plain counts."""
+        return self.of_t(np.ascontiguousarray(counts.T), total)
+
+    def of_t(self, counts_t: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """Under each column of plain counts given transposed (positions x replicates, C order):
+        the tail's positions are then whole rows, read without a gather across the matrix."""
         if self.values.size == 0:
-            return np.full(counts.shape[0], np.nan)
-        out, rest = self._from_top(counts[:, self.top], total)
+            return np.full(counts_t.shape[1], np.nan)
+        out, rest = self._from_top(counts_t[self.top], total)
         if rest.size:
-            out[rest] = self._full(counts[rest], total[rest])
+            out[rest] = self._full(counts_t[:, rest], total[rest])
         return out

@@ -3,8 +3,8 @@
 The statistics live in the pure modules (apps/analysis/report.py and below);
 this module only turns rows into their plain inputs, efficiently:
 
-- records come as columns (values_list, iterated in chunks, one numpy array
-  per field), never as model instances;
+- records come as columns (apps/analysis/record_reader.py: a packed binary COPY
+  on Postgres, one numpy array per field), never as model instances;
 - the per-request gap histograms are merged per (run, class) cohort inside
   the database (json_each / jsonb_each), so a million JSON objects never
   cross into Python;
@@ -23,16 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count
 
-from apps.analysis.columns import NO_ERROR, SCALAR_FIELDS, SERVER_FIELDS, RecordTable, error_code
 from apps.analysis.early_stop import run_over_limits
 from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
 from apps.analysis.pool_capacity import class_capacities
+from apps.analysis.record_reader import load_table as _load_table
 from apps.analysis.rehearsal_measures import (
     REHEARSAL_QUEUED,
     RehearsalRecord,
@@ -68,9 +67,6 @@ from apps.runs.summary_types import rehearsal_facts, run_summary
 from workers.replay.records import SCALAR_RECORD_FIELDS, GapHistogram
 
 _CHUNK = 50_000
-# Runs per records query: about 130,000 rows at a time at 1,000,000 records over 126 runs.
-_RUN_BATCH = 16
-_BOOL_FIELDS = frozenset({"warmup", "sent", "cancelled", "unfinished"})
 
 
 def _experiment_inputs(experiment: Experiment) -> ExperimentInputs:
@@ -179,70 +175,6 @@ def _run_inputs(runs: list[Run]) -> list[StoredRun]:
         }
         for r in runs
     ]
-
-
-def _load_table(run_inputs: Sequence[StoredRun]) -> RecordTable:
-    """Every record of the given runs as columns.
-
-    A plain client-side cursor per batch of runs: a server-side cursor (what
-    QuerySet.iterator() uses on Postgres) costs a round trip per few hundred
-    rows, and model instances or dicts would cost far more than the tuples.
-    """
-    keys = [r["key"] for r in run_inputs]
-    pks = np.asarray([r["pk"] for r in run_inputs], dtype=np.int64)
-    pk_order = np.argsort(pks)
-    qn = connection.ops.quote_name
-    # vLLM's per-request timings, where the model has them (joined from its spans; ttft_parts.py).
-    columns = {f.name for f in RecordRow._meta.concrete_fields}
-    server_fields = tuple(f for f in SERVER_FIELDS if f in columns)
-    fields = ("run_id", "request_class", "error_kind", *SCALAR_FIELDS, *server_fields)
-    table = qn(RecordRow._meta.db_table)
-    parts: dict[str, list[np.ndarray]] = defaultdict(list)
-    class_code: dict[str, int] = {}
-    with connection.cursor() as cursor:
-        for lo in range(0, len(run_inputs), _RUN_BATCH):
-            batch = [int(p) for p in pks[lo : lo + _RUN_BATCH]]
-            marks = ", ".join(["%s"] * len(batch))
-            # Identifiers come from the model's metadata; the run ids are parameters.
-            sql = f"SELECT {', '.join(qn(f) for f in fields)} FROM {table} WHERE {qn('run_id')} IN ({marks})"  # noqa: S608
-            cursor.execute(sql, batch)
-            rows = cursor.fetchall()
-            if not rows:
-                continue
-            cols = list(zip(*rows, strict=True))
-            del rows
-            run_pk = np.asarray(cols[0], dtype=np.int64)
-            parts["run"].append(pk_order[np.searchsorted(pks, run_pk, sorter=pk_order)])
-            names, inverse = np.unique(np.asarray(cols[1], dtype=object), return_inverse=True)
-            codes = np.asarray(
-                [class_code.setdefault(str(n), len(class_code)) for n in names], dtype=np.int64
-            )
-            parts["cls"].append(codes[inverse.reshape(-1)])
-            kinds = np.asarray(cols[2], dtype=object)
-            ek = np.full(kinds.size, NO_ERROR, dtype=np.int16)
-            failed = np.flatnonzero(kinds != None)  # noqa: E711 - elementwise comparison
-            ek[failed] = [error_code(k) for k in kinds[failed]]
-            parts["error_kind"].append(ek)
-            for name, col in zip((*SCALAR_FIELDS, *server_fields), cols[3:], strict=True):
-                # None becomes NaN in a float array: "never observed" survives.
-                dtype = bool if name in _BOOL_FIELDS else np.float64
-                parts[name].append(np.asarray(col, dtype=dtype))
-
-    def cat(name: str, dtype: Any) -> np.ndarray:
-        return np.concatenate(parts[name]) if parts[name] else np.zeros(0, dtype=dtype)
-
-    loaded = {
-        name: cat(name, bool if name in _BOOL_FIELDS else np.float64)
-        for name in (*SCALAR_FIELDS, *server_fields)
-    }
-    return RecordTable.from_columns(
-        run_keys=keys,
-        run=cat("run", np.int64),
-        class_names=list(class_code),
-        request_class=cat("cls", np.int64),
-        columns=loaded,
-        error_kind=cat("error_kind", np.int16),
-    )
 
 
 def _stop_reasons(run_inputs: Sequence[StoredRun]) -> dict[str, dict[str, dict[str, int]]]:

@@ -21,6 +21,8 @@ from urllib.parse import urlencode
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
+from django.utils.decorators import method_decorator
+from django.views.decorators.gzip import gzip_page
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -214,6 +216,9 @@ class ExperimentCancel(ApiView):
         return Response(_summary(experiment))
 
 
+# Compressed (GZipMiddleware on this view only): a seed sweep's report is over a megabyte of JSON.
+# A token-authenticated GET that reflects nothing of the request and carries no CSRF token.
+@method_decorator(gzip_page, name="dispatch")
 class ExperimentReport(ApiView):
     @extend_schema(
         responses={200: OpenApiTypes.OBJECT, 409: OpenApiTypes.OBJECT},

@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.accounts.roles import APPROVER, has_role
@@ -518,6 +519,13 @@ def _revocation(experiment: Experiment) -> Any:
     return Revocation.objects.filter(approval__experiment=experiment).select_related("revoked_by").first()
 
 
+# Compressed (GZipMiddleware on this view only): the page carries every chart's plotly figure,
+# several hundred KiB of JSON that gzip shrinks about tenfold. BREACH needs a secret that stays
+# the same across responses and attacker-chosen text reflected beside it: the page's only secret
+# is the CSRF token, which Django masks afresh in every response, the middleware pads the gzip
+# header randomly, and the page reflects no request input (the ``mixture``/``rate`` choice is
+# matched against the report's own points, an unknown one falls back to the last).
+@gzip_page
 def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _experiment(request, pk)
     decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None

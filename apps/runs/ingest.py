@@ -1,8 +1,9 @@
 """Bulk writes of measurements while a run goes on.
 
-Postgres gets ``COPY`` (through psycopg 3) into a temporary table, then one
-``INSERT ... ON CONFLICT DO NOTHING``: COPY is the fast path for millions of
-rows, and the conflict clause on (run, index) makes a retried batch harmless.
+Postgres gets ``COPY`` (through psycopg 3) straight into the table inside a
+savepoint; a batch that breaks the unique (run, index) constraint (a retried
+batch) is rolled back and goes through a temporary table and one ``INSERT ...
+ON CONFLICT DO NOTHING`` instead, so a retried batch stays harmless.
 SQLite (the embedded default) gets ``bulk_create(ignore_conflicts=True)``,
 which is the same guarantee.
 """
@@ -13,7 +14,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from django.db import close_old_connections, connection, transaction
+from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from apps.experiments.models import Experiment
@@ -95,9 +96,38 @@ def records_ingest(*, run_pk: int, records: Sequence[Observed]) -> int:
     return RequestRecord.objects.filter(run_id=run_pk).count() - before
 
 
+def _copy_rows(copy: Any, columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
+    for row in rows:
+        copy.write_row(
+            [json.dumps(row[c]) if c in _JSON_COLUMNS and row[c] is not None else row[c] for c in columns]
+        )
+
+
 def _copy_ignore_conflicts(
-    table: str, columns: Sequence[str], rows: Iterable[dict[str, Any]], conflict: Sequence[str]
+    table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], conflict: Sequence[str]
 ) -> int:
+    """COPY the rows straight into the table inside a savepoint: a new batch (nearly every batch)
+    is written once. A batch holding a row already stored (a retry after a killed worker) breaks
+    the unique constraint on ``conflict``; the savepoint is rolled back, nothing of it kept, and
+    the batch goes through a temporary table and ``ON CONFLICT DO NOTHING`` instead."""
+    from psycopg.errors import UniqueViolation  # Postgres only: the raw cursor's own error
+
+    quoted = ", ".join(f'"{c}"' for c in columns)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            with cursor.cursor.copy(f"COPY {table} ({quoted}) FROM STDIN") as copy:  # names are ours
+                _copy_rows(copy, columns, rows)
+            return len(rows)
+    except (IntegrityError, UniqueViolation):
+        pass  # a row of this batch is stored already: the savepoint is gone, and with it the batch
+    return _copy_via_temp_table(table, columns, rows, conflict)
+
+
+def _copy_via_temp_table(
+    table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], conflict: Sequence[str]
+) -> int:
+    """COPY into a temporary table, then one INSERT ... ON CONFLICT DO NOTHING: the rows not yet
+    stored, each once."""
     quoted = ", ".join(f'"{c}"' for c in columns)
     with transaction.atomic(), connection.cursor() as cursor:
         # A column-only copy of the table: no identity, no constraints, dropped at commit.
@@ -108,13 +138,7 @@ def _copy_ignore_conflicts(
         cursor.execute(create)
         raw = cursor.cursor  # the psycopg 3 cursor under Django's wrapper
         with raw.copy(f"COPY tt_ingest ({quoted}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(
-                    [
-                        json.dumps(row[c]) if c in _JSON_COLUMNS and row[c] is not None else row[c]
-                        for c in columns
-                    ]
-                )
+            _copy_rows(copy, columns, rows)
         keys = ", ".join(f'"{c}"' for c in conflict)
         cursor.execute(
             f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM tt_ingest ON CONFLICT ({keys}) DO NOTHING"  # noqa: S608

@@ -44,6 +44,7 @@ cores (one process each); the defaults take 30-55 minutes on the 2-core VM
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -205,8 +206,9 @@ PROGRESS: list[Path] = []
 
 def run(jobs: list[tuple[str, Design, int]], processes: int) -> list[tuple[str, dict[str, Any]]]:
     out = []
-    with Pool(processes) as pool:
-        for i, item in enumerate(pool.imap_unordered(_one, jobs, chunksize=2), 1):
+    with Pool(processes) if processes > 1 else contextlib.nullcontext() as pool:
+        done = pool.imap_unordered(_one, jobs, chunksize=2) if pool is not None else map(_one, jobs)
+        for i, item in enumerate(done, 1):
             out.append(item)
             for path in PROGRESS:
                 with path.open("a") as f:
@@ -365,7 +367,7 @@ def _median_int(values: list[Any]) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--sets", type=int, default=400, help="sets per run-level A/A scenario")
     ap.add_argument("--extra-sets", type=int, default=400, help="sets per request-level A/A scenario")
@@ -383,7 +385,7 @@ def main() -> None:
         "--from-raw", type=Path, default=None, help="redraw the tables from a --raw file (or several joined)"
     )
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.progress:
         PROGRESS.append(args.progress)
     by: dict[str, list[dict[str, Any]]] = {}

@@ -123,20 +123,24 @@ def _median(values: list[float | None]) -> str:
     return f"{statistics.median(known):.0%}" if known else "—"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", type=int, default=400, help="unchanged-candidate sets per scenario")
     parser.add_argument("--power-sets", type=int, default=200, help="sets per slower-candidate scenario")
     parser.add_argument("--only", default="", help="comma list of scenario keys")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here")
-    opts = parser.parse_args()
+    parser.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
+    opts = parser.parse_args(argv)
     keys = [k for k in SCENARIOS if not opts.only or k in opts.only.split(",")]
     jobs = [
         (k, 10_000 + s) for k in keys for s in range(opts.sets if k.startswith("aa") else opts.power_sets)
     ]
     started = time.perf_counter()
-    with Pool(min(2, os.cpu_count() or 1)) as pool:
-        results = pool.map(one, jobs, chunksize=4)
+    if opts.processes > 1:
+        with Pool(opts.processes) as pool:
+            results = pool.map(one, jobs, chunksize=4)
+    else:
+        results = [one(job) for job in jobs]
     took = time.perf_counter() - started
     lines = [
         "| scenario | exit 1, bootstrap only | exit 1, the gate (bootstrap + repeats) | exit 2 "
@@ -160,7 +164,7 @@ def main() -> None:
     lines += ["", "Cases that failed (sets):", ""]
     for key, cases in failing.items():
         lines.append(f"- {SCENARIOS[key][0]}: " + ", ".join(f"{c} {k}" for c, k in sorted(cases.items())))
-    lines += ["", f"{len(jobs)} sets in {took:.0f} s on {min(2, os.cpu_count() or 1)} processes."]
+    lines += ["", f"{len(jobs)} sets in {took:.0f} s on {opts.processes} processes."]
     text = "\n".join(lines) + "\n"
     print(text)
     if opts.out:

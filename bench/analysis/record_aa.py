@@ -450,7 +450,7 @@ def same_report(a: Any, b: Any) -> list[str]:
     return diffs
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     global FRACTION
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=Path("/tmp/tailtune-aa"), help="a new TAILTUNE_DATA folder")
@@ -462,7 +462,15 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=0.8, help="the rate as a fraction of B0's capacity")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--resume", action="store_true", help="go on in --data from the first step not done")
-    args = ap.parse_args()
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="parse the arguments, say what would run and stop (the smoke test; needs no engine)",
+    )
+    args = ap.parse_args(argv)
+    if args.dry_run:  # needs the CPU engine: the suite checks only this far
+        print(f"dry run: {vars(args)}")
+        return
     FRACTION = args.fraction
     data = args.data.resolve()
     if (data / "tailtune.sqlite3").exists() and not args.resume:

@@ -1,7 +1,8 @@
 """Time experiment_report on a 126-run experiment holding 1,000,000 request records.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/tailtune_bench SECRET_KEY=bench \
-        .venv/bin/python bench/analysis/report_bench.py [--records 1000000] [--skip-naive]
+        .venv/bin/python bench/analysis/report_bench.py [--records 1000000] [--skip-naive] \
+        [--reuse] [--repeat 3] [--save-report FILE] [--profile FILE] [--smoke]
 
 Creates the seed sweep (examples/seed-sweep.yaml: 7 cells x 3 mixtures x 2
 rates x 3 repeats = 126 runs) in the database the environment selects, marks
@@ -21,9 +22,13 @@ the machine; the ratio is the number to compare.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import math
 import os
+import pstats
+import resource
+import statistics
 import sys
 import time
 import zlib
@@ -46,7 +51,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from apps.analysis import services  # noqa: E402
-from apps.analysis.report import build_report  # noqa: E402
+from apps.analysis.report_types import Report  # noqa: E402
 from apps.experiments.models import Experiment  # noqa: E402
 from apps.lifecycle.creation import experiment_create  # noqa: E402
 from apps.runs.models import MetricSample, Run  # noqa: E402
@@ -57,19 +62,46 @@ COLUMNS = (
     "run_id", "index", "request_class", "warmup", "priority", "input_tokens", "expected_output_tokens",
     "planned_ns", "sent", "sent_ns", "admission_delay_ns", "first_token_ns", "last_token_ns", "end_ns",
     "output_tokens", "prompt_tokens", "chunks", "max_gap_ns", "chunk_gaps", "token_gaps", "http_status",
-    "error_kind", "error", "finish_reason", "cancelled", "unfinished", "cut", "backend",
+    "error_kind", "error", "finish_reason", "cancelled", "unfinished",
 )  # fmt: skip
-# Columns whose Django default is not a database default: COPY must name them.
-FIXED = (False, "")
 
 
-def create_experiment() -> Experiment:
+def _later_columns() -> tuple[tuple[str, ...], tuple[object, ...]]:
+    """Every other record column with its model default, so a column added to RequestRecord
+    later (the rehearsal's ``cut`` and ``backend``, the server timings) never breaks the COPY:
+    the database has no defaults of its own for them (Django keeps defaults in Python)."""
+    names, values = [], []
+    for f in RecordRow._meta.concrete_fields:
+        if f.primary_key or f.column in COLUMNS:
+            continue
+        value = f.get_default()
+        names.append(f.column)
+        values.append(json.dumps(value) if isinstance(value, (dict, list)) else value)
+    return tuple(names), tuple(values)
+
+
+def sweep_spec(name: str, owner: str, *, smoke: bool = False) -> dict:
+    """examples/seed-sweep.yaml as this bench has always timed it: the sweep's 126 runs only (the
+    reference sweep's failure scenarios, uniform companions, calibration and rehearsal are other
+    work, and their runs are not loaded). ``smoke``: B0 and C1 on the 80-20 mixture, two repeats
+    (8 runs), for the suite's smoke run (tests/bench/test_bench_smoke.py)."""
+    spec = yaml.safe_load((ROOT / "examples" / "seed-sweep.yaml").read_text())
+    spec["name"] = name
+    spec["owner"] = owner
+    for part in ("scenarios", "calibration", "recovery"):
+        spec.pop(part, None)
+    spec["workload"]["uniform_companion"] = False
+    if smoke:
+        spec["candidates"] = spec["candidates"][:1]
+        spec["workload"]["mixtures"] = {"80-20": spec["workload"]["mixtures"]["80-20"]}
+        spec["workload"]["repeats"] = 2
+    return spec
+
+
+def create_experiment(*, smoke: bool = False) -> Experiment:
     Experiment.objects.filter(name__startswith="bench-analysis").delete()
     user, _ = get_user_model().objects.get_or_create(username="bench")
-    spec = yaml.safe_load((ROOT / "examples" / "seed-sweep.yaml").read_text())
-    spec["name"] = "bench-analysis"
-    spec["owner"] = "bench"
-    return experiment_create(spec=spec, owner=user)
+    return experiment_create(spec=sweep_spec("bench-analysis", "bench", smoke=smoke), owner=user)
 
 
 def run_rows(run: Run, n: int, cell_pos: int, weights: dict[str, float], seed: int) -> list[tuple]:
@@ -179,18 +211,14 @@ def run_rows(run: Run, n: int, cell_pos: int, weights: dict[str, float], seed: i
 
 
 def load(experiment: Experiment, total: int) -> None:
-    # The sweep's runs only: failure-scenario runs (examples/seed-sweep.yaml has them) are not
-    # simulated here, and are marked skipped so the analysis reads the sweep alone.
-    experiment.runs.exclude(kind=Run.Kind.SWEEP).update(
-        status=Run.Status.SKIPPED, reason="not simulated by the bench"
-    )
-    runs = list(experiment.runs.filter(kind=Run.Kind.SWEEP).select_related("cell").order_by("plan_position"))
+    runs = list(experiment.runs.select_related("cell").order_by("plan_position"))
     cells = [c.cell_id for c in experiment.cells.order_by("position")]
     mixtures = experiment.workload.mixtures
     # Every cell of a (mixture, rate, repeat) replays the same trace, so every
     # run gets the same count: ceil(total / runs), at least `total` in all.
     per_run = -(-total // len(runs))
-    quoted = ", ".join(f'"{c}"' for c in COLUMNS)
+    later, later_values = _later_columns()
+    quoted = ", ".join(f'"{c}"' for c in (*COLUMNS, *later))
     table = RecordRow._meta.db_table
     for i, run in enumerate(runs):
         run.status = Run.Status.DONE
@@ -202,7 +230,7 @@ def load(experiment: Experiment, total: int) -> None:
         n = per_run
         seed = zlib.crc32(f"{run.mixture}|{run.rate_name}|{run.repeat}".encode())
         rows = [
-            (*row, *FIXED)
+            (*row, *later_values)
             for row in run_rows(run, n, cells.index(run.cell.cell_id), mixtures[run.mixture], seed)
         ]
         with transaction.atomic(), connection.cursor() as cursor:
@@ -211,7 +239,7 @@ def load(experiment: Experiment, total: int) -> None:
                     for row in rows:
                         copy.write_row(row)
             else:
-                marks = ", ".join(["%s"] * len(COLUMNS))
+                marks = ", ".join(["%s"] * (len(COLUMNS) + len(later)))
                 cursor.executemany(f"INSERT INTO {table} ({quoted}) VALUES ({marks})", rows)  # noqa: S608
         samples = []
         for k in range(40):
@@ -287,19 +315,81 @@ def timed(label: str, fn, results: dict[str, float]):  # type: ignore[no-untyped
     return value
 
 
-def main() -> None:
+# The phases of experiment_report_build, timed inside the real call (services' own names).
+PHASES = {
+    "_load_table": "load record columns",
+    "_cohort_histograms": "merge gap histograms in SQL (both columns)",
+    "_samples": "metric samples",
+    "build_report": "build_report (pure)",
+}
+
+
+def build_by_phase(
+    experiment_id: int, *, profile: Path | None = None
+) -> tuple[Report, dict[str, float], float]:
+    """experiment_report_build once, with the seconds each of its phases took and the total."""
+    spent: dict[str, float] = defaultdict(float)
+    originals = {name: getattr(services, name) for name in PHASES}
+
+    def wrap(name: str, fn):  # type: ignore[no-untyped-def]
+        def timed_phase(*a, **kw):  # type: ignore[no-untyped-def]
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - t0
+                # This process's CPU seconds: what a loaded machine's wall clock hides (the
+                # database's own work is not in it).
+                spent[f"{name}:cpu"] += time.process_time() - c0
+
+        return timed_phase
+
+    for name, fn in originals.items():
+        setattr(services, name, wrap(name, fn))
+    profiler = cProfile.Profile() if profile else None
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        if profiler:
+            profiler.enable()
+        report = services.experiment_report_build(experiment_id=experiment_id)
+        if profiler:
+            profiler.disable()
+        total = time.perf_counter() - t0
+        spent["total:cpu"] = time.process_time() - c0
+    finally:
+        for name, fn in originals.items():
+            setattr(services, name, fn)
+    if profiler and profile:
+        profiler.dump_stats(str(profile))
+        pstats.Stats(str(profile)).sort_stats("cumulative").print_stats(30)
+    return report, dict(spent), total
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=1, help="report builds; the median is printed")
     parser.add_argument("--skip-naive", action="store_true")
     parser.add_argument("--reuse", action="store_true", help="time the existing bench experiment")
-    args = parser.parse_args()
-    call_command("migrate", verbosity=0)
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny run (2,520 records) that checks the bench works"
+    )
+    parser.add_argument("--no-migrate", action="store_true", help="the database is migrated already (tests)")
+    parser.add_argument(
+        "--save-report", type=Path, help="write the report as sorted JSON here (to diff two versions)"
+    )
+    parser.add_argument("--profile", type=Path, help="cProfile the first build into this file")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.records = 400
+    if not args.no_migrate:
+        call_command("migrate", verbosity=0)
     print(f"database: {connection.vendor}")
     results: dict[str, float] = {}
     if args.reuse:
         experiment = Experiment.objects.get(name="bench-analysis")
     else:
-        experiment = timed("create experiment", create_experiment, results)
+        experiment = timed("create experiment", lambda: create_experiment(smoke=args.smoke), results)
         timed("load records", lambda: load(experiment, args.records), results)
         # What autovacuum does after a bulk load; without statistics the planner
         # misjudges the histogram merge (a serial plan, several times slower).
@@ -309,46 +399,47 @@ def main() -> None:
     n = RecordRow.objects.filter(run__experiment=experiment).count()
     print(f"runs: {experiment.runs.count()}, records: {n}")
 
-    runs = list(experiment.runs.select_related("cell").order_by("plan_position", "id"))
-    run_inputs = services._run_inputs(runs)
-    table = timed("phase: load record columns", lambda: services._load_table(run_inputs), results)
-    tok = timed(
-        "phase: merge token_gaps in SQL",
-        lambda: services._cohort_histograms(run_inputs, "token_gaps"),
-        results,
+    builds = []
+    for i in range(max(1, args.repeat)):
+        builds.append(build_by_phase(experiment.pk, profile=args.profile if i == 0 else None))
+    totals = [b[2] for b in builds]
+    middle = builds[totals.index(statistics.median_low(totals))]
+    full, spent, total = middle
+    for name, label in PHASES.items():
+        results[f"phase: {label}"] = spent.get(name, 0.0)
+        results[f"phase cpu: {label}"] = spent.get(f"{name}:cpu", 0.0)
+        print(
+            f"phase: {label}: {spent.get(name, 0.0):.2f} s (this process's CPU: {spent.get(f'{name}:cpu', 0.0):.2f} s)"
+        )
+    results["experiment_report_build (total)"] = total
+    print(f"experiment_report_build, this process's CPU: {spent.get('total:cpu', 0.0):.2f} s")
+    print(
+        f"experiment_report_build (total): {total:.2f} s"
+        + (f" (median of {len(totals)}: {', '.join(f'{t:.2f}' for t in totals)})" if len(totals) > 1 else "")
     )
-    chk = timed(
-        "phase: merge chunk_gaps in SQL",
-        lambda: services._cohort_histograms(run_inputs, "chunk_gaps"),
-        results,
-    )
-    smp = timed("phase: metric samples", lambda: services._samples(run_inputs), results)
-    inputs = services._experiment_inputs(experiment)
-    plain_runs = [{k: v for k, v in r.items() if k != "pk"} for r in run_inputs]
-    report = timed(
-        "phase: build_report (pure)",
-        lambda: build_report(
-            **inputs, runs=plain_runs, table=table, samples=smp, token_hists=tok, chunk_hists=chk
-        ),
-        results,
-    )
-    full = timed(
-        "experiment_report_build (total)",
-        lambda: services.experiment_report_build(experiment_id=experiment.pk),
-        results,
-    )
-    assert full["decision"] == report["decision"]
+    decisions = {json.dumps(b[0]["decision"], sort_keys=True, default=str) for b in builds}
+    if len(decisions) != 1:
+        raise SystemExit("the report's decision differs between builds of the same data")
+    if args.save_report:
+        args.save_report.write_text(json.dumps(full, sort_keys=True, indent=1, default=str))
     print(
         f"decision: {full['decision']['outcome']} {full['decision']['chosen_cell']}; "
         f"comparisons: {len(full['comparisons'])}; report JSON: {len(json.dumps(full)) / 1e6:.1f} MB"
     )
     if not args.skip_naive:
+        c0 = time.process_time()
         timed("peer: naive per-record loop (per-run metrics only)", lambda: naive(experiment), results)
+        print(f"peer, this process's CPU: {time.process_time() - c0:.2f} s")
         ratio = (
             results["peer: naive per-record loop (per-run metrics only)"]
             / results["experiment_report_build (total)"]
         )
         print(f"ratio naive / experiment_report_build: {ratio:.1f}x")
+    # Peak resident memory of this process: with --reuse, the report builds' (and the peer's).
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results["peak RSS (MB)"] = peak_mb
+    print(f"peak RSS of this process: {peak_mb:.0f} MB")
+    return results
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ only when every step's pass or fail agrees; the script says whether they did.
 Run (a scratch database; it is migrated, and each mode's experiment is left in it):
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/tailtune_bench \\
     .venv/bin/python bench/calibration/probe_engine_time.py [--steps 3] [--out bench/results/probe_engine_time.md]
-``--smoke`` checks the script's set-up (the spec for each mode) without starting an engine.
+``--dry-run`` checks the script's set-up (the spec for each mode) without starting an engine.
 """
 
 from __future__ import annotations
@@ -102,17 +102,17 @@ def run_mode(name: str, *, steps: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--modes", default="off,on")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", default=str(REPO / "bench/results/probe_engine_time.md"))
-    parser.add_argument("--smoke", action="store_true", help="check the specs only; start no engine")
-    args = parser.parse_args()
-    if args.smoke:
+    parser.add_argument("--dry-run", action="store_true", help="check the specs only; start no engine")
+    args = parser.parse_args(argv)
+    if args.dry_run:
         for mode in args.modes.split(","):
             checked = validate_spec(probe_spec(reuse=mode == "on", steps=args.steps))
-            print(f"smoke: mode {mode}: calibration max_steps {checked['calibration']['max_steps']}, ok")
+            print(f"dry run: mode {mode}: calibration max_steps {checked['calibration']['max_steps']}, ok")
         return
     call_command("migrate", verbosity=0)
     # The tasks the services send (host wake-ups) stay here: this process is the host.

@@ -21,6 +21,7 @@ Run: .venv/bin/python bench/calibration/search_cost.py  (no engine; the database
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import random
@@ -81,9 +82,14 @@ def summarise(name: str, results: list[tuple[float, int, float | None]]) -> dict
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument(
+        "--capacities", type=int, default=2000, help="true capacities drawn (the smoke test: 20)"
+    )
+    args = parser.parse_args(argv)
     rng_caps = random.Random(7)
-    capacities = [math.exp(rng_caps.uniform(math.log(0.5), math.log(200))) for _ in range(2000)]
+    capacities = [math.exp(rng_caps.uniform(math.log(0.5), math.log(200))) for _ in range(args.capacities)]
     rows = []
     for noisy in (False, True):
         rng = random.Random(11) if noisy else None

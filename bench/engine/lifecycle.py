@@ -56,11 +56,19 @@ def complete(base_url: str, prompt_len: int, max_tokens: int, offset: int) -> in
     return int(response.json()["usage"]["completion_tokens"])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="parse the arguments, say what would run and stop (the smoke test; needs no engine)",
+    )
+    args = parser.parse_args(argv)
+    if args.dry_run:  # needs the CPU engine: the suite checks only this far
+        print(f"dry run: {vars(args)}")
+        return 0
     lines = [f"# engine lifecycle, {datetime.now(UTC).isoformat(timespec='seconds')}, {platform.node()}"]
 
     def note(text: str) -> None:

@@ -72,11 +72,19 @@ def window() -> list[dict]:
     return requests
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="parse the arguments, say what would run and stop (the smoke test; needs no engine)",
+    )
+    args = parser.parse_args(argv)
+    if args.dry_run:  # needs the CPU engine: the suite checks only this far
+        print(f"dry run: {vars(args)}")
+        return
     requests = window()
     server = EngineServer(
         model=str(MODEL),

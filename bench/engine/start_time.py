@@ -93,11 +93,19 @@ def one_start(arm: str, n: int) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="parse the arguments, say what would run and stop (the smoke test; needs no engine)",
+    )
+    args = parser.parse_args(argv)
+    if args.dry_run:  # needs the CPU engine: the suite checks only this far
+        print(f"dry run: {vars(args)}")
+        return
     rows = []
     n = 0
     for round_ in range(args.rounds):

@@ -379,11 +379,21 @@ def kills(tmp: Path) -> list[str]:
 SCENARIOS = {"viewers": viewers, "redis": redis, "postgres": postgres, "kills": kills}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario", choices=sorted(SCENARIOS))
     parser.add_argument("--out")
-    opts = parser.parse_args()
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="parse the arguments, say what would run and stop (the smoke test; needs no engine)",
+    )
+    opts = parser.parse_args(argv)
+    if (
+        opts.dry_run
+    ):  # needs the CPU engine and restarts of the shared Redis and Postgres: the suite checks only this far
+        print(f"dry run: {vars(opts)}")
+        return
     tmp = Path(tempfile.mkdtemp(prefix=f"tailtune-faults-{opts.scenario}-"))
     setup(tmp)
     started = time.perf_counter()

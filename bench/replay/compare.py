@@ -552,7 +552,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -566,7 +566,15 @@ def main() -> None:
         "--burst-size", type=int, default=0, help="plan bursts of this many requests (tailtune)"
     )
     parser.add_argument("--burst-every", type=float, default=0.5, help="seconds between bursts")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="parse the arguments, say what would run and stop (the smoke test; needs no engine)",
+    )
+    args = parser.parse_args(argv)
+    if args.dry_run:  # needs the peer clients' own virtualenvs: the suite checks only this far
+        print(f"dry run: {vars(args)}")
+        return
     BURST.update(size=args.burst_size, every_s=args.burst_every)
     # Raise this whole session's scheduling weight (autogroup) when allowed: the other
     # users of the machine then disturb the benchmark less, equally for every client.

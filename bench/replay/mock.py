@@ -23,7 +23,7 @@ import uvloop
 from tests.replay.mockserver import Behaviour, MockConfig, bind_socket, serve_forever
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="0")
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--itl", type=float, default=0.01)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--model", default="mock")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = MockConfig(
         model=args.model,
         default=Behaviour(ttft_s=args.ttft, itl_s=args.itl, tokens_per_chunk=args.tokens_per_chunk),

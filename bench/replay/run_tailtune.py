@@ -49,7 +49,7 @@ def constant_rate_requests(
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", default="mock")
@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--burst-size", type=int, default=0, help="requests planned at each burst's instant")
     parser.add_argument("--burst-every", type=float, default=0.5, help="seconds between bursts")
     parser.add_argument("--out-dir", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     requests = constant_rate_requests(
         rate=args.rate,
         duration_s=args.duration,

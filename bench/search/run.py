@@ -263,7 +263,7 @@ def within(true: float, best: float) -> bool:
     return true >= best - 0.05 * abs(best)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--out", default="")
@@ -272,7 +272,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="sloped or flat")
     ap.add_argument("--confirm", type=int, default=CONFIRM)
     ap.add_argument("--run-sigma", type=float, default=RUN_SIGMA)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     globals().update(CONFIRM=args.confirm, RUN_SIGMA=args.run_sigma)
     BUDGET.update(max_trials=args.max_trials, patience=args.patience)
     started = time.time()

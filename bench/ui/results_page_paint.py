@@ -107,12 +107,16 @@ def measure(browser: Any, base: str, url: str, cookie: dict[str, Any], *, open_a
         ctx.close()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--reuse", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--dry-run", action="store_true", help="parse the arguments only (no browser)")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        print(f"dry run: {args.records} records, {args.repeat} loads, chromium {CHROMIUM}")
+        return
     call_command("migrate", verbosity=0)
     experiment = Experiment.objects.filter(name=results_page_bench.NAME).first() if args.reuse else None
     if experiment is None:

@@ -175,3 +175,28 @@ def test_check_4_is_recomputed_once_the_manifest_exists(
     # The stored report, the evidence behind the approval, is unchanged.
     analysed_experiment.decision.refresh_from_db()
     assert analysed_experiment.decision.report["checks"]["recovery"]["manifest"] is False
+
+
+@pytest.mark.django_db
+def test_the_results_page_and_the_api_report_go_out_compressed(client, viewer, analysed_experiment) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    client.force_login(viewer)
+    plain = client.get(f"/experiments/{analysed_experiment.pk}/results/")
+    packed = client.get(f"/experiments/{analysed_experiment.pk}/results/", HTTP_ACCEPT_ENCODING="gzip")
+    assert "Content-Encoding" not in plain and packed["Content-Encoding"] == "gzip"
+    assert len(packed.content) < len(plain.content) / 3
+    assert b"Log out" in gzip.decompress(packed.content)
+    from tests.api.test_api import client_for
+
+    report = client_for(viewer).get(
+        f"/api/v1/experiments/{analysed_experiment.pk}/report", HTTP_ACCEPT_ENCODING="gzip"
+    )
+    assert report.status_code == 200 and report["Content-Encoding"] == "gzip"
+    assert (
+        json.loads(gzip.decompress(report.content))["decision"]["outcome"]
+        == analysed_experiment.decision.outcome
+    )
+    # Every other page stays as it was.
+    detail = client.get(f"/experiments/{analysed_experiment.pk}/", HTTP_ACCEPT_ENCODING="gzip")
+    assert "Content-Encoding" not in detail
