@@ -404,8 +404,14 @@ def _quality_probes(runs: Sequence[Run]) -> list[QualityProbeInput]:
     ]
 
 
-def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> Report:
-    """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
+def experiment_report_build(
+    *, experiment_id: int, options: dict[str, Any] | None = None, search: dict[str, Any] | None = None
+) -> Report:
+    """The full report of an experiment (see apps/analysis/report.py), computed from its rows now.
+
+    ``search``: a search experiment's trials as apps/search/selectors.search_report gives them
+    (the layer above reads them; callers in apps/lifecycle and the experiment_report command
+    pass it), carried as the report's ``search``."""
     rows = report_rows(experiment_id=experiment_id)
     experiment = rows.experiment
     done = rows.done
@@ -431,6 +437,8 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
     )
     # What the experiment's servers cost, by part, and what reuse and early stopping saved.
     report["engine_time"] = engine_time_summary(experiment=experiment)
+    if search is not None:
+        report["search"] = search
     return report
 
 
@@ -478,7 +486,7 @@ class DecisionFrozen(ValueError):
 
 
 @transaction.atomic
-def experiment_analyse(*, experiment_id: int) -> Decision:
+def experiment_analyse(*, experiment_id: int, search: dict[str, Any] | None = None) -> Decision:
     """Build the report and store its decision (one row per experiment, replaced on re-analysis).
 
     Refused (DecisionFrozen) once the experiment is approved or rejected: the decision an
@@ -496,7 +504,7 @@ def experiment_analyse(*, experiment_id: int) -> Decision:
             f"experiment {experiment_id} is {status}: its decision is the evidence behind that verdict "
             "and is never recomputed (experiment_report without --save still reports)"
         )
-    report = experiment_report_build(experiment_id=experiment_id)
+    report = experiment_report_build(experiment_id=experiment_id, search=search)
     decision = report["decision"]
     row, _ = Decision.objects.update_or_create(
         experiment_id=experiment_id,
