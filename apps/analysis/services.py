@@ -470,6 +470,24 @@ def runs_over_limit(*, experiment: Experiment, runs: list[Run]) -> dict[str, dic
     )
 
 
+def screening_measures(*, experiment: Experiment, run: Run) -> dict[str, Any]:
+    """A search's screening run as the search scores it (apps/analysis/screening.py): each
+    class's p99s and the run's throughput, from its records by the report's path, with the
+    experiment's classes (contracts and primary metrics) they are scored against."""
+    from apps.analysis.screening import run_screening_measures
+
+    run_inputs = _run_inputs([run])
+    workload = getattr(experiment, "workload", None)
+    classes = _class_inputs(experiment)
+    measures = run_screening_measures(
+        runs=run_inputs,
+        classes=classes,
+        table=_load_table(run_inputs),
+        natural=bool(workload and workload.output_mode == "natural"),
+    )[str(run.run_id)]
+    return {**measures, "classes": classes}
+
+
 def _scenario_verdicts(experiment_id: int) -> dict[str, Any]:
     """What each failure-scenario run had to show and hold (apps/runs/scenario_reports.py), by run key."""
     from apps.runs.scenario_reports import scenario_reports
