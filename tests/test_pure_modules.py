@@ -77,6 +77,7 @@ PURE = [
     "apps.search.objective",
     "apps.search.study",
     "apps.search.steps",
+    "apps.analysis.screening",
     "apps.runs.record_names",
     "workers.engine.model_paths",
     "workers.engine.tokenizer_pin",

@@ -589,5 +589,8 @@ class Report(TypedDict):
     # Added by the service that stores the report (apps/analysis/services.experiment_report_build):
     # what the servers cost, by part (apps/runs/engine_time.py); None before any run.
     engine_time: NotRequired[JSONObject | None]
+    # A search experiment's screened trials, Pareto front, importances and engine-hours
+    # (apps/search/selectors.search_report), passed in by the service's caller; absent for a grid.
+    search: NotRequired[JSONObject]
     # Only when the decision is isolate: each class's pool, its capacity and replicas (pool_sizing.py).
     pools: NotRequired[PoolSizing]

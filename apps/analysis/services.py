@@ -336,8 +336,14 @@ def _quality_probes(runs: Sequence[Run]) -> list[QualityProbeInput]:
     ]
 
 
-def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | None = None) -> Report:
-    """The full report of an experiment (see apps/analysis/report.py), computed from its rows now."""
+def experiment_report_build(
+    *, experiment_id: int, options: dict[str, Any] | None = None, search: dict[str, Any] | None = None
+) -> Report:
+    """The full report of an experiment (see apps/analysis/report.py), computed from its rows now.
+
+    ``search``: a search experiment's trials as apps/search/selectors.search_report gives them
+    (the layer above reads them; callers in apps/lifecycle and the experiment_report command
+    pass it), carried as the report's ``search``."""
     rows = report_rows(experiment_id=experiment_id)
     experiment = rows.experiment
     done = rows.done
@@ -363,6 +369,8 @@ def experiment_report_build(*, experiment_id: int, options: dict[str, Any] | Non
     )
     # What the experiment's servers cost, by part, and what reuse and early stopping saved.
     report["engine_time"] = engine_time_summary(experiment=experiment)
+    if search is not None:
+        report["search"] = search
     return report
 
 
@@ -394,6 +402,24 @@ def runs_over_limit(*, experiment: Experiment, runs: list[Run]) -> dict[str, dic
     )
 
 
+def screening_measures(*, experiment: Experiment, run: Run) -> dict[str, Any]:
+    """A search's screening run as the search scores it (apps/analysis/screening.py): each
+    class's p99s and the run's throughput, from its records by the report's path, with the
+    experiment's classes (contracts and primary metrics) they are scored against."""
+    from apps.analysis.screening import run_screening_measures
+
+    run_inputs = _run_inputs([run])
+    workload = getattr(experiment, "workload", None)
+    classes = _class_inputs(experiment)
+    measures = run_screening_measures(
+        runs=run_inputs,
+        classes=classes,
+        table=_load_table(run_inputs),
+        natural=bool(workload and workload.output_mode == "natural"),
+    )[str(run.run_id)]
+    return {**measures, "classes": classes}
+
+
 def _scenario_verdicts(experiment_id: int) -> dict[str, Any]:
     """What each failure-scenario run had to show and hold (apps/runs/scenario_reports.py), by run key."""
     from apps.runs.scenario_reports import scenario_reports
@@ -410,7 +436,7 @@ class DecisionFrozen(ValueError):
 
 
 @transaction.atomic
-def experiment_analyse(*, experiment_id: int) -> Decision:
+def experiment_analyse(*, experiment_id: int, search: dict[str, Any] | None = None) -> Decision:
     """Build the report and store its decision (one row per experiment, replaced on re-analysis).
 
     Refused (DecisionFrozen) once the experiment is approved or rejected: the decision an
@@ -428,7 +454,7 @@ def experiment_analyse(*, experiment_id: int) -> Decision:
             f"experiment {experiment_id} is {status}: its decision is the evidence behind that verdict "
             "and is never recomputed (experiment_report without --save still reports)"
         )
-    report = experiment_report_build(experiment_id=experiment_id)
+    report = experiment_report_build(experiment_id=experiment_id, search=search)
     decision = report["decision"]
     row, _ = Decision.objects.update_or_create(
         experiment_id=experiment_id,

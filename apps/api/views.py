@@ -222,7 +222,7 @@ class ExperimentCancel(ApiView):
 class ExperimentReport(ApiView):
     @extend_schema(
         responses={200: OpenApiTypes.OBJECT, 409: OpenApiTypes.OBJECT},
-        summary="The report: the same JSON as `experiment_report --format json`",
+        summary="The report: the same JSON as `experiment_report --format json` (a search carries its trials)",
     )
     def get(self, request: Request, pk: int) -> Response:
         experiment = self.experiment(pk)

@@ -41,6 +41,8 @@ from apps.runs.engine_time import engine_time_summary
 from apps.runs.models import Run
 from apps.runs.scheduling import hosts_by_qualification
 from apps.runs.selectors import offered_load
+from apps.search.charts import trials_figure
+from apps.search.selectors import search_report
 from apps.workloads.importers import parse_class_thresholds
 from config.bodylimits import upload_limits
 from config.params import BadValue
@@ -297,7 +299,13 @@ def _live_context(request: HttpRequest, experiment: Experiment) -> dict[str, Any
         request.GET.get("page")
     )
     query = {**filters, **({"page": str(page.number)} if page.number > 1 else {})}
+    # A search experiment's trials (#36), refreshed with the rest while it runs.
+    search = search_report(experiment_id=experiment.pk, spec=experiment.spec or {})
     return {
+        "search": search,
+        "search_figure": trials_figure(search, lambda run_id: reverse("runs:detail", args=[run_id]))
+        if search
+        else None,
         "experiment": experiment,
         "progress": progress,
         "eta": selectors.human_duration(progress.eta_s),

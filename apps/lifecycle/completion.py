@@ -17,6 +17,7 @@ from apps.lifecycle.rehearsal_schedule import rehearsal_due
 from apps.lifecycle.transition import experiment_transition
 from apps.runs import dispatch
 from apps.runs.models import Run
+from apps.search.selectors import search_report
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,10 @@ def experiment_analysis(*, experiment_id: int) -> str:
         return "skipped (runs still to finish)"
     Experiment.objects.filter(pk=experiment_id).update(updated_at=timezone.now())  # the reconciler waits
     try:
-        decision = experiment_analyse(experiment_id=experiment_id)
+        decision = experiment_analyse(
+            experiment_id=experiment_id,
+            search=search_report(experiment_id=experiment_id, spec=experiment.spec or {}),
+        )
     except Exception as exc:
         log.exception("analysis of experiment %s failed", experiment_id)
         audit_record(

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.analysis.services import experiment_analyse, experiment_report_build
 from apps.experiments.models import Experiment
+from apps.search.selectors import search_report
 
 
 class Command(BaseCommand):
@@ -41,11 +42,13 @@ class Command(BaseCommand):
                 raise CommandError(f"--options is not valid JSON: {exc.msg}") from None
             if opts["save"]:
                 raise CommandError("--save stores the decision under the spec's options; drop --options")
+        spec = Experiment.objects.values_list("spec", flat=True).get(pk=exp_id) or {}
+        search = search_report(experiment_id=exp_id, spec=spec)  # a search experiment's trials
         try:
             if opts["save"]:
-                report = experiment_analyse(experiment_id=exp_id).report
+                report = experiment_analyse(experiment_id=exp_id, search=search).report
             else:
-                report = experiment_report_build(experiment_id=exp_id, options=options)
+                report = experiment_report_build(experiment_id=exp_id, options=options, search=search)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         if opts["format"] == "json":
@@ -53,6 +56,12 @@ class Command(BaseCommand):
             return
         d = report["decision"]
         self.stdout.write(f"decision: {d['outcome']} {d['chosen_cell']}\nrule: {d['rule']}")
+        if report.get("search"):
+            sr = report["search"]
+            self.stdout.write(
+                f"search: {len(sr['trials'])} trials, {sr['engine_hours']} engine-hours "
+                f"(grid of the space: about {sr['grid_engine_hours']}); confirmed {sr['confirmed']}"
+            )
         for line in pool_lines(report.get("pools")):
             self.stdout.write(line)
         for name, check in report["checks"].items():
