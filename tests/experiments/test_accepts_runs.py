@@ -44,7 +44,10 @@ WRITERS: dict[tuple[str, str], str] = {
     ("apps/lifecycle/runs.py", "run_retry_build"): "run_requeue_once",
     ("apps/runs/ingest.py", "records_ingest"): "records_ingest",
     ("apps/runs/ingest.py", "_copy_ignore_conflicts"): "records_ingest",
+    # A batch the savepointed COPY refused (a row stored already): called only from the above.
+    ("apps/runs/ingest.py", "_copy_via_temp_table"): "records_ingest",
     ("apps/runs/ingest.py", "metric_samples_ingest"): "metric_samples_ingest",
+    ("apps/runs/ingest.py", "records_server_timings_ingest"): "records_server_timings_ingest",
     ("apps/analysis/management/commands/results_import.py", "Command._records"): "results_import",
     ("apps/analysis/management/commands/results_import.py", "Command._flush"): "results_import",
     ("apps/analysis/management/commands/results_import.py", "Command._samples"): "results_import",
@@ -65,6 +68,12 @@ def _model_aliases(tree: ast.Module) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.module == "apps.runs.models":
             names |= {a.asname or a.name for a in node.names if a.name in GUARDED_MODELS}
     return names
+
+
+def _literal_text(node: ast.JoinedStr) -> str:
+    """An f-string's literal parts joined, each value as a placeholder: ``f"COPY {t} (..) FROM
+    STDIN"`` reads as one statement, which its parts alone do not."""
+    return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
 
 
 def _writes(tree: ast.Module) -> set[str]:
@@ -95,7 +104,7 @@ def _writes(tree: ast.Module) -> set[str]:
                 isinstance(child, ast.Constant)
                 and isinstance(child.value, str)
                 and RAW_WRITE.search(child.value)
-            ):
+            ) or (isinstance(child, ast.JoinedStr) and RAW_WRITE.search(_literal_text(child))):
                 found.add(where)  # raw SQL: COPY ... FROM STDIN, INSERT INTO
             visit(child, scope)
 
@@ -211,6 +220,16 @@ def _records_ingest(e: Experiment, kind: str) -> None:
     records_ingest(run_pk=run.pk, records=[observed(str(run.run_id), i) for i in range(3)])
 
 
+def _records_server_timings_ingest(e: Experiment, kind: str) -> None:
+    from apps.runs.ingest import records_server_timings_ingest
+    from tests.runs.test_ingest import _with_timings
+
+    run = _rehearsal_run(e) if kind == "rehearsal" else _sweep_run(e)
+    records_server_timings_ingest(
+        run_pk=run.pk, records=[_with_timings(observed(str(run.run_id), i), i) for i in range(3)]
+    )
+
+
 def _metric_samples_ingest(e: Experiment, kind: str) -> None:
     from apps.runs.ingest import metric_samples_ingest
 
@@ -250,6 +269,7 @@ ENTRIES: dict[str, Callable[..., None]] = {
     "rehearsal_create": _rehearsal_create,
     "records_ingest": _records_ingest,
     "metric_samples_ingest": _metric_samples_ingest,
+    "records_server_timings_ingest": _records_server_timings_ingest,
     "results_import": _results_import,
 }
 
