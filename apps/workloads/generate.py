@@ -84,10 +84,13 @@ def _requests(
     inputs: Sequence[int],
     outputs: Sequence[int],
     priorities: Sequence[int],
-    prompts: Sequence[list[int]],
+    prompts: Sequence[list[int]] | None,
     warmup_s: float,
     hash_ids: Sequence[list[int]] | None = None,
+    texts: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[TraceRequest]:
+    """The trace's requests: token-id ``prompts``, or ``texts`` (each request's ``prompt`` or
+    ``messages``, a corpus's entries)."""
     out = []
     for i, t in enumerate(times):
         # Warm-up is decided on the rounded time, the one that is written.
@@ -101,8 +104,9 @@ def _requests(
                 output_tokens=int(outputs[i]),
                 priority=int(priorities[i]),
                 warmup=offset < warmup_s,
-                prompt_token_ids=prompts[i],
+                prompt_token_ids=prompts[i] if prompts is not None else None,
                 hash_ids=list(hash_ids[i]) if hash_ids is not None and hash_ids[i] else None,
+                **(texts[i] if texts is not None else {}),
             )
         )
     return out
@@ -212,29 +216,14 @@ def generate_trace(
             prompt_source="corpus",
             chat_template_sha256=corpus.template_sha256,
         )
-        requests = []
-        for i, t in enumerate(times):
-            offset = round(float(t), T_DECIMALS)
-            requests.append(
-                TraceRequest(
-                    index=i,
-                    t_offset_s=offset,
-                    klass=labels[i],
-                    input_tokens=drawn[i].input_tokens,
-                    output_tokens=int(rows[i]["output_tokens"]),
-                    priority=int(rows[i]["priority"]),
-                    warmup=offset < warmup_s,
-                    **prompt_fields(drawn[i]),
-                )
-            )
-        return Trace(meta=meta, requests=requests)
     requests = _requests(
         times,
         labels=labels,
-        inputs=[r["input_tokens"] for r in rows],
+        inputs=[d.input_tokens for d in drawn] if drawn is not None else [r["input_tokens"] for r in rows],
         outputs=[r["output_tokens"] for r in rows],
         priorities=[r["priority"] for r in rows],
-        prompts=prompts,
+        prompts=None if drawn is not None else prompts,
+        texts=[prompt_fields(d) for d in drawn] if drawn is not None else None,
         warmup_s=float(warmup_s),
     )
     return Trace(meta=meta, requests=requests)
