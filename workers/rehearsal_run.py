@@ -265,12 +265,18 @@ def _replay(
         scraper.start_during()
     switch.start(origin_ns)
     watcher.origin = time.monotonic() + ORIGIN_LEAD_S
+    result: ReplayResult | None = None
     try:
         result = run_replay(
             requests, config, on_batch=records_writer(run_pk=run.pk), stop=stop, origin_ns=origin_ns
         )
     finally:
-        switch.finish()
+        seen = (
+            result is not None
+            and result.rehearsal is not None
+            and result.rehearsal["b0_ready_at_s"] is not None
+        )
+        switch.finish(b0_seen_ready=seen)
         for who, scraper in (("", cand_scraper), ("b0", b0_scraper)):
             scraper.stop_during()
             with contextlib.suppress(Exception):
@@ -287,7 +293,7 @@ def _replay(
         "summary": summary,
         "log_tail": read_tail(candidate.log_path) + "\n--- B0 ---\n" + read_tail(b0.log_path),
     }
-    return _judge(candidate, b0, result, switch.errors, watcher, fields)
+    return _judge(candidate, b0, result, switch.errors, watcher, fields, b0_stopped_by_us=switch.stopped_b0)
 
 
 def _judge(
@@ -297,6 +303,8 @@ def _judge(
     side_errors: list[str],
     watcher: RunWatcher,
     fields: dict[str, Any],
+    *,
+    b0_stopped_by_us: bool = False,
 ) -> Outcome:
     """How the rehearsal ends: a failed switch command fails it first, then a cancel, a server
     that died, anything else that went wrong at the switch, a load generator that fell behind."""
@@ -305,6 +313,8 @@ def _judge(
     if watcher.cancelled or result.stopped:
         return Run.Status.CANCELLED, "cancelled mid-run; partial records kept", fields
     for who, server in (("candidate", candidate), ("B0", b0)):
+        if server is b0 and b0_stopped_by_us:
+            continue  # the switch stopped a cold B0 still starting: its own error below says so
         death = server.failure() if server.proc is not None else None
         if death is not None:
             return Run.Status.FAILED, f"{who}: {death}", fields

@@ -132,6 +132,7 @@ class Switchover:
         self.errors: list[str] = []
         self.done = threading.Event()  # the replay ended
         self.b0_up = threading.Event()  # a cold B0 answered its health check
+        self.stopped_b0 = False  # finish() stopped a cold B0 that had not come up
         self._thread = threading.Thread(target=self._at_switch, name=f"run-{run_pk}-switch", daemon=True)
         self._run_pk = run_pk
 
@@ -139,14 +140,21 @@ class Switchover:
         self.origin_ns = origin_ns
         self._thread.start()
 
-    def finish(self) -> None:
-        """After the replay: a cold B0 still starting is stopped (its start() fails and says so);
-        a B0 that is up is never stopped here, as the switch thread may still be confirming its
-        args (slow on a loaded host), and stopping it then read as "B0 exited during the run"."""
+    def finish(self, *, b0_seen_ready: bool = False) -> None:
+        """After the replay: a cold B0 still starting is stopped (its start() fails and says so,
+        and ``stopped_b0`` keeps its exit from reading as a death during the run).
+
+        A B0 that is up is never stopped here, as the switch thread may still be confirming its
+        args (slow on a loaded host). "Up" is what the replay's own client saw
+        (``b0_seen_ready``) or a health check now: the client's poll can see B0 healthy before
+        start()'s own, and a busy host can keep start() in its sleep while the replay ends."""
         self.done.set()
         if self._thread.is_alive() and self.cold and not self.b0_up.is_set():
-            self.b0.stop()
-        self._thread.join()  # bounded: a switch command times out, a stopped B0 ends start()
+            if not (b0_seen_ready or self.b0.answers_health()):
+                self.stopped_b0 = True
+                self.b0.stop()
+        self._thread.join()  # bounded: a switch command times out, a healthy B0 ends start() at
+        # its next poll, a stopped B0 ends it at once
 
     def _switch_command(self) -> None:
         try:

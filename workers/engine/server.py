@@ -302,6 +302,10 @@ class EngineServer:
                 self._raise_failed(f"vLLM was not healthy within {self.health_deadline_s:g} s")
             time.sleep(0.5)
 
+    def answers_health(self) -> bool:
+        """True when the server's /health answers 200 now (False before start or on any error)."""
+        return self.proc is not None and self._healthy()
+
     def _healthy(self) -> bool:
         try:
             return self._client.get(self.base_url + "/health", timeout=2.0).status_code == 200
