@@ -309,15 +309,42 @@ def priority_order(
     }
 
 
+def on_server_clock(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """The records as the server saw them: each one's plan and send replaced by the server's arrival,
+    and its first token by the server's (``server_arrival_ns``, ``server_first_token_ns``: vLLM's
+    span of it, its clock moved onto the replay's). A wait then counts from when the server had
+    the request: it can only order what it received, and a load generator that sent late is not
+    the server's doing. None unless every record with a first token has both: an order is read
+    from one clock or the other, never from a mix."""
+    moved = []
+    for r in records:
+        first, arrival = r.get("server_first_token_ns"), r.get("server_arrival_ns")
+        if r.get("first_token_ns") is not None and (first is None or arrival is None):
+            return None
+        if arrival is None:  # never reached the server (unsent, refused before it): as planned
+            moved.append({**r, "first_token_ns": None})
+        else:
+            moved.append({**r, "planned_ns": arrival, "sent_ns": arrival, "first_token_ns": first})
+    return moved
+
+
 def _priority_flood(
     meta: Mapping[str, Any],
     roles: Mapping[str, list[Mapping[str, Any]]],
     deadline: float,
     _: Mapping[str, Any],
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    backlog = roles.get("backlog", [])
-    flood = roles.get("flood", [])
+    backlog: Sequence[Mapping[str, Any]] = roles.get("backlog", [])
+    flood: Sequence[Mapping[str, Any]] = roles.get("flood", [])
+    # The order is read on the server's clock where its spans were joined to every served request:
+    # a load generator that stalls reads a backlog of first tokens in one pass, and its stamps then
+    # carry no order, while the server's still do. Else on the client's, with the stall rule below.
+    server_backlog, server_flood = on_server_clock(backlog), on_server_clock(flood)
+    clock = "client"
+    if server_backlog is not None and server_flood is not None and (server_backlog or server_flood):
+        backlog, flood, clock = server_backlog, server_flood, "server"
     order = priority_order(backlog, flood)
+    order["clock"] = clock
     high = ttft_percentile(flood, 0.5, deadline)
     low = ttft_percentile(backlog, 0.5, deadline)
     oldest = oldest_wait_ms(backlog, deadline)
@@ -376,7 +403,7 @@ def _priority_flood(
             signal["diagnosis"] = "inconclusive: no flood request arrived while the backlog was still waiting"
     stall = meta.get("loop_stall_max_ms")
     evidence["load_generator_stall_max_ms"] = stall
-    if not signal["shown"] and stall is not None and stall > OVERTAKE_MARGIN_MS:
+    if not signal["shown"] and clock == "client" and stall is not None and stall > OVERTAKE_MARGIN_MS:
         signal["inconclusive"] = True
         signal["diagnosis"] = (
             f"inconclusive: the load generator stalled for {stall:.0f} ms during the run, more than the "

@@ -234,6 +234,10 @@ class RequestRecord(models.Model):
     server_decode_ns = models.BigIntegerField(null=True)
     server_ttft_ns = models.BigIntegerField(null=True)
     server_e2e_ns = models.BigIntegerField(null=True)
+    # Times, not durations: the server's arrival and first token of the request, its clock moved
+    # onto the replay's (ns from the origin, like sent_ns); a priority order is read from them.
+    server_arrival_ns = models.BigIntegerField(null=True)
+    server_first_token_ns = models.BigIntegerField(null=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "index"], name="uniq_record_per_run_index")]

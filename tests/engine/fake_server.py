@@ -95,6 +95,7 @@ def main() -> int:
             tokens = int(body.get("max_tokens") or 8)
             prompt = body.get("prompt") or []
             arrived = time.monotonic()
+            arrived_wall_ns = time.time_ns()  # vLLM starts the request's span at its arrival
             first = None
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -123,6 +124,7 @@ def main() -> int:
                     {"queue": 0.0005, "ttft": (first or ended) - arrived, "e2e": ended - arrived},
                     len(prompt),
                     tokens,
+                    start_unix_ns=arrived_wall_ns,
                 )
 
         def log_message(self, *args: object) -> None:
@@ -134,7 +136,9 @@ def main() -> int:
     return 0
 
 
-def export_span(endpoint: str, request_id: str, times: dict[str, float], prompt: int, tokens: int) -> None:
+def export_span(
+    endpoint: str, request_id: str, times: dict[str, float], prompt: int, tokens: int, *, start_unix_ns: int
+) -> None:
     """POST one llm_request span to ``endpoint`` as vLLM's OTLP/HTTP exporter would."""
     import urllib.request
 
@@ -152,6 +156,7 @@ def export_span(endpoint: str, request_id: str, times: dict[str, float], prompt:
     body = ExportTraceServiceRequest()
     span = body.resource_spans.add().scope_spans.add().spans.add()
     span.name = "llm_request"
+    span.start_time_unix_nano = start_unix_ns
     span.attributes.extend(
         [
             attr("gen_ai.request.id", request_id),

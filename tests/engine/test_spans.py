@@ -27,7 +27,7 @@ from workers.engine.spans import (
     replay_key,
     spans_summary,
 )
-from workers.replay.records import SERVER_TIMING_FIELDS, RequestRecord
+from workers.replay.records import SERVER_DURATION_FIELDS, SERVER_TIMING_FIELDS, RequestRecord
 from workers.replay.request import server_request_id, server_run_key
 
 RUN = "6f1c2d3e-0000-4000-8000-00000000abcd"
@@ -209,7 +209,7 @@ def test_it_reads_each_timing_as_the_span_gives_it() -> None:
         "server_ttft_ns": 752_000_000,
         "server_e2e_ns": 1_753_000_000,
     }
-    assert tuple(span.timings()) == SERVER_TIMING_FIELDS
+    assert tuple(span.timings()) == SERVER_DURATION_FIELDS
     with pytest.raises(ValueError, match="not an OTLP ExportTraceServiceRequest"):
         decode_export(b"\x0a\xff")
 
@@ -264,6 +264,34 @@ def test_the_join_writes_each_span_onto_its_record_and_counts_the_share() -> Non
     summary = spans_summary(join)
     assert summary["used"] is True and summary["share"] == pytest.approx(0.95)
     assert summary["min_share"] == MIN_SHARE == 0.95 and summary["source"] == "otlp"
+
+
+def test_the_join_moves_the_servers_arrivals_and_first_tokens_onto_the_replays_clock() -> None:
+    # The server's wall clock is far from the replay's origin; requests sent 0, 5 and 10 ms after
+    # it reached the server 0.2, 0.1 and 9.0 ms after their send (the last behind a stalled loop).
+    wall = 1_700_000_000_000_000_000
+    spans = {
+        i: ServerSpan(request_id=completion_id(RUN, i), ttft_s=ttft, arrival_unix_ns=wall + arrival)
+        for i, (arrival, ttft) in enumerate([(200_000, 0.030), (5_100_000, 0.040), (19_000_000, None)])
+    }
+    records = [record(0), record(1), record(2)]
+    for r, sent in zip(records, (0, 5_000_000, 10_000_000), strict=True):
+        r.sent_ns = sent
+    join_spans(records, spans)
+    # The quickest (request 1: 0.1 ms) sets the move; every arrival is then at or after its send.
+    assert [r.server_arrival_ns for r in records] == [100_000, 5_000_000, 18_900_000]
+    assert records[0].server_first_token_ns == 100_000 + 30_000_000
+    assert records[1].server_first_token_ns == 5_000_000 + 40_000_000
+    assert records[2].server_first_token_ns is None  # no TTFT in its span
+    unsent = record(3)
+    unsent.sent, unsent.sent_ns = False, None
+    join_spans([unsent], {3: ServerSpan(request_id="x", ttft_s=0.01, arrival_unix_ns=wall)})
+    assert unsent.server_arrival_ns is None and unsent.server_first_token_ns is None
+
+
+def test_it_reads_the_spans_start_as_the_servers_arrival() -> None:
+    [span], _ = decode_export(export_body((completion_id(RUN, 0), timings())))
+    assert span.arrival_unix_ns == 1_700_000_000_000_000_000
 
 
 def test_a_join_under_the_minimum_share_is_not_used_and_says_why() -> None:

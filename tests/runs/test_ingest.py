@@ -81,6 +81,7 @@ def test_it_ingests_several_batches_inside_one_outer_transaction() -> None:
 def _with_timings(rec, k: int):
     rec.server_queue_ns, rec.server_prefill_ns, rec.server_decode_ns = 1000 + k, 2000 + k, 3000 + k
     rec.server_ttft_ns, rec.server_e2e_ns = 4000 + k, 9000 + k
+    rec.server_arrival_ns, rec.server_first_token_ns = 10_000 + k, 14_000 + k
     return rec
 
 
@@ -110,7 +111,15 @@ def test_a_record_that_already_has_its_timings_keeps_them_through_the_copy() -> 
     run = make_experiment().runs.first()
     records_ingest(run_pk=run.pk, records=[_with_timings(observed(str(run.run_id), 0), 0)])
     stored = RequestRecord.objects.get(run=run)
-    assert [getattr(stored, name) for name in SERVER_TIMING_FIELDS] == [1000, 2000, 3000, 4000, 9000]
+    assert [getattr(stored, name) for name in SERVER_TIMING_FIELDS] == [
+        1000,
+        2000,
+        3000,
+        4000,
+        9000,
+        10_000,
+        14_000,
+    ]
 
 
 def test_every_record_field_is_a_column_the_ingest_writes_and_the_import_reads() -> None:

@@ -46,6 +46,8 @@ def test_a_runs_records_carry_the_servers_timings_of_each_request(monkeypatch, t
         # The fake server's own clock: queue 0.5 ms; its TTFT within its E2E, both within the client's.
         assert row.server_queue_ns == 500_000
         assert row.server_ttft_ns <= row.server_e2e_ns <= row.end_ns - row.sent_ns
+        # Its arrival on the replay's clock: at or after the send, and its first token after that.
+        assert row.sent_ns <= row.server_arrival_ns < row.server_first_token_ns <= row.end_ns
 
 
 def test_a_join_under_the_minimum_share_is_kept_but_not_used(monkeypatch, tmp_path: Path) -> None:

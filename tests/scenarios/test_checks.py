@@ -178,6 +178,7 @@ def test_it_calls_the_priority_probe_inconclusive_when_the_backlog_drained_befor
         "contested": 0,
         "overtook": 0,
         "share": None,
+        "clock": "client",
     }
     assert not v["shown"] and v["signal"]["diagnosis"].startswith("inconclusive")
 
@@ -238,3 +239,30 @@ def test_it_calls_the_priority_order_inconclusive_when_the_load_generator_stalle
         meta=m, records=records, scheduling_policy="priority", replay={"loop_stall_max_ms": 5.0}
     )
     assert not calm["shown"] and not calm["signal"].get("inconclusive")
+
+
+def test_it_reads_the_order_on_the_servers_clock_when_every_served_request_has_its_span() -> None:
+    m = meta("priority_flood", {"backlog": [0, 1, 2], "flood": [3]})
+    # The client read every first token in one pass after a 3 s stall; the server's own times show
+    # backlog 1 and 2 still waiting when the flood request arrived, and served only after it.
+    records = [
+        rec(0, 0, first_ms=3000, end_ms=3100, server_arrival_ns=1 * MS, server_first_token_ns=20 * MS),
+        rec(1, 1, first_ms=3000, end_ms=3100, server_arrival_ns=2 * MS, server_first_token_ns=2400 * MS),
+        rec(2, 2, first_ms=3000, end_ms=3100, server_arrival_ns=3 * MS, server_first_token_ns=2500 * MS),
+        rec(3, 100, first_ms=3000, end_ms=3050, server_arrival_ns=101 * MS, server_first_token_ns=180 * MS),
+    ]
+    v = scenario_verdict(
+        meta=m, records=records, scheduling_policy="priority", replay={"loop_stall_max_ms": 2900.0}
+    )
+    order = v["signal"]["evidence"]["overtaking"]
+    assert order == {"flood_served": 1, "contested": 1, "overtook": 1, "share": 1.0, "clock": "server"}
+    assert v["shown"] and not v["signal"].get("inconclusive")
+    # Under FCFS the same server times would be an overtaking: not the arrival order.
+    assert not scenario_verdict(meta=m, records=records, scheduling_policy="fcfs")["shown"]
+    # One served request without its span: the client's clock, and the stall rule, again.
+    records[0] = {**records[0], "server_first_token_ns": None}
+    again = scenario_verdict(
+        meta=m, records=records, scheduling_policy="priority", replay={"loop_stall_max_ms": 2900.0}
+    )
+    assert again["signal"]["evidence"]["overtaking"]["clock"] == "client"
+    assert again["signal"]["inconclusive"]

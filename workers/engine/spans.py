@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -102,6 +102,10 @@ class ServerSpan:
     e2e_s: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # The span's start: the request's arrival at the API server, on the server's wall clock (ns
+    # since the epoch; None when the span had none). Only differences between two of them, or a
+    # clock aligned to the client's (``_align_clocks``), mean anything here.
+    arrival_unix_ns: int | None = None
 
     def timings(self) -> dict[str, int | None]:
         """The record's ``server_*_ns`` fields (workers/replay/records.py)."""
@@ -166,6 +170,7 @@ def decode_export(body: bytes) -> tuple[list[ServerSpan], int]:
                         e2e_s=_seconds(attrs, ATTR_E2E),
                         prompt_tokens=_count(attrs, ATTR_PROMPT_TOKENS),
                         completion_tokens=_count(attrs, ATTR_COMPLETION_TOKENS),
+                        arrival_unix_ns=span.start_time_unix_nano or None,
                     )
                 )
     return spans, other
@@ -434,7 +439,33 @@ def join_spans(records: Sequence[RequestRecord], spans: Mapping[int, ServerSpan]
         for name, value in span.timings().items():
             setattr(record, name, value)
         joined += record.ok
+    _align_clocks(records, spans)
     return SpanJoin(received=len(spans), joined=joined, answered=_answered(records))
+
+
+def _align_clocks(records: Sequence[RequestRecord], spans: Mapping[int, ServerSpan]) -> None:
+    """Set ``server_arrival_ns`` and ``server_first_token_ns``: when the server received each
+    request and when it gave the first token (its arrival plus its TTFT), on the server's own
+    clock moved onto the replay's. The move is the smallest (server arrival - client send) over
+    the run's requests: no request reaches the server before it is sent, and the quickest took
+    next to nothing on loopback. What the server stamped is the server's even while the load
+    generator stalled (a stalled client reads a backlog of first tokens in one pass, so its own
+    stamps lose their order); apps/analysis/scenario_checks.py reads an order from these."""
+    sent = [
+        (record, span.arrival_unix_ns)
+        for record in records
+        if (span := spans.get(record.index)) is not None
+        and span.arrival_unix_ns is not None
+        and record.sent
+        and record.sent_ns is not None
+    ]
+    if not sent:
+        return
+    offset = min(arrival - cast(int, record.sent_ns) for record, arrival in sent)
+    for record, arrival in sent:
+        record.server_arrival_ns = arrival - offset
+        ttft = cast(ServerSpan, spans.get(record.index)).timings()["server_ttft_ns"]
+        record.server_first_token_ns = None if ttft is None else record.server_arrival_ns + ttft
 
 
 class ServerSpansSummary(TypedDict):

@@ -135,6 +135,11 @@ class RequestRecord:
     server_decode_ns: int | None = None
     server_ttft_ns: int | None = None
     server_e2e_ns: int | None = None
+    # Times, not durations: the server's arrival and first token of this request on the server's
+    # clock, moved onto the replay's (ns from the origin, like ``sent_ns``; workers/engine/spans.py
+    # ``_align_clocks``). None where no span joined.
+    server_arrival_ns: int | None = None
+    server_first_token_ns: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -176,12 +181,18 @@ def merge_histograms(hists: Iterable[GapHistogram]) -> GapHistogram:
 
 
 # The server's own timings of a request (vLLM's span, joined after the run by request id).
-SERVER_TIMING_FIELDS: tuple[str, ...] = (
+# Its five durations (ServerSpan.timings), then the two times moved onto the replay's clock.
+SERVER_DURATION_FIELDS: tuple[str, ...] = (
     "server_queue_ns",
     "server_prefill_ns",
     "server_decode_ns",
     "server_ttft_ns",
     "server_e2e_ns",
+)
+SERVER_TIMING_FIELDS: tuple[str, ...] = (
+    *SERVER_DURATION_FIELDS,
+    "server_arrival_ns",
+    "server_first_token_ns",
 )
 
 

@@ -59,6 +59,7 @@ RECORD_TYPES: dict[str, str] = {
     "finish_reason": _OPT_STR, "cancelled": _BOOL, "unfinished": _BOOL, "sent": _BOOL, "priority": _INT,
     "cut": _BOOL, "backend": _STR, "server_queue_ns": _OPT_INT, "server_prefill_ns": _OPT_INT,
     "server_decode_ns": _OPT_INT, "server_ttft_ns": _OPT_INT, "server_e2e_ns": _OPT_INT,
+    "server_arrival_ns": _OPT_INT, "server_first_token_ns": _OPT_INT,
 }  # fmt: skip
 REQUIRED = (
     "run_id",
