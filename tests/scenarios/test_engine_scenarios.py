@@ -230,6 +230,25 @@ def _timeline(meta: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, 
     }
 
 
+def _served_first(timeline: dict[str, list[list[Any]]]) -> tuple[int, int]:
+    """(pairs, flood first): read from the raw server times in the timeline, apart from the verdict.
+    A pair is a flood request and a backlog request the server had received before it and had not
+    yet given a first token when it arrived; "flood first" counts the pairs whose flood request got
+    its first token from the server before the backlog request did (or the backlog one never did)."""
+    pairs = first = 0
+    for f in timeline.get("flood", []):
+        f_arrival, f_first = f[4], f[5]
+        if f_arrival is None or f_first is None:
+            continue
+        for b in timeline.get("backlog", []):
+            b_arrival, b_first = b[4], b[5]
+            if b_arrival is None or b_arrival >= f_arrival or (b_first is not None and b_first <= f_arrival):
+                continue
+            pairs += 1
+            first += b_first is None or f_first < b_first
+    return pairs, first
+
+
 def _explain(v: dict[str, Any]) -> str:
     keys = ("must_hold", "signal", "counts", "sizing")
     return json.dumps({k: v[k] for k in keys if k in v}, indent=1)
@@ -319,6 +338,9 @@ def test_it_shows_every_scenario_signal_on_the_cpu_engine(tmp_path: Path) -> Non
     fcfs = verdicts[PRIORITY_CHECK]["signal"]["evidence"]
     assert fcfs["overtaking"]["clock"] == "server", _explain(verdicts[PRIORITY_CHECK])
     assert fcfs["overtaking"]["share"] <= 0.1, _explain(verdicts[PRIORITY_CHECK])
+    # The same from the server's raw times, apart from the verdict: arrival order kept.
+    pairs, flood_first = _served_first(verdicts[PRIORITY_CHECK]["timeline"])
+    assert pairs and flood_first <= 0.1 * pairs, (pairs, flood_first, verdicts[PRIORITY_CHECK]["timeline"])
 
 
 def test_priority_scheduling_serves_the_high_priority_flood_before_the_backlog(tmp_path: Path) -> None:
@@ -343,6 +365,10 @@ def test_priority_scheduling_serves_the_high_priority_flood_before_the_backlog(t
         or ev["low_priority_ttft_p50"]["censored"]
     )
     assert ev["oldest_lower_priority_wait_ms"] > 0
+    # The claim from the server's raw times, apart from the verdict: of the backlog requests still
+    # waiting when a flood request reached the server, most got their first token after it.
+    pairs, flood_first = _served_first(v["timeline"])
+    assert pairs and flood_first >= 0.75 * pairs, (pairs, flood_first, v["timeline"])
 
 
 @pytest.mark.django_db(transaction=True)
