@@ -250,32 +250,18 @@ def decide(
         if (c["mixture"], c["rate"]) in agreed_pairs:
             by_cell[c["cell"]].append(c)
 
-    margins = confirmed_margins(comparisons, classes, agreed_pairs) if by_margin else {}
-    considered: list[ConsideredCandidate] = []
-    ranked = []
-    for pos, cell in enumerate(c["cell_id"] for c in cells):
-        if cell == baseline:
-            continue
-        comps = by_cell.get(cell, [])
-        claims = _claims(comps)
-        rows = list((rejected or {}).get(cell) or [])
-        reasons = _reasons(cell, claims, rows, accept=accept, invalid=invalid, b0_passes=b0_passes)
-        if cell in controls:
-            reasons.insert(0, CONTROL_REASON)
-        margin = margins.get(cell, -math.inf)
-        if by_margin and margin <= margins.get(B0_KEY, -math.inf):
-            reasons.append(
-                f"confirmed margin {margin:.3f} not above B0's {margins.get(B0_KEY, -math.inf):.3f} "
-                "(the search's objective: the worst class's margin to its contract)"
-            )
-        min_gain, worst_ratio = _ranking(comps)
-        entry = _considered(cell, claims, reasons, (min_gain, worst_ratio), rows)
-        if by_margin:
-            entry["confirmed_margin"] = rounded(margin)
-        considered.append(entry)
-        if not reasons:
-            ranked.append((-margin if by_margin else 0.0, -min_gain, worst_ratio, pos, cell))
-    ranked.sort()
+    margins = confirmed_margins(comparisons, classes, agreed_pairs) if by_margin else None
+    considered, ranked = _consider(
+        cells,
+        baseline,
+        by_cell,
+        rejected or {},
+        controls,
+        margins,
+        accept=accept,
+        invalid=invalid,
+        b0_passes=b0_passes,
+    )
     evidence: DecisionEvidence = {
         "b0_meets_contracts": b0_passes,
         "candidates": considered,
@@ -313,21 +299,68 @@ def decide(
         )
     if words.unsettled:
         decision["evidence"]["unsettled"] = words.unsettled[:20]
+    return _unless_overloaded(decision, baseline, overload)
+
+
+def _consider(
+    cells: Sequence[CellInput],
+    baseline: str,
+    by_cell: Mapping[str, list[Comparison]],
+    rejected: Mapping[str, Sequence[Mapping[str, Any]]],
+    controls: set[str],
+    margins: Mapping[str, float] | None,
+    *,
+    accept: Mapping[str, Any],
+    invalid: set[str],
+    b0_passes: bool,
+) -> tuple[list[ConsideredCandidate], list[tuple[float, float, float, int, str]]]:
+    """Steps 2-3 for each candidate in plan order: what it claims and what blocks it, and the
+    eligible ones ranked (best first). ``margins`` (a search: the confirmed margins) ranks first."""
+    considered: list[ConsideredCandidate] = []
+    ranked = []
+    for pos, cell in enumerate(c["cell_id"] for c in cells):
+        if cell == baseline:
+            continue
+        comps = by_cell.get(cell, [])
+        claims = _claims(comps)
+        rows = list(rejected.get(cell) or [])
+        reasons = _reasons(cell, claims, rows, accept=accept, invalid=invalid, b0_passes=b0_passes)
+        if cell in controls:
+            reasons.insert(0, CONTROL_REASON)
+        margin = -math.inf if margins is None else margins.get(cell, -math.inf)
+        if margins is not None and margin <= margins.get(B0_KEY, -math.inf):
+            reasons.append(
+                f"confirmed margin {margin:.3f} not above B0's {margins.get(B0_KEY, -math.inf):.3f} "
+                "(the search's objective: the worst class's margin to its contract)"
+            )
+        min_gain, worst_ratio = _ranking(comps)
+        entry = _considered(cell, claims, reasons, (min_gain, worst_ratio), rows)
+        if margins is not None:
+            entry["confirmed_margin"] = rounded(margin)
+        considered.append(entry)
+        if not reasons:
+            ranked.append((-margin if margins is not None else 0.0, -min_gain, worst_ratio, pos, cell))
+    ranked.sort()
+    return considered, ranked
+
+
+def _unless_overloaded(decision: Decision, baseline: str, overload: Sequence[Mapping[str, Any]]) -> Decision:
+    """Step 5: B0 overloaded at an agreed point makes the decision inconclusive (what was measured
+    is B0's queue growing, not the configurations); the advice it would have been is kept."""
     over = [dict(p) for p in overload if p.get("overloaded") and p.get("agreed")]
-    if over:
-        # Step 5: what was measured is B0's queue growing, not the configurations.
-        advice = {
-            "outcome": decision["outcome"],
-            "chosen_cell": decision["chosen_cell"],
-            "rule": decision["rule"],
-        }
-        return {
-            "outcome": INCONCLUSIVE,
-            "chosen_cell": baseline,
-            "rule": rule_text.overloaded(over, advice),
-            "evidence": {**decision["evidence"], "overload": over, "advice_not_applicable": advice},
-        }
-    return decision
+    if not over:
+        return decision
+    advice = {
+        "outcome": decision["outcome"],
+        "chosen_cell": decision["chosen_cell"],
+        "rule": decision["rule"],
+    }
+    return {
+        "outcome": INCONCLUSIVE,
+        "chosen_cell": baseline,
+        "rule": rule_text.overloaded(over, advice),
+        "evidence": {**decision["evidence"], "overload": over, "advice_not_applicable": advice},
+    }
 
 
 def _no_candidate(

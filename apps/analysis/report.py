@@ -24,6 +24,10 @@ The options (``ReportOptions``) and the points they judge (``sweep_combos``,
 ``agreed_combos``) are apps/analysis/report_options.py; steps 1-3 (each run's and each pooled
 point's metrics) are apps/analysis/measured.py; the four checks are apps/analysis/validity.py
 (check 1) and apps/analysis/checks.py.
+
+Over 500 lines on purpose: :func:`build_report` is the report's one sequence of steps, and the
+small functions it calls for each step (``_measure``, ``_uncompared_checks``, ``_paired_sweep``,
+``_explained``, ``_pools``, the costs) sit beside it so the order of the steps reads in one file.
 """
 
 from __future__ import annotations
@@ -73,7 +77,9 @@ from apps.analysis.report_types import (
     Comparison,
     Decision,
     DiffPoint,
+    Finding,
     OverloadPoint,
+    PoolSizing,
     QualityCheck,
     RecordsSummary,
     RecoveryCheck,
@@ -85,6 +91,8 @@ from apps.analysis.report_types import (
     RunResult,
     SkippedCell,
     StoppedBy,
+    TailBound,
+    TtftParts,
     ValidityCheck,
 )
 from apps.analysis.validators import ValidatorBudget
@@ -269,19 +277,9 @@ def build_report(
        class -> its measured capacity alone, pool_capacity.class_capacities) at the agreed rates.
     """
     opts = options if isinstance(options, ReportOptions) else ReportOptions.from_mapping(options)
-    plan = measured.plan_of(cells, classes)
-    windows = {str(r["key"]): metrics.run_window(r) for r in runs}
-    natural = experiment.get("output_mode") == "natural"
-    cohorts = measured.derive_cohorts(
-        table, windows, plan, natural=natural, token_hists=token_hists, chunk_hists=chunk_hists
-    )
-    run_results = [
-        measured.run_result(r, windows[str(r["key"])], cohorts, plan, (samples or {}).get(str(r["key"]), []))
-        for r in runs
-    ]
-    run_by_key = {r["key"]: r for r in run_results}
-    points = measured.sweep_points(run_results, experiment, opts)
-    aggregates = measured.pooled(plan, points, cohorts, run_by_key, table, natural=natural)
+    m = _measure(experiment, cells, classes, runs, table, samples, token_hists, chunk_hists, opts)
+    plan, windows, natural, cohorts = m.plan, m.windows, m.natural, m.cohorts
+    run_results, run_by_key, points, aggregates = m.run_results, m.run_by_key, m.points, m.aggregates
     # B0's own load: did arrivals outrun completions through the window (apps/analysis/overload.py)?
     overloaded = _overload(experiment, plan, points, table, windows, run_by_key)
     before = _uncompared_checks(
@@ -316,28 +314,19 @@ def build_report(
         "failure_scenarios": scenario_check(run_results, scenario_verdicts),
         "recovery": _recovery(decision, plan.baseline, rollback, rehearse=rehearse, rehearsals=rehearsals),
     }
-    # Where each class's TTFT goes, and what bounds each class's tail at the agreed points.
-    parts = ttft_parts.ttft_parts(plan=plan, points=points, cohorts=cohorts, runs=runs)
-    bounds = tail_bound.tail_bounds(
-        cells=plan.cells,
+    parts, bounds, found, prefix = _explained(
+        experiment=experiment,
+        plan=plan,
+        points=points,
+        cohorts=cohorts,
+        runs=runs,
         classes=classes,
-        agreed=points.agreed,
-        parts_rows=parts["rows"],
         aggregates=aggregates,
         run_results=run_results,
-        invalid_cells=before.validity["invalid_cells"],
-    )
-    found = findings.findings(
-        cells=plan.cells,
-        classes=classes,
-        baseline=plan.baseline,
-        run_results=run_results,
-        aggregates=aggregates,
         comparisons=comparisons,
-        stall_ratio=opts.stall_ratio,
         invalid_cells=before.validity["invalid_cells"],
-        tail_bounds=bounds,
-        overload=overloaded,
+        stall_ratio=opts.stall_ratio,
+        overloaded=overloaded,
     )
     report: Report = {
         "format": REPORT_FORMAT,
@@ -364,34 +353,134 @@ def build_report(
         "rehearsals": dict(rehearsals or {}),
         "ttft_parts": parts,
         "tail_bounds": bounds,
-        "prefix_cache": prefix_cache.prefix_cache(
-            experiment=experiment,
-            cell_ids=plan.cell_ids,
-            baseline=plan.baseline,
-            run_results=run_results,
-            aggregates=aggregates,
-            comparisons=comparisons,
-            parts_rows=parts["rows"],
-        ),
+        "prefix_cache": prefix,
         "charts": charts(
             cell_ids=plan.cell_ids, aggregates=aggregates, comparisons=comparisons, run_results=run_results
         ),
     }
     if decision["outcome"] == ISOLATE:  # 7.
-        report["pools"] = pool_sizing.pool_sizing(
-            experiment=experiment,
-            cells=plan.cells,
-            classes=classes,
-            baseline=plan.baseline,
-            agreed=points.agreed,
-            runs=points.runs,
-            aggregates=aggregates,
-            acceptance=before.acceptance["cells"],
-            invalid_cells=before.validity["invalid_cells"],
-            capacities=class_capacities,
-            headroom=opts.pool_headroom,
+        report["pools"] = _pools(
+            experiment, plan, classes, points, aggregates, before, class_capacities, opts
         )
     return jsonable(report)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """Steps 1-3: the plan, each run's window and derived records, its result, and the pooled cells."""
+
+    plan: measured.Plan
+    windows: dict[str, metrics.Window]
+    natural: bool
+    cohorts: measured.Cohorts
+    run_results: list[RunResult]
+    run_by_key: dict[str, RunResult]
+    points: measured.SweepPoints
+    aggregates: list[Aggregate]
+
+
+def _measure(
+    experiment: ExperimentInput,
+    cells: Sequence[CellInput],
+    classes: Sequence[ClassInput],
+    runs: Sequence[RunInput],
+    table: RecordTable,
+    samples: Mapping[str, Sequence[MetricSampleInput]] | None,
+    token_hists: Mapping[tuple[str, str], GapHistogram] | None,
+    chunk_hists: Mapping[tuple[str, str], GapHistogram] | None,
+    opts: ReportOptions,
+) -> _Measured:
+    plan = measured.plan_of(cells, classes)
+    windows = {str(r["key"]): metrics.run_window(r) for r in runs}
+    natural = experiment.get("output_mode") == "natural"
+    cohorts = measured.derive_cohorts(
+        table, windows, plan, natural=natural, token_hists=token_hists, chunk_hists=chunk_hists
+    )
+    run_results = [
+        measured.run_result(r, windows[str(r["key"])], cohorts, plan, (samples or {}).get(str(r["key"]), []))
+        for r in runs
+    ]
+    run_by_key = {r["key"]: r for r in run_results}
+    points = measured.sweep_points(run_results, experiment, opts)
+    aggregates = measured.pooled(plan, points, cohorts, run_by_key, table, natural=natural)
+    return _Measured(plan, windows, natural, cohorts, run_results, run_by_key, points, aggregates)
+
+
+def _pools(
+    experiment: ExperimentInput,
+    plan: measured.Plan,
+    classes: Sequence[ClassInput],
+    points: measured.SweepPoints,
+    aggregates: Sequence[Aggregate],
+    before: _Uncompared,
+    class_capacities: Mapping[str, Mapping[str, ClassCapacity]] | None,
+    opts: ReportOptions,
+) -> PoolSizing:
+    """Step 7: each class's pool when the decision is isolate (apps/analysis/pool_sizing.py)."""
+    return pool_sizing.pool_sizing(
+        experiment=experiment,
+        cells=plan.cells,
+        classes=classes,
+        baseline=plan.baseline,
+        agreed=points.agreed,
+        runs=points.runs,
+        aggregates=aggregates,
+        acceptance=before.acceptance["cells"],
+        invalid_cells=before.validity["invalid_cells"],
+        capacities=class_capacities,
+        headroom=opts.pool_headroom,
+    )
+
+
+def _explained(
+    *,
+    experiment: ExperimentInput,
+    plan: measured.Plan,
+    points: measured.SweepPoints,
+    cohorts: measured.Cohorts,
+    runs: Sequence[RunInput],
+    classes: Sequence[ClassInput],
+    aggregates: Sequence[Aggregate],
+    run_results: Sequence[RunResult],
+    comparisons: Sequence[Comparison],
+    invalid_cells: Sequence[str],
+    stall_ratio: float,
+    overloaded: Sequence[OverloadPoint],
+) -> tuple[TtftParts, list[TailBound], list[Finding], dict[str, Any]]:
+    """Step 6's explanations: where each class's TTFT goes, what bounds each class's tail at the
+    agreed points, the findings that read both, and the prefix cache's hit rates beside them."""
+    parts = ttft_parts.ttft_parts(plan=plan, points=points, cohorts=cohorts, runs=runs)
+    bounds = tail_bound.tail_bounds(
+        cells=plan.cells,
+        classes=classes,
+        agreed=points.agreed,
+        parts_rows=parts["rows"],
+        aggregates=aggregates,
+        run_results=run_results,
+        invalid_cells=invalid_cells,
+    )
+    found = findings.findings(
+        cells=plan.cells,
+        classes=classes,
+        baseline=plan.baseline,
+        run_results=run_results,
+        aggregates=aggregates,
+        comparisons=comparisons,
+        stall_ratio=stall_ratio,
+        invalid_cells=invalid_cells,
+        tail_bounds=bounds,
+        overload=overloaded,
+    )
+    prefix = prefix_cache.prefix_cache(
+        experiment=experiment,
+        cell_ids=plan.cell_ids,
+        baseline=plan.baseline,
+        run_results=run_results,
+        aggregates=aggregates,
+        comparisons=comparisons,
+        parts_rows=parts["rows"],
+    )
+    return parts, bounds, found, prefix
 
 
 def _overload(

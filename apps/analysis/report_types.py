@@ -13,6 +13,9 @@ declarations, so they cannot drift from what build_report produces.
 No ``from __future__ import annotations`` here: on Python 3.11 a TypedDict's
 ``__required_keys__`` ignores ``NotRequired`` written as a string annotation. Keys named
 ``class`` (a keyword) use the functional form.
+
+Over 500 lines on purpose: it is the report's whole shape, one declaration per part, and
+tests/test_typed_contracts.py checks a real report against all of it in one place.
 """
 
 from collections.abc import Mapping

@@ -18,6 +18,9 @@ apps/approvals/capture_sources.py, which calls this). docs/SPEC.md, "Capturing B
    served name, its API key: never stored) dropped with a note, a flag the deny-list refuses is an
    error naming it, and the rest are B0's ``args``, each checked like a spec's.
 3. :func:`fragment` is the spec fragment to merge; :func:`apply_to_spec` replaces a spec's B0 with it.
+
+Over 500 lines on purpose: the three sources end in one split and one record, and a reader
+checking what a capture keeps or drops needs the sources and the split side by side.
 """
 
 from __future__ import annotations

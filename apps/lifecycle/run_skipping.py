@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -207,6 +208,15 @@ def experiment_skip_doomed(*, experiment_id: int, cell_id: str | None = None) ->
         order=[str(r.run_id) for r in finished],
     )
 
+    return _skip_doomed_cells(experiment, runs, found)
+
+
+def _skip_doomed_cells(
+    experiment: Experiment, runs: list[Run], found: Mapping[str, Mapping[str, Any]]
+) -> dict[str, str]:
+    """Step 6: each doomed cell's queued sweep runs skipped (one conditional update, audited);
+    cell id -> the reason, for the cells whose runs were skipped now."""
+    experiment_id = experiment.pk
     skipped: dict[str, str] = {}
     cell_pk = {r.cell.cell_id: r.cell_id for r in runs}
     for cell, why in sorted(found.items()):

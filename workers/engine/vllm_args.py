@@ -16,6 +16,9 @@ and fails if it differs, so a version bump cannot drift from what the service ch
    the engine's interpreter (a subprocess: an argument list, never a shell).
 
 Names are the parser's dests, snake_case as in the spec (``kv_cache_dtype``, ``block_size``).
+
+Over 500 lines on purpose: most of it is the deny-list with each flag's reason, which is a
+security boundary and reads best as one table beside the checks that apply it.
 """
 
 from __future__ import annotations
