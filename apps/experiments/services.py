@@ -50,7 +50,7 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
     prompts = ((experiment.spec or {}).get("workload") or {}).get("prompts")
     extra = {
         key: experiment.spec[key]
-        for key in ("scenarios", "calibration", "analysis", "recovery", "quality")
+        for key in ("scenarios", "calibration", "analysis", "recovery", "quality", "search")
         if (experiment.spec or {}).get(key)
     }
     quality = {
@@ -86,7 +86,8 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
                 **({"control": True} if c.control else {}),
             }
             for c in cells
-            if c.role == ServerConfig.Role.CANDIDATE
+            # A search's confirmed cells are its own result, not the spec's: it names a space.
+            if c.role == ServerConfig.Role.CANDIDATE and "search" not in extra
         ],
         "classes": [
             {
