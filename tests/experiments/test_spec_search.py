@@ -13,7 +13,7 @@ from apps.experiments.spec import SpecError, SpecLimits, plan_size, validate_spe
 from apps.experiments.spec_search import grid_points, range_values
 from tests.experiments.factories import SMALL_SPEC
 
-RUNS = SpecLimits(search_runs=True)
+RUNS = SpecLimits()
 
 
 def _spec(**search: Any) -> dict[str, Any]:
@@ -149,10 +149,3 @@ def test_plan_size_counts_the_screening_trials_and_the_confirmed_cells() -> None
     assert runs == 3 * 2 * 2 * 1 + 20 + 1
     capped = validate_spec(_spec(budget={"max_trials": 20, "max_engine_hours": 0.01}, confirm=2), limits=RUNS)
     assert plan_size(capped)[1] < plan_size(spec)[1]
-
-
-def test_a_search_is_refused_while_the_lifecycle_cannot_run_it() -> None:
-    with pytest.raises(SpecError) as info:
-        validate_spec(_spec())
-    assert [e.path for e in info.value.errors] == ["search"]
-    assert "cannot be run yet" in info.value.errors[0].message
