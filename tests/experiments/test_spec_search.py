@@ -149,3 +149,16 @@ def test_plan_size_counts_the_screening_trials_and_the_confirmed_cells() -> None
     assert runs == 3 * 2 * 2 * 1 + 20 + 1
     capped = validate_spec(_spec(budget={"max_trials": 20, "max_engine_hours": 0.01}, confirm=2), limits=RUNS)
     assert plan_size(capped)[1] < plan_size(spec)[1]
+
+
+def test_a_search_written_back_validates_to_the_same_section() -> None:
+    from apps.experiments.spec_search import search_as_written
+
+    for given in (
+        {},
+        {"screening": {"mixture": "50-50", "rate": "low"}, "budget": {"max_engine_hours": 2.5}},
+    ):
+        spec = validate_spec(_spec(**given), limits=RUNS)
+        again = _spec()
+        again["search"] = search_as_written(spec["search"])
+        assert validate_spec(again, limits=RUNS)["search"] == spec["search"]

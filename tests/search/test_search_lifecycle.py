@@ -310,3 +310,20 @@ def test_the_create_pages_estimate_counts_the_screening_and_the_confirmed_cells(
     estimate = plan_estimate(validate_spec(search_spec()))
     # B0 and 2 confirmed cells x 1 mixture x 2 rates x 2 repeats, then 5 screening runs at most.
     assert (estimate.cells, estimate.runs, estimate.starts) == (3, 12 + 5, 12 + 5)
+
+
+def test_a_searchs_pages_answer_while_it_screens_and_once_it_confirmed(monkeypatch, analyses, client) -> None:  # type: ignore[no-untyped-def]
+    experiment, host = started(monkeypatch)
+    client.force_login(experiment.owner)
+    pages = [f"/experiments/{experiment.pk}/{tail}" for tail in ("", "live/", "spec.yaml", "audit/")]
+    for url in pages:
+        assert client.get(url).status_code == 200, url
+    host_pull(host=host, execute=fake_execute)
+    for url in pages:
+        assert client.get(url).status_code == 200, url
+    exported = client.get(f"/experiments/{experiment.pk}/spec.yaml").content.decode()
+    assert "search:" in exported and "candidates: []" in exported
+    from apps.experiments.spec import parse_spec
+
+    again = parse_spec(exported)  # imports again as the same search, B0 alone
+    assert again["search"] == experiment.spec["search"] and again["candidates"] == []
