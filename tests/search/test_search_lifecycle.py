@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from apps.analysis.models import Decision
 from apps.analysis.services import report_rows
 from apps.audit.models import AuditEvent
 from apps.experiments.models import Experiment, ServerConfig
@@ -206,6 +207,12 @@ def test_a_search_screens_then_confirms_the_best_k_in_fresh_rounds(monkeypatch, 
     rows = report_rows(experiment_id=experiment.pk)
     assert sorted(c["cell_id"] for c in rows.inputs["cells"]) == sorted(["B0", *ids])
     assert {r.kind for r in rows.runs} == {Run.Kind.SWEEP}
+    # And the analysis runs on it: the decision ranks the confirmed cells only.
+    said = completion.experiment_analysis(experiment_id=experiment.pk)
+    assert not said.startswith(("analysis failed", "skipped")), said
+    report = Decision.objects.get(experiment=experiment).report
+    assert sorted(c["cell_id"] for c in report["cells"]) == sorted(["B0", *ids])
+    assert sorted(report["search"]["confirmed"]) == confirmed and len(report["search"]["trials"]) == 5
 
 
 def test_a_redelivered_after_run_hook_makes_no_second_trial(monkeypatch, analyses) -> None:  # type: ignore[no-untyped-def]
