@@ -17,7 +17,7 @@ import pytest
 from apps.analysis.report_types import Report
 from apps.approvals import manifest as mf
 from apps.approvals.manifest_types import ManifestContent, ManifestDocument
-from apps.experiments.spec import SpecLimits, validate_spec
+from apps.experiments.spec import validate_spec
 from apps.experiments.spec_types import NormalizedSpec
 from apps.gate.verdict import gate_verdict
 from apps.gate.verdict_types import GateResource, GateVerdict
@@ -122,7 +122,7 @@ def search_spec() -> dict[str, Any]:
 
 
 def test_it_declares_every_key_of_a_search_spec():
-    spec = validate_spec(search_spec(), limits=SpecLimits(search_runs=True))
+    spec = validate_spec(search_spec())
     assert _problems(spec, NormalizedSpec, "spec") == []
     assert _problems(json.loads(json.dumps(spec)), NormalizedSpec, "spec") == []
 

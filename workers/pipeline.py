@@ -17,7 +17,9 @@ Steps of :func:`run_execute`:
    (TERM, then KILL); mark the run done, invalid (load generator fell behind,
    its loop or the scraper stalled past tolerance, args differ) or failed (with
    the reason and vLLM's last log lines).
-5. Release the lease; after the experiment's last run, queue the analysis.
+5. Release the lease; after a search's screening run, score its trial and take the search's
+   next step (apps/lifecycle/search_steps.py); after the experiment's last run, queue the
+   analysis.
 
 Whatever goes wrong, the run ends in a finished status with a reason and its
 records so far are kept.
@@ -51,6 +53,7 @@ from apps.analysis.validity import gaps_summary
 from apps.experiments.generation import request_sampling
 from apps.experiments.models import Experiment, ServerConfig
 from apps.lifecycle.completion import experiment_check_finished
+from apps.lifecycle.search_steps import search_after_run
 from apps.runs.hosts import host_register_local
 from apps.runs.ingest import metric_samples_ingest, records_writer
 from apps.runs.models import Host, Run
@@ -243,6 +246,14 @@ def _execute_claimed(
                 experiment_skip_doomed(experiment_id=run.experiment_id, cell_id=run.cell.cell_id)
             except Exception:  # early stopping saves time; a failure here must not lose the run
                 log.exception("early stopping check of experiment %s failed", run.experiment_id)
+        if run.kind == Run.Kind.SCREEN:
+            # A search's trial scored and its next step taken (the next trial, or the
+            # confirmation rounds) before the check below, so the analysis is never sent
+            # between the screening and the confirmation. It records its own failures.
+            try:
+                search_after_run(run_id=run.pk)
+            except Exception:
+                log.exception("the search step after run %s failed", run.pk)
         experiment_check_finished(experiment_id=run.experiment_id)
 
 

@@ -312,13 +312,15 @@ class ReportRows:
 
 def report_rows(*, experiment_id: int) -> ReportRows:
     """The experiment, its report's inputs and its runs: every run but the rollback rehearsals
-    (rehearsal_inputs reads those), in plan order. The Run rows come too: the quality probes
-    (_quality_probes) read their summaries. For experiment_report_build and the recorded-set
-    export (bench/analysis/record_aa.py)."""
+    (rehearsal_inputs reads those) and a search's screening runs (one round at one point, on
+    cells that are no candidate until confirmed: the report's ``search`` carries them, and only
+    the confirmation rounds feed the verdict), in plan order. The Run rows come too: the quality
+    probes (_quality_probes) read their summaries. For experiment_report_build and the
+    recorded-set export (bench/analysis/record_aa.py)."""
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     inputs = _experiment_inputs(experiment)
     runs = list(
-        experiment.runs.exclude(kind=Run.Kind.REHEARSAL)
+        experiment.runs.exclude(kind__in=[Run.Kind.REHEARSAL, Run.Kind.SCREEN])
         .select_related("cell")
         .order_by("plan_position", "id")
     )

@@ -169,12 +169,25 @@ class Experiment(models.Model):
             raise RunsRefused(f"experiment {self.pk} is {status}: {reason}")
 
 
+class CellManager(models.Manager["ServerConfig"]):
+    """The cells an experiment's plan, report, pages and manifests hold: every one but a search's
+    screening trials that are not confirmed (role ``trial``). Those are cells only so that their
+    screening run has a server config to start; until confirmed they are no candidate, and a
+    report listing them would show incomplete candidates (docs/SEARCH.md). The lifecycle of a
+    search reaches them through ``ServerConfig.with_trials``."""
+
+    def get_queryset(self) -> models.QuerySet[ServerConfig]:
+        return super().get_queryset().exclude(role=ServerConfig.Role.TRIAL)
+
+
 class ServerConfig(models.Model):
-    """One cell of the grid: B0 or a candidate, as vLLM scheduler args."""
+    """One cell of the grid: B0 or a candidate, as vLLM scheduler args; or a search's screening
+    trial (role ``trial``), which becomes a candidate when it is confirmed."""
 
     class Role(models.TextChoices):
         BASELINE = "baseline"
         CANDIDATE = "candidate"
+        TRIAL = "trial"  # a search's screened config, not (yet) confirmed: hidden by ``objects``
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="cells")
     cell_id = models.CharField(max_length=32)
@@ -189,6 +202,10 @@ class ServerConfig(models.Model):
     # like every cell; the report shows its difference from B0 as the measured noise floor and
     # never recommends it (apps/analysis/decide.py).
     control = models.BooleanField(default=False)
+
+    # The default manager (and so ``experiment.cells``) leaves unconfirmed trials out.
+    objects = CellManager()
+    with_trials = models.Manager["ServerConfig"]()
 
     class Meta:
         ordering = ["position", "id"]

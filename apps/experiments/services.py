@@ -11,6 +11,7 @@ from django.conf import settings
 from apps.experiments.model_roots import model_roots_known
 from apps.experiments.models import Experiment, ServerConfig, Workload
 from apps.experiments.spec import SpecLimits
+from apps.experiments.spec_search import search_as_written
 from apps.experiments.spec_types import RawSpec
 from apps.experiments.workload_fields import WORKLOAD_FIELDS, Scalar
 
@@ -53,6 +54,8 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
         for key in ("scenarios", "calibration", "analysis", "recovery", "quality")
         if (experiment.spec or {}).get(key)
     }
+    if (experiment.spec or {}).get("search"):
+        extra["search"] = search_as_written(experiment.spec["search"])
     quality = {
         c["name"]: c["quality"] for c in (experiment.spec or {}).get("classes") or [] if c.get("quality")
     }
@@ -86,7 +89,8 @@ def experiment_to_spec(*, experiment: Experiment) -> RawSpec:
                 **({"control": True} if c.control else {}),
             }
             for c in cells
-            if c.role == ServerConfig.Role.CANDIDATE
+            # A search's confirmed cells are its own result, not the spec's: it names a space.
+            if c.role == ServerConfig.Role.CANDIDATE and "search" not in extra
         ],
         "classes": [
             {

@@ -290,12 +290,6 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
     check_cross(c, spec)
     if not c.errors:
         _check_plan_size(c, cast(NormalizedSpec, spec), limits)
-    if not c.errors and "search" in spec and not limits.search_runs:
-        c.fail(
-            "search",
-            "is valid, but search experiments cannot be run yet (issue #36: the screening and "
-            "confirmation runs are not wired into the lifecycle); write the configs as candidates",
-        )
 
     if c.errors:
         raise SpecError(c.errors)

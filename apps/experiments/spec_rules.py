@@ -101,9 +101,6 @@ class SpecLimits:
     # None: no roots known here, so only the path's own form is checked ('..', control characters).
     model_roots: tuple[str, ...] | None = None
     model_base_dir: str = "/"
-    # Whether a ``search`` section may be run: until the lifecycle screens and confirms (issue #36),
-    # a search spec is checked in full and then refused, so no path creates one it cannot run.
-    search_runs: bool = False
 
 
 DEFAULT_LIMITS = SpecLimits()

@@ -117,6 +117,25 @@ def check_search(
     }
 
 
+def search_as_written(search: SearchSpec) -> dict[str, Any]:
+    """A normalised ``search`` section as a spec writes it, so an export validates back to the
+    same section: each set as its list of values, unset budget keys left out, and a default
+    screening point left out (it is drawn the same way again)."""
+    budget = {k: v for k, v in search["budget"].items() if v is not None}
+    out: dict[str, Any] = {
+        "space": {
+            knob: list(entry["values"]) if "values" in entry else dict(entry)
+            for knob, entry in search["space"].items()
+        },
+        "budget": budget,
+        "confirm": search["confirm"],
+    }
+    screening = search["screening"]
+    if screening.get("chosen") == "given":
+        out["screening"] = {"mixture": screening["mixture"], "rate": screening["rate"]}
+    return out
+
+
 def _check_space(c: _Checker, raw: Any) -> dict[str, SearchKnob]:
     space = c.mapping(raw, "search.space")
     if raw is not None and not space and isinstance(raw, Mapping):

@@ -23,14 +23,26 @@ log = logging.getLogger(__name__)
 
 
 def experiment_check_finished(*, experiment_id: int) -> bool:
-    """After the last run finishes, enqueue the analysis (once)."""
+    """After the last run finishes, enqueue the analysis (once). A search is analysed only after
+    its confirmation: between its screening runs, none may be unfinished while its next step is
+    taken, and screening data never feeds a verdict (apps/lifecycle/search_steps.py)."""
     experiment = Experiment.objects.get(pk=experiment_id)
     if experiment.status != Experiment.Status.RUNNING:
         return False
     if experiment.runs.exclude(status__in=Run.FINISHED).exists():
         return False
+    if search_unconfirmed(experiment):
+        return False
     analysis_enqueue(experiment_id=experiment_id)
     return True
+
+
+def search_unconfirmed(experiment: Experiment) -> bool:
+    """A search whose confirmation is not planned yet (no sweep run): nothing to analyse."""
+    return (
+        bool((experiment.spec or {}).get("search"))
+        and not experiment.runs.filter(kind=Run.Kind.SWEEP).exists()
+    )
 
 
 def analysis_enqueue(*, experiment_id: int) -> None:
@@ -68,6 +80,8 @@ def experiment_analysis(*, experiment_id: int) -> str:
         return f"skipped ({experiment.status if experiment else 'no such experiment'})"
     if experiment.runs.exclude(status__in=Run.FINISHED).exists():
         return "skipped (runs still to finish)"
+    if search_unconfirmed(experiment):
+        return "skipped (the search has not confirmed its cells yet)"
     Experiment.objects.filter(pk=experiment_id).update(updated_at=timezone.now())  # the reconciler waits
     try:
         decision = experiment_analyse(

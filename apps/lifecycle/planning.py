@@ -1,8 +1,14 @@
 """The experiment's plan: cells x mixtures x rates x repeats as queued runs, then its failure
-scenarios and uniform companions, each built by the one run builder (apps/lifecycle/runs.py)."""
+scenarios and uniform companions, each built by the one run builder (apps/lifecycle/runs.py).
+
+A grid plans its cells when it is created (:func:`experiment_plan`); a search plans nothing then,
+and its confirmation plans B0 and the confirmed cells through the same builder
+(:func:`plan_runs_build`) in rounds of a seed of their own (apps/lifecycle/search_steps.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
@@ -20,44 +26,23 @@ from apps.runs.scheduling import reuse_enabled
 def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
     """Expand cells x mixtures x rates x repeats into queued runs (replacing an unstarted plan).
 
+    A search (the spec's ``search``) plans no run here: its screening runs are made one trial at
+    a time once it runs, and its confirmation plans the rest (apps/lifecycle/search_steps.py).
     Refused (RunsRefused) on an experiment that takes no more runs (Experiment.assert_accepts_runs).
     """
     experiment.assert_accepts_runs(kind=Run.Kind.SWEEP)
     if experiment.runs.exclude(status=Run.Status.QUEUED).exists():
         raise ValueError("the plan has runs that started already; create a new experiment to change it")
     experiment.runs.all().delete()
-    workload = experiment.workload
-    cells = {c.cell_id: c for c in experiment.cells.all()}
-    planned = expand_plan(
-        cell_ids=list(cells),
-        mixtures=list(workload.mixtures),
-        rates=list(workload.rates),
-        repeats=workload.repeats,
-        seed=workload.seed,
-        group_by_cell=bool(((experiment.spec or {}).get("engine") or {}).get("reuse", True)),
-    )
-    runs = Run.objects.bulk_create(
-        [
-            run_build(
+    runs: list[Run] = []
+    if not (experiment.spec or {}).get("search"):
+        runs = Run.objects.bulk_create(
+            plan_runs_build(
                 experiment=experiment,
-                kind=Run.Kind.SWEEP,
-                cell=cells[p.cell_id],
-                mixture=p.mixture,
-                rate_name=p.rate_name,
-                rate_rps=workload.rate_for(p.mixture, p.rate_name),
-                repeat=p.repeat,
-                round_position=p.round_position,
-                plan_position=p.plan_position,
+                cells=list(experiment.cells.all()),
+                seed=experiment.workload.seed,
+                first_position=0,
             )
-            for p in planned
-        ]
-    )
-    # Failure scenarios (and the priority check) follow the sweep; they are
-    # kept apart from it by Run.kind (apps/lifecycle/scenario_schedule.py).
-    runs += Run.objects.bulk_create(scenario_runs_build(experiment=experiment, first_position=len(runs)))
-    if ((experiment.spec or {}).get("workload") or {}).get("uniform_companion"):
-        runs += Run.objects.bulk_create(
-            _uniform_companions(experiment, cells=list(cells.values()), first=len(runs))
         )
     experiment_transition(
         experiment,
@@ -67,6 +52,47 @@ def experiment_plan(*, experiment: Experiment, actor: Any = None) -> list[Run]:
         action="experiment.planned",
         detail={"runs": len(runs)},
     )
+    return runs
+
+
+def plan_runs_build(
+    *, experiment: Experiment, cells: Sequence[ServerConfig], seed: int, first_position: int
+) -> list[Run]:
+    """The unsaved queued runs of ``cells`` through the whole design: cells x mixtures x rates x
+    repeats in rounds randomised from ``seed`` (apps/experiments/plan.py), then their failure
+    scenarios (and the priority check) and, when the spec asks, their uniform companions;
+    numbered in the plan from ``first_position``. Traces are attached when the plan is frozen."""
+    workload = experiment.workload
+    by_id = {c.cell_id: c for c in cells}
+    planned = expand_plan(
+        cell_ids=list(by_id),
+        mixtures=list(workload.mixtures),
+        rates=list(workload.rates),
+        repeats=workload.repeats,
+        seed=seed,
+        group_by_cell=reuse_enabled(experiment),
+    )
+    runs = [
+        run_build(
+            experiment=experiment,
+            kind=Run.Kind.SWEEP,
+            cell=by_id[p.cell_id],
+            mixture=p.mixture,
+            rate_name=p.rate_name,
+            rate_rps=workload.rate_for(p.mixture, p.rate_name),
+            repeat=p.repeat,
+            round_position=p.round_position,
+            plan_position=first_position + p.plan_position,
+        )
+        for p in planned
+    ]
+    # Failure scenarios (and the priority check) follow the sweep; they are
+    # kept apart from it by Run.kind (apps/lifecycle/scenario_schedule.py).
+    runs += scenario_runs_build(
+        experiment=experiment, cells=list(cells), first_position=first_position + len(runs)
+    )
+    if ((experiment.spec or {}).get("workload") or {}).get("uniform_companion"):
+        runs += _uniform_companions(experiment, cells=list(cells), first=first_position + len(runs))
     return runs
 
 

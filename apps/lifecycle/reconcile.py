@@ -10,6 +10,8 @@ repair to the audit log as ``experiment.reconciled`` with what it found and did:
    analysis failed. It is sent again; after ``MAX_ANALYSIS_FAILURES`` failed
    analyses (``experiment.analysis_failed`` events) the experiment is cancelled
    with the last error as its reason (a final status; its runs and records stay).
+   A search whose confirmation is not planned yet is not analysed: its next step is taken
+   again (a lost hook after a screening run; apps/lifecycle/search_steps.search_advance).
 2. **Freezing and no run ever started**: the freeze task was lost (a broker
    restart). The experiment goes back to planned, to be started again.
 3. **Queued runs, nothing running anywhere for them**: their messages were lost.
@@ -72,6 +74,19 @@ def _repaired(
 def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
     runs = experiment.runs
     last_finished = runs.filter(finished_at__gte=now - _stale_after()).exists()
+    from apps.lifecycle.completion import search_unconfirmed
+
+    if not runs.exclude(status__in=Run.FINISHED).exists() and search_unconfirmed(experiment):
+        # A search between its screening and its confirmation: its next step, not the analysis.
+        if last_finished or experiment.status_reason == FREEZING:
+            return None if last_finished else _reconcile_freeze(experiment, runs)
+        from apps.lifecycle.search_steps import search_advance
+
+        Experiment.objects.filter(pk=experiment.pk).update(updated_at=now)
+        return _repaired(
+            experiment, "search step taken again: no trial was running",
+            result=search_advance(experiment_id=experiment.pk),
+        )  # fmt: skip
     if not runs.exclude(status__in=Run.FINISHED).exists():
         if last_finished:
             return None  # the analysis of a run that just ended is on its way
@@ -89,12 +104,10 @@ def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
 
         analysis_enqueue(experiment_id=experiment.pk)
         return _repaired(experiment, "analysis sent again: every run had finished", failures=failures.count())
-    if experiment.status_reason == FREEZING and not runs.exclude(status=Run.Status.QUEUED).exists():
-        if not runs.exclude(trace_sha256="").exists():
-            return _repaired(
-                experiment, "back to planned: the freeze never ran", to=Experiment.Status.PLANNED,
-                reason="the workload was never frozen (its task was lost): start it again",
-            )  # fmt: skip
+    if experiment.status_reason == FREEZING:
+        lost = _reconcile_freeze(experiment, runs)
+        if lost is not None:
+            return lost
     queued = list(runs.filter(status=Run.Status.QUEUED).exclude(trace_sha256="").select_related("host"))
     if queued and not runs.filter(status__in=Run.ACTIVE).exists():
         recent = last_finished
@@ -105,6 +118,16 @@ def _reconcile_one(experiment: Experiment, now: Any) -> dict[str, Any] | None:
                 Experiment.objects.filter(pk=experiment.pk).update(updated_at=now)
                 return _repaired(experiment, "queued runs sent again: none was running", runs=len(queued))
     return None
+
+
+def _reconcile_freeze(experiment: Experiment, runs: Any) -> dict[str, Any] | None:
+    """Repair 2: still freezing, no run started and none frozen: back to planned."""
+    if runs.exclude(status=Run.Status.QUEUED).exists() or runs.exclude(trace_sha256="").exists():
+        return None
+    return _repaired(
+        experiment, "back to planned: the freeze never ran", to=Experiment.Status.PLANNED,
+        reason="the workload was never frozen (its task was lost): start it again",
+    )  # fmt: skip
 
 
 def _reconcile_goodput(now: Any) -> list[dict[str, Any]]:

@@ -36,7 +36,18 @@ def attempts_of(run: Run) -> int:
 
 def run_requeue_once(*, run: Run, reason: str) -> Run | None:
     """Fail ``run`` with the reason and, unless it was retried already or its planned run has
-    had ``MAX_RUN_ATTEMPTS``, queue a fresh copy (linked by ``retry_of``)."""
+    had ``MAX_RUN_ATTEMPTS``, queue a fresh copy (linked by ``retry_of``). A search's screening
+    run hands its trial to the copy, or without one has it scored failed and the search goes on
+    (apps/lifecycle/search_steps.search_run_requeued)."""
+    retry = _requeue(run=run, reason=reason)
+    if run.kind == Run.Kind.SCREEN:
+        from apps.lifecycle.search_steps import search_run_requeued
+
+        search_run_requeued(run_id=run.pk, retry_id=retry.pk if retry is not None else None)
+    return retry
+
+
+def _requeue(*, run: Run, reason: str) -> Run | None:
     failed = (
         Run.objects.filter(pk=run.pk)
         .exclude(status__in=Run.FINISHED)

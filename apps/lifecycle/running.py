@@ -15,7 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.audit.services import audit_record
-from apps.experiments.models import Experiment, Workload
+from apps.experiments.models import Experiment
+from apps.lifecycle.freezing import plan_traces_attach, plan_traces_freeze
 from apps.lifecycle.transition import experiment_transition
 from apps.runs import dispatch
 from apps.runs.hosts import HEARTBEAT_TIMEOUT
@@ -94,14 +95,8 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         calibration_runs_retire,
         experiment_calibrate,
     )
-    from apps.lifecycle.scenario_schedule import (
-        scenario_pace_probe,
-        scenario_runs_attach,
-        scenario_traces_freeze,
-        scenarios_need_pace,
-    )
-    from apps.workloads.corpus_store import experiment_corpus_prompts
-    from apps.workloads.services import quality_probe_freeze, workload_traces_freeze
+    from apps.lifecycle.scenario_schedule import scenario_pace_probe, scenarios_need_pace
+    from apps.lifecycle.search_steps import screening_trace_freeze, search_advance
 
     experiment = Experiment.objects.select_related("workload").get(pk=experiment_id)
     if experiment.status != Experiment.Status.RUNNING:
@@ -138,16 +133,12 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
             )
         if not Experiment.objects.filter(pk=experiment_id, status=Experiment.Status.RUNNING).exists():
             return 0
+    search = bool((experiment.spec or {}).get("search"))
+    screening = None
     try:
-        corpus = experiment_corpus_prompts(experiment)  # the spec's workload.prompts, if any
-        traces = workload_traces_freeze(experiment=experiment, corpus=corpus)
-        scenario_traces = scenario_traces_freeze(experiment=experiment)
-        probe = quality_probe_freeze(experiment=experiment)
-        uniform_traces = {}
-        if experiment.runs.filter(kind=Run.Kind.UNIFORM).exists():
-            uniform_traces = workload_traces_freeze(
-                experiment=experiment, uniform=True, repeats=[1], corpus=corpus
-            )
+        frozen = plan_traces_freeze(experiment=experiment)
+        if search:  # the screening point's draw, which no confirmation round replays
+            screening = screening_trace_freeze(experiment=experiment)
     except Exception as exc:  # the user sees why, and can start again after fixing it
         log.exception("freezing experiment %s failed", experiment_id)
         _back_to_planned(
@@ -162,31 +153,14 @@ def experiment_freeze_and_enqueue(*, experiment_id: int, execute: Any = None) ->
         return 0
     hosts = hosts_qualifying(experiment)
     with transaction.atomic():
-        runs = list(
-            experiment.runs.filter(status=Run.Status.QUEUED)
-            .exclude(kind__in=sorted(Run.PROBES))
-            .order_by("plan_position")
-        )
-        for run in runs:
-            if run.kind not in (Run.Kind.SWEEP, Run.Kind.UNIFORM):
-                continue
-            trace = (uniform_traces if run.kind == Run.Kind.UNIFORM else traces)[
-                (run.mixture, run.rate_name, run.repeat)
-            ]
-            run.trace = trace
-            run.trace_sha256 = trace.sha256
-            run.corpus_sha256 = trace.corpus_sha256
-            run.requests_planned = trace.requests
-        scenario_runs_attach(runs=[r for r in runs if r.kind == Run.Kind.SCENARIO], traces=scenario_traces)
-        Run.objects.bulk_update(
-            runs, ["trace", "trace_sha256", "corpus_sha256", "requests_planned", "rate_rps"]
-        )
+        runs = plan_traces_attach(experiment=experiment, frozen=frozen)
         Experiment.objects.filter(pk=experiment_id).update(status_reason="", updated_at=timezone.now())
-        if probe is not None:
-            Workload.objects.filter(experiment_id=experiment_id).update(quality_probe_sha256=probe.sha256)
         if not hosts:
             raise StartError("no host of the experiment's hardware is alive to take the runs")
         runs_dispatch(runs, experiment)
+    if search:
+        # The first trials (or, after a restart, whatever the recorded trials call for next).
+        search_advance(experiment_id=experiment_id, screening=screening)
     return len(runs)
 
 

@@ -99,9 +99,13 @@ def scenario_entries(
     return out
 
 
-def scenario_runs_build(*, experiment: Experiment, first_position: int) -> list[Run]:
-    """Unsaved Run rows for the experiment's scenarios, placed after the sweep in the plan."""
-    cells = list(experiment.cells.all())
+def scenario_runs_build(
+    *, experiment: Experiment, first_position: int, cells: list[ServerConfig] | None = None
+) -> list[Run]:
+    """Unsaved Run rows for the scenarios of ``cells`` (default: the experiment's), placed after
+    the sweep in the plan."""
+    if cells is None:
+        cells = list(experiment.cells.all())
     runs = []
     for i, (name, params, cell) in enumerate(scenario_entries(spec=experiment.spec or {}, cells=cells)):
         windows = scenario_windows(name, params)
@@ -187,8 +191,13 @@ PACE_OUTPUT_TOKENS = 128
 
 
 def scenarios_need_pace(*, experiment: Experiment) -> bool:
-    """True when failure scenarios are planned and no finished probe run on B0 gives a pace."""
-    planned = failure_scenario_runs(experiment=experiment).exists()
+    """True when failure scenarios are planned and no finished probe run on B0 gives a pace. A
+    search plans its scenario runs only when it confirms (apps/lifecycle/search_steps.py), so
+    there the spec's ``scenarios`` stand for them: the pace is measured at the start, with B0."""
+    spec = experiment.spec or {}
+    planned = failure_scenario_runs(experiment=experiment).exists() or bool(
+        spec.get("search") and spec.get("scenarios")
+    )
     return planned and experiment_pace(experiment=experiment)[0] is None
 
 

@@ -8,8 +8,8 @@ failed, was invalid or cancelled) as failed with the run's reason, so the search
 optimiser avoids that region. Either way the engine time the run's server cost counts against the
 budget.
 
-Not wired yet (docs/SEARCH.md): creating the screening runs one trial at a time and planning the
-confirmation rounds; until they are, creating a search experiment stays refused.
+The run pipeline calls this after each screening run, through
+apps/lifecycle/search_steps.search_after_run, which then takes the search's next step.
 """
 
 from __future__ import annotations

@@ -189,7 +189,14 @@ def plan_estimate(spec: NormalizedSpec) -> PlanEstimate:
     """Runs and GPU time of a validated spec: runs x (warm-up + observation + drain + start/stop),
     and the power it states (the spread between runs looked up by ``previous_run_spreads``)."""
     w = spec["workload"]
+    # A search: B0 and the cells it will confirm through the design, after a screening run
+    # (a server start of its own) per trial, at most max_trials.
+    search = spec.get("search")
+    confirm = int(search["confirm"]) if search else 0
+    screening = int(search["budget"]["max_trials"]) if search else 0
+    candidates = len(spec["candidates"]) + confirm
     cells = [spec["baseline"]["id"]] + [c["id"] for c in spec["candidates"]]
+    cells += [f"confirmed {i + 1}" for i in range(confirm)]
     reuse = bool((spec.get("engine") or {}).get("reuse", True))
     plan = expand_plan(
         cell_ids=cells,
@@ -208,7 +215,7 @@ def plan_estimate(spec: NormalizedSpec) -> PlanEstimate:
         rates=w["rates"],
         repeats=int(w["repeats"]),
         observation_s=float(w["observation_s"]),
-        candidates=len(spec["candidates"]),
+        candidates=candidates,
         alpha=compare_opts.family_alpha,
         primary=primary_metrics(spec["classes"]),
         agreed_rates=analysis.get("agreed_rates") if analysis else None,
@@ -218,19 +225,19 @@ def plan_estimate(spec: NormalizedSpec) -> PlanEstimate:
         spreads=previous_run_spreads(spec),
         repeats=int(w["repeats"]),
         cells=len(cells),
-        candidates=len(spec["candidates"]),
+        candidates=candidates,
         alpha=compare_opts.family_alpha,
         target_rel=compare_opts.noninferiority_margin_rel,
         min_effect_rel=compare_opts.min_effect_rel,
     )
     return PlanEstimate(
-        runs=len(plan),
+        runs=len(plan) + screening,
         cells=len(cells),
         mixtures=len(w["mixtures"]),
         rates=len(w["rates"]),
         repeats=w["repeats"],
         seconds_per_run=per_run,
-        starts=len(cells) * int(w["repeats"]) if reuse else len(plan),
+        starts=(len(cells) * int(w["repeats"]) if reuse else len(plan)) + screening,
         power=tuple(design),
         target_rel=compare_opts.noninferiority_margin_rel,
         provisional_rates=bool(calibration and calibration.get("enabled")),

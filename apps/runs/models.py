@@ -80,6 +80,9 @@ class Run(models.Model):
         PACE = "pace"  # B0's decode-pace probe that sizes the failure scenarios, run inline
         SCENARIO = "scenario"  # a failure scenario (docs/SCENARIOS.md)
         REHEARSAL = "rehearsal"  # the rollback rehearsal of the proposed cell (check 4)
+        # A search's screening run of one trial at the screening point (docs/SEARCH.md): scored
+        # onto its SearchTrial, never part of the report's sweep, checks or verdict.
+        SCREEN = "screen"
 
     # The capacity probe's steps, goodput searches and the pace probe: run inline, kept out of the sweep.
     PROBES = frozenset({Kind.CALIBRATION, Kind.PACE})
@@ -172,7 +175,7 @@ class Run(models.Model):
     def scenario_label(self) -> str:
         """What the pages, the export and the report call the run's scenario (the wording they had
         before ``kind``): the failure scenario's name, the kind of a uniform, calibration or
-        rehearsal run ("calibration" for a pace run too), "" for a sweep run."""
+        rehearsal or screening run ("calibration" for a pace run too), "" for a sweep run."""
         return self.scenario if self.kind == self.Kind.SCENARIO else SCENARIO_LABEL_OF_KIND[self.kind]
 
 
@@ -184,6 +187,7 @@ SCENARIO_LABEL_OF_KIND: dict[str, str] = {
     Run.Kind.CALIBRATION: "calibration",
     Run.Kind.PACE: "calibration",
     Run.Kind.REHEARSAL: "rehearsal",
+    Run.Kind.SCREEN: "screen",
 }
 
 

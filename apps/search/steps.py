@@ -1,6 +1,7 @@
 """A search's next step, from its spec and its recorded trials alone. Pure.
 
-The lifecycle (not wired yet, docs/SEARCH.md) asks ``next_step`` each time a screening run ends:
+The lifecycle (apps/lifecycle/search_steps.py) asks ``next_step`` at the start and each time a
+screening run ends:
 screen another trial (the params to record as a running SearchTrial and the cell args its run
 serves), wait for the trials still running, or confirm: the best k as candidate cells with B0's
 other flags, ready to be planned like a grid's candidates in fresh rounds.

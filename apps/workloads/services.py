@@ -245,11 +245,14 @@ def workload_traces_freeze(
     uniform: bool = False,
     repeats: Sequence[int] | None = None,
     corpus: Any = None,
+    points: Sequence[tuple[str, str]] | None = None,
 ) -> dict[tuple[str, str, int], Trace]:
     """Generate and store every trace of the experiment's plan: one per (mixture, rate, repeat).
 
     Repeats are 1-based as in the run plan. ``uniform`` gives the constant
-    -spacing companions instead; ``repeats`` limits which repeats are made.
+    -spacing companions instead; ``repeats`` names which repeats are made (default: the
+    workload's; a number past them is a draw no round replays, as a search's screening point
+    takes: apps/lifecycle/search_steps.py); ``points`` limits the (mixture, rate) pairs.
     All traces are generated before anything
     is written, then stored in one transaction: a failure stores none. An
     experiment replaying an imported trace maps every key to that trace.
@@ -259,8 +262,8 @@ def workload_traces_freeze(
         (mixture, rate_name, repeat)
         for mixture in workload.mixtures
         for rate_name in workload.rates
-        for repeat in range(1, workload.repeats + 1)
-        if repeats is None or repeat in repeats
+        for repeat in (repeats if repeats is not None else range(1, workload.repeats + 1))
+        if points is None or (mixture, rate_name) in points
     ]
     if workload.arrival_process == "trace":
         row = Trace.objects.filter(sha256=workload.imported_trace_sha256).first()
@@ -276,11 +279,12 @@ def workload_traces_freeze(
     # Each trace is reduced to its compressed bytes as soon as it is built:
     # a seed sweep's 18 traces hold ~20M token ids, too many to keep as
     # Python lists, and generation stays outside the (short) transaction.
-    # With repeat_traces "same", every repeat replays the first repeat's trace: one is generated
-    # per (mixture, rate) and mapped to all of its repeats.
-    same = workload.repeat_traces == "same"
+    # With repeat_traces "same", every repeat of the plan replays the first repeat's trace: one is
+    # generated per (mixture, rate) and mapped to all of its repeats. A repeat past the plan's is
+    # its own draw either way (a search screens on data no confirmation round replays).
     frozen: dict[tuple[str, str, int], _Frozen] = {}
     for mixture, rate_name, repeat in keys:
+        same = workload.repeat_traces == "same" and repeat <= workload.repeats
         if same and (mixture, rate_name, 1) in frozen:
             frozen[(mixture, rate_name, repeat)] = frozen[(mixture, rate_name, 1)]
             continue

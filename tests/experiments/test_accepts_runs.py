@@ -35,9 +35,13 @@ DECIDED = ("analysed", "approved", "rejected", "revoked")
 WRITERS: dict[tuple[str, str], str] = {
     ("apps/lifecycle/planning.py", "experiment_plan"): "experiment_plan",
     ("apps/lifecycle/planning.py", "_uniform_companions"): "experiment_plan",
+    ("apps/lifecycle/planning.py", "plan_runs_build"): "experiment_plan",
+    # A search's trials and its confirmation (apps/lifecycle/search_steps.py).
+    ("apps/lifecycle/search_steps.py", "_trial_create"): "search_advance",
+    ("apps/lifecycle/search_steps.py", "_confirm"): "search_advance",
     ("apps/lifecycle/scenario_schedule.py", "scenario_runs_build"): "experiment_plan",
     ("apps/lifecycle/scenario_schedule.py", "probe_run_create"): "probe_run_create",
-    ("apps/lifecycle/retries.py", "run_requeue_once"): "run_requeue_once",
+    ("apps/lifecycle/retries.py", "_requeue"): "run_requeue_once",
     ("apps/lifecycle/rehearsal_schedule.py", "_create"): "rehearsal_create",
     # The one run builder: every caller above saves what it builds, under the caller's guard.
     ("apps/lifecycle/runs.py", "run_build"): "experiment_plan",
@@ -259,7 +263,17 @@ def _results_import(e: Experiment, kind: str, tmp_path: Path) -> None:
         raise RunsRefused(str(exc)) from None
 
 
+def _search_advance(e: Experiment, kind: str) -> None:
+    from apps.lifecycle.search_steps import search_advance
+
+    spec = {**e.spec, "search": {"space": {"max_num_seqs": {"values": [8, 16]}}, "confirm": 1,
+            "budget": {"max_trials": 4}, "screening": {"mixture": "80-20", "rate": "low"}}}  # fmt: skip
+    Experiment.objects.filter(pk=e.pk).update(spec=spec)
+    search_advance(experiment_id=e.pk)
+
+
 ENTRIES: dict[str, Callable[..., None]] = {
+    "search_advance": _search_advance,
     "experiment_plan": _experiment_plan,
     "probe_run_create": _probe_run_create,
     "cell_goodput_capacity": _cell_goodput_capacity,
@@ -311,8 +325,8 @@ def test_every_writer_refuses_a_decided_experiment(name: str, status: str, monke
         assert refused is None  # the exception: the rollback rehearsal (the test below)
         return
     assert _evidence(e) == before, f"{name} added runs or records to a {status} experiment"
-    if name == "run_requeue_once":
-        return  # a retry is made only while the experiment runs: nothing to say, nothing added
+    if name in ("run_requeue_once", "search_advance"):
+        return  # a retry, a trial or a confirmation is made only while the experiment runs
     assert refused is not None, f"{name} did not say why it refused a {status} experiment"
     assert f"experiment {e.pk} is {status}" in str(refused)
     if name == "cell_goodput_capacity":

@@ -13,7 +13,7 @@ from apps.experiments.spec import SpecError, SpecLimits, plan_size, validate_spe
 from apps.experiments.spec_search import grid_points, range_values
 from tests.experiments.factories import SMALL_SPEC
 
-RUNS = SpecLimits(search_runs=True)
+RUNS = SpecLimits()
 
 
 def _spec(**search: Any) -> dict[str, Any]:
@@ -151,8 +151,14 @@ def test_plan_size_counts_the_screening_trials_and_the_confirmed_cells() -> None
     assert plan_size(capped)[1] < plan_size(spec)[1]
 
 
-def test_a_search_is_refused_while_the_lifecycle_cannot_run_it() -> None:
-    with pytest.raises(SpecError) as info:
-        validate_spec(_spec())
-    assert [e.path for e in info.value.errors] == ["search"]
-    assert "cannot be run yet" in info.value.errors[0].message
+def test_a_search_written_back_validates_to_the_same_section() -> None:
+    from apps.experiments.spec_search import search_as_written
+
+    for given in (
+        {},
+        {"screening": {"mixture": "50-50", "rate": "low"}, "budget": {"max_engine_hours": 2.5}},
+    ):
+        spec = validate_spec(_spec(**given), limits=RUNS)
+        again = _spec()
+        again["search"] = search_as_written(spec["search"])
+        assert validate_spec(again, limits=RUNS)["search"] == spec["search"]

@@ -2,8 +2,9 @@
 throughput, the Pareto front marked, colour by outcome, each linked to its run), the knobs that
 mattered, engine-hours against the budget and the grid; the report carries the same trials.
 
-The trials are SearchTrial rows made directly, on an experiment whose stored spec gains a
-``search`` section (creating one through experiment_create is refused until the lifecycle runs it).
+The trials are SearchTrial rows made directly, on a grid experiment whose stored spec gains a
+``search`` section, so its report has candidates and runs to show beside them (a search made
+from a spec and run through its lifecycle: tests/search/test_search_lifecycle.py).
 """
 
 from __future__ import annotations

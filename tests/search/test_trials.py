@@ -8,11 +8,9 @@ import copy
 import pytest
 
 from apps.experiments.models import Experiment
-from apps.experiments.spec import SpecError
-from apps.lifecycle.creation import experiment_create
 from apps.search.models import SearchTrial
 from apps.search.selectors import search_summary
-from tests.experiments.factories import SMALL_SPEC, UserFactory, make_experiment
+from tests.experiments.factories import SMALL_SPEC, make_experiment
 
 pytestmark = pytest.mark.django_db
 
@@ -53,16 +51,3 @@ def test_trials_are_kept_failed_ones_with_their_reason_and_summarised() -> None:
     # 3 x 4 configs (512..4096 by doubling), each with B0 through 1 mixture x 1 rate x 1 repeat.
     assert summary["grid_configs"] == 12 and summary["grid_engine_hours"] == round(13 * 100 / 3600, 1)
     assert search_summary(experiment_id=experiment.pk, spec=SMALL_SPEC, run_engine_s=100.0) is None
-
-
-def test_creating_a_search_experiment_is_refused_with_a_field_error_and_nothing_saved() -> None:
-    # Until the lifecycle screens and confirms, no path may create a search it cannot run.
-    spec = copy.deepcopy(SMALL_SPEC)
-    del spec["candidates"]
-    spec["search"] = {"space": {"max_num_seqs": [4, 8, 16]}}
-    before = Experiment.objects.count()
-    with pytest.raises(SpecError) as info:
-        experiment_create(spec=spec, owner=UserFactory(roles=["experimenter"]))
-    assert [e.path for e in info.value.errors] == ["search"]
-    assert "cannot be run yet" in info.value.errors[0].message
-    assert Experiment.objects.count() == before
