@@ -32,6 +32,10 @@ idle check (workers/engine/idle.py) replaces the warm-up; a server not idle make
 ``invalid``. The slot stops the server when the next run is another cell or round, when a
 run on it did not end done or invalid, and when the pull ends. Each run records its engine
 time (start, warm-up, idle check, windows, drain, stop) in ``summary["engine_time"]``.
+
+Over 500 lines on purpose: a run's claim, its server's life, its replay and the way it ends
+(with every failure kept as a finished status and its reason) are one sequence that a reader
+checking "a measurement is never lost" must follow end to end in one file.
 """
 
 from __future__ import annotations
