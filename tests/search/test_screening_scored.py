@@ -31,9 +31,10 @@ def _trial_on_a_run() -> tuple[Run, SearchTrial]:
     return run, trial
 
 
-def _finish(run: Run, *, short_ttft_ms: float, status: str = Run.Status.DONE, reason: str = "") -> None:
+def screening_rows(run: Run, short_ttft_ms: float) -> list[RecordRow]:
+    """A screening run's records: every fifth request long (600 ms TTFT), the rest short."""
     key = str(run.run_id)
-    rows = [
+    return [
         record_row(
             run,
             request(
@@ -49,6 +50,10 @@ def _finish(run: Run, *, short_ttft_ms: float, status: str = Run.Status.DONE, re
         )
         for i in range(PER_RUN)
     ]
+
+
+def _finish(run: Run, *, short_ttft_ms: float, status: str = Run.Status.DONE, reason: str = "") -> None:
+    rows = screening_rows(run, short_ttft_ms)
     RecordRow.objects.bulk_create(rows)
     Run.objects.filter(pk=run.pk).update(
         status=status,

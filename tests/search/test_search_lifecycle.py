@@ -25,11 +25,10 @@ from apps.lifecycle.search_steps import search_after_run
 from apps.runs.models import Host, Run
 from apps.runs.models import RequestRecord as RecordRow
 from apps.search.models import SearchTrial
-from tests.analysis.builders import request
-from tests.analysis.factories import record_row
 from tests.dispatch_support import hold_tasks
 from tests.experiments.factories import SMALL_SPEC, UserFactory
 from tests.runs.factories import make_host
+from tests.search.test_screening_scored import screening_rows
 from workers.pipeline import host_pull
 from workers.slot import ServerSlot
 
@@ -60,25 +59,7 @@ def search_spec(**search: Any) -> dict[str, Any]:
 
 
 def _records(run: Run, short_ttft_ms: float) -> None:
-    key = str(run.run_id)
-    RecordRow.objects.bulk_create(
-        [
-            record_row(
-                run,
-                request(
-                    key,
-                    i,
-                    "long" if i % 5 == 4 else "short",
-                    int(1e9 + i * 0.2e9),
-                    ttft_ms=600.0 if i % 5 == 4 else short_ttft_ms,
-                    itl_ms=10.0,
-                    tokens=8,
-                    expected=8,
-                ),
-            )  # fmt: skip
-            for i in range(PER_RUN)
-        ]
-    )
+    RecordRow.objects.bulk_create(screening_rows(run, short_ttft_ms))
 
 
 def _done(run: Run, short_ttft_ms: float) -> str:
