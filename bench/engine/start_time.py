@@ -20,7 +20,10 @@ each start:
 
 Run after `make engine`, with no other vLLM server on the machine:
 
-    .venv/bin/python bench/engine/start_time.py [--rounds 3] [--out bench/results/start_time.md]
+    .venv/bin/python bench/engine/start_time.py [--rounds 3] [--arms A,B] [--out bench/results/start_time.md]
+
+``--arms "VLLM_USE_AOT_COMPILE=0,enforce_eager"`` compares the compiled start with an eager one
+(bench/results/start_time_eager.md).
 """
 
 from __future__ import annotations
@@ -42,7 +45,13 @@ from workers.engine.launcher import HostConfig, cpu_engine_host  # noqa: E402
 from workers.engine.server import EngineServer  # noqa: E402
 
 # Explicit in both arms: the engine venv's sitecustomize defaults it to 0 (scripts/engine-setup.sh).
-ARMS = {"default": {"VLLM_USE_AOT_COMPILE": "1"}, "VLLM_USE_AOT_COMPILE=0": {"VLLM_USE_AOT_COMPILE": "0"}}
+# Each arm: the server's extra environment and extra cell args ("enforce_eager": no compile, so no
+# warm-up pass at the start).
+ARMS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
+    "default": ({"VLLM_USE_AOT_COMPILE": "1"}, {}),
+    "VLLM_USE_AOT_COMPILE=0": ({"VLLM_USE_AOT_COMPILE": "0"}, {}),
+    "enforce_eager": ({"VLLM_USE_AOT_COMPILE": "0"}, {"enforce_eager": True}),
+}
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
 
 
@@ -68,12 +77,13 @@ def served_ms_per_token(base_url: str) -> float:
 
 def one_start(arm: str, n: int) -> str:
     base = cpu_engine_host(ENGINE_DIR)
-    host = HostConfig(vllm_command=base.vllm_command, bind_host=base.bind_host, extra_env=ARMS[arm])
+    env, extra_args = ARMS[arm]
+    host = HostConfig(vllm_command=base.vllm_command, bind_host=base.bind_host, extra_env=env)
     log_path = Path(f"/tmp/start_time_{n}.log")
     log_path.unlink(missing_ok=True)
     server = EngineServer(
         model=str(MODEL),
-        cell_args={"max_num_batched_tokens": 2048, "max_num_seqs": 8},
+        cell_args={"max_num_batched_tokens": 2048, "max_num_seqs": 8, **extra_args},
         controls={"dtype": "bfloat16", "max_model_len": 2048, "kv_cache_memory_bytes": 33554432},
         host=host,
         log_path=log_path,
@@ -98,11 +108,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument(
+        "--arms",
+        default="default,VLLM_USE_AOT_COMPILE=0",
+        help=f"the two arms to alternate, comma-separated, from: {', '.join(ARMS)}",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="parse the arguments, say what would run and stop (the smoke test; needs no engine)",
     )
     args = parser.parse_args(argv)
+    arms = args.arms.split(",")
+    if len(arms) != 2 or not set(arms) <= set(ARMS):
+        parser.error(f"--arms: two of {', '.join(ARMS)}")
     if args.dry_run:  # needs the CPU engine: the suite checks only this far
         print(f"dry run: {vars(args)}")
         return
@@ -110,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     n = 0
     for round_ in range(args.rounds):
         # ABBA over rounds, so neither arm always goes first.
-        order = list(ARMS) if round_ % 2 == 0 else list(reversed(ARMS))
+        order = arms if round_ % 2 == 0 else list(reversed(arms))
         for arm in order:
             n += 1
             rows.append(one_start(arm, n))

@@ -154,3 +154,33 @@ def test_the_page_lists_the_names_and_refuses_an_unlisted_one(client, author, se
     assert typed.status_code == 400
     assert "recovery.switch: no host able" in typed.content.decode()
     _nothing_saved()
+
+
+def test_the_page_and_the_api_refuse_a_program_and_a_url_in_the_spec(
+    client, author, settings, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """The older spelling, an argv and an address written in the spec, is refused at every door
+    with a field error that names the operator's setting (experiment_import: above)."""
+    settings.DATA_DIR = tmp_path / "data"
+    _host("gpu-1", switches={"to-b0": SWITCH}, routers={"prod": ROUTER})
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["recovery"] = {
+        "switch_command": ["touch", str(tmp_path / "marker")],
+        "route_url": "http://10.0.0.1:1",
+    }
+
+    response = client_for(author).post("/api/v1/experiments", spec, format="json")
+    assert response.status_code == 400
+    errors = {e["field"]: e["message"] for e in response.json()["errors"]}
+    assert "TAILTUNE_SWITCH_COMMANDS" in errors["recovery.switch_command"], errors
+    assert "TAILTUNE_ROUTERS" in errors["recovery.route_url"], errors
+    _nothing_saved()
+
+    client.force_login(author)
+    upload = SimpleUploadedFile("spec.yaml", dump_spec(spec).encode(), "text/yaml")
+    page = client.post("/experiments/new/", {"spec_file": upload, "create": "1"})
+    assert page.status_code == 400
+    text = page.content.decode()
+    assert "recovery.switch_command" in text and "TAILTUNE_SWITCH_COMMANDS" in text
+    _nothing_saved()
+    assert not (tmp_path / "marker").exists()

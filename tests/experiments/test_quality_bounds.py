@@ -177,3 +177,33 @@ def test_checking_a_schema_fetches_and_reads_nothing(monkeypatch: pytest.MonkeyP
         errors = errors_for({"allOf": [{"$ref": ref}]})
         assert [path for path, _ in errors] == [FIELD] and "only local references" in errors[0][1]
     assert reached == []
+
+
+@pytest.mark.django_db
+def test_the_page_and_the_api_refuse_the_chained_schema_and_save_nothing(
+    client: Any, tmp_path: Path, settings: Any
+) -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from rest_framework.test import APIClient
+
+    from apps.accounts.tokens import token_create
+    from apps.experiments.models import Experiment
+    from apps.experiments.spec import dump_spec
+
+    settings.DATA_DIR = tmp_path / "data"
+    author = UserFactory(username="erin", roles=["experimenter"])
+    spec = json.loads(json.dumps(small_spec()))
+    spec["classes"][1]["quality"] = {"validators": {"json_schema": chained_schema(12)}}
+
+    _, plaintext = token_create(user=author, name="test")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    response = api.post("/api/v1/experiments", spec, format="json")
+    assert response.status_code == 400
+    assert [e["field"] for e in response.json()["errors"]] == [FIELD], response.json()
+
+    client.force_login(author)
+    upload = SimpleUploadedFile("spec.yaml", dump_spec(spec).encode(), "text/yaml")
+    page = client.post("/experiments/new/", {"spec_file": upload, "create": "1"})
+    assert page.status_code == 400 and FIELD in page.content.decode()
+    assert Experiment.objects.count() == 0
