@@ -52,11 +52,11 @@ WEIGHTS_S = {
     "test_the_scaled_down_reference_sweep_reaches_a_decision_with_every_check": 900,
     "test_it_runs_the_whole_journey_in_the_browser": 178,
     "test_it_survives_a_worker_killed_mid_run": 152,
-    # Measured alone on the idle machine, not yet in CI (tests/orchestration/test_search_e2e.py).
-    "test_a_small_search_screens_on_the_engine_goes_on_past_a_refused_config_and_confirms_one": 140,
+    # In a clean-clone CI run at c23f97d (tests/orchestration/test_search_e2e.py).
+    "test_a_small_search_screens_on_the_engine_goes_on_past_a_refused_config_and_confirms_one": 144,
     "test_it_runs_two_cells_confirms_them_observes_preemption_and_detects_a_kill": 110,
-    # 66 s with the whole machine in CI (6c4b37f), before it ran in its lane.
-    "test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline": 100,
+    # In its lane, CI at c23f97d (66 s with the whole machine before).
+    "test_it_probes_b0_freezes_the_rates_and_runs_a_scenario_through_the_pipeline": 63,
     "test_one_server_per_cell_and_round_with_idle_checks_and_a_busy_server_makes_the_next_run_invalid": 107,
     "test_it_runs_a_small_experiment_end_to_end_and_ignores_a_redelivered_task": 91,
     "test_create_start_wait_report_approve_and_fetch_the_manifest_through_the_api": 90,

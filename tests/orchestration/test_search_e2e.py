@@ -13,7 +13,9 @@ from __future__ import annotations
 import copy
 
 import pytest
+from rest_framework.test import APIClient
 
+from apps.accounts.tokens import token_create
 from apps.analysis.models import Decision
 from apps.experiments.models import Experiment, ServerConfig
 from apps.lifecycle.creation import experiment_create
@@ -101,3 +103,15 @@ def test_a_small_search_screens_on_the_engine_goes_on_past_a_refused_config_and_
     report = Decision.objects.get(experiment=experiment).report
     assert sorted(c["cell_id"] for c in report["cells"]) == ["B0", cell_id]
     assert len(report["search"]["trials"]) == 2 and report["search"]["confirmed"] == [measured.number]
+
+    # The API and the gate take it like any other experiment: the report with its trials, and a
+    # verdict of the confirmed cell against B0 (10 s of traffic judges few tails: any of the three).
+    _, plaintext = token_create(user=UserFactory(username="ci", roles=["viewer"]), name="ci")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    served = api.get(f"/api/v1/experiments/{experiment.pk}/report")
+    assert served.status_code == 200 and len(served.json()["search"]["trials"]) == 2, served.content[:500]
+    gate = api.get(f"/api/v1/gates/{experiment.pk}")
+    assert gate.status_code == 200, gate.content[:500]
+    assert gate.json()["verdict"] in ("pass", "fail", "inconclusive") and gate.json()["status"] == "analysed"
+    assert (gate.json()["baseline"], gate.json()["candidate"]) == ("B0", cell_id), gate.json()
