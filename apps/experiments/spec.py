@@ -57,7 +57,7 @@ from apps.experiments.spec_rules import (
     WEIGHT_TOLERANCE,
     SpecLimits,
 )
-from apps.experiments.spec_search import check_search
+from apps.experiments.spec_search import TRIAL_ID, check_search
 from apps.experiments.spec_sections import (
     _check_analysis,
     _check_calibration,
@@ -284,6 +284,8 @@ def validate_spec(raw: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> Normalize
                 for cls in spec.get("classes") or []
             },
         )
+        if TRIAL_ID.fullmatch(str(spec["baseline"].get("id") or "")):
+            c.fail("baseline.id", "T<number> names a search's trial cells: give B0 another id")
     _check_counts(c, spec)
     # Rules across sections (a class priority under fcfs, two cells with one config, a budget
     # below a class's prompt): apps/experiments/spec_cross.py.

@@ -16,6 +16,7 @@ point: the heaviest mixture (most tokens per request) at the highest rate. docs/
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,8 @@ from apps.experiments.spec_checker import _Checker
 from apps.experiments.spec_rules import CELL_ARGS, MAX_TOKENS, SCHEDULING_POLICIES
 from apps.experiments.spec_types import SearchKnob, SearchScreening, SearchSpec
 
+# A search's trial cells are T0, T1, ... (apps/lifecycle/search_steps.py): B0 may not take such an id.
+TRIAL_ID = re.compile(r"T[0-9]+")
 SEARCH_KEYS = frozenset({"space", "budget", "screening", "confirm"})
 BUDGET_KEYS = frozenset({"max_trials", "max_engine_hours", "patience"})
 RANGE_KEYS = frozenset({"min", "max", "log"})

@@ -162,3 +162,14 @@ def test_a_search_written_back_validates_to_the_same_section() -> None:
         again = _spec()
         again["search"] = search_as_written(spec["search"])
         assert validate_spec(again, limits=RUNS)["search"] == spec["search"]
+
+
+def test_b0_may_not_take_a_trial_cells_id() -> None:
+    spec = _spec()
+    spec["baseline"]["id"] = "T3"
+    assert "trial cells" in _errors(spec)["baseline.id"]
+    spec["baseline"]["id"] = "T3b"  # not a trial's id
+    assert validate_spec(spec, limits=RUNS)["baseline"]["id"] == "T3b"
+    grid = copy.deepcopy(SMALL_SPEC)  # a grid has no trial cells
+    grid["baseline"]["id"] = "T3"
+    assert validate_spec(grid, limits=RUNS)["baseline"]["id"] == "T3"
