@@ -37,6 +37,7 @@ POSSIBLE = 512
 
 def test_a_small_search_screens_on_the_engine_goes_on_past_a_refused_config_and_confirms_one(
     workers: Workers,
+    roles: None,  # the role groups: an earlier transactional test may have flushed them
 ) -> None:
     workers.start()
     spec = copy.deepcopy(SMALL_SPEC)
