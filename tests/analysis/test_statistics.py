@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -392,3 +393,40 @@ def test_it_counts_the_repeats_a_change_needs():
     assert inference.repeats_needed(0.25, 0.0, cells=4, alpha=0.05, family=6) is None
     assert inference.repeats_needed(0.25, 1.0, cells=4, alpha=0.05, family=6) is None
     assert inference.repeats_needed(5.0, 0.4, cells=4, alpha=0.05, family=6) is None
+
+
+def test_the_t_shortcuts_give_scipy_s_very_values():
+    """inference.t_sf / t_cdf / t_ppf skip scipy.stats' per-call argument handling; the values
+    must be the same floats, edge cases included (those go to scipy.stats itself)."""
+    from scipy.stats import t as student_t
+
+    from apps.analysis import inference
+
+    xs = [
+        -1e6,
+        -37.5,
+        -3.2,
+        -1.0,
+        -1e-12,
+        -0.0,
+        0.0,
+        1e-300,
+        0.7,
+        2.0,
+        8.0,
+        1e9,
+        math.inf,
+        -math.inf,
+        math.nan,
+    ]
+    qs = [0.0, 1e-12, 0.025, 0.5, 0.8, 0.975, 0.99999, 1.0, -0.1, 1.5, math.nan]
+    dfs = [0.5, 1, 2, 3.7, 4, 10, 58, 1e6, math.inf, 0, -1, math.nan]
+    for df in dfs:
+        for x in xs:
+            for mine, theirs in ((inference.t_sf, student_t.sf), (inference.t_cdf, student_t.cdf)):
+                a, b = mine(x, df), float(theirs(x, df))
+                assert a == b or (math.isnan(a) and math.isnan(b)), (mine.__name__, x, df, a, b)
+        for q in qs:
+            a, b = inference.t_ppf(q, df), float(student_t.ppf(q, df))
+            assert a == b or (math.isnan(a) and math.isnan(b)), ("t_ppf", q, df, a, b)
+            assert math.copysign(1, a) == math.copysign(1, b) or math.isnan(a)
