@@ -53,6 +53,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from apps.analysis.run_digest import run_digest_build
 from apps.analysis.validity import gaps_summary
 from apps.experiments.generation import request_sampling
 from apps.experiments.models import Experiment, ServerConfig
@@ -150,7 +151,19 @@ def _finish(run_pk: int, status: str, reason: str = "", **fields: Any) -> bool:
     updated = Run.objects.filter(pk=run_pk).exclude(status__in=Run.FINISHED - {Run.Status.CANCELLED})
     if status != Run.Status.CANCELLED:
         updated = updated.exclude(status=Run.Status.CANCELLED)
-    return updated.update(status=status, reason=reason, finished_at=timezone.now(), **fields) == 1
+    finished = updated.update(status=status, reason=reason, finished_at=timezone.now(), **fields) == 1
+    if finished and status == Run.Status.DONE:
+        _pack_digest(run_pk)
+    return finished
+
+
+def _pack_digest(run_pk: int) -> None:
+    """Pack the done run's records for the report now (apps/analysis/run_digest.py), while the host
+    has them fresh; a failure here costs the report that rebuild later, never the run."""
+    try:
+        run_digest_build(run_pk=run_pk)
+    except Exception:
+        log.exception("run %s: its digest was not packed (the report packs it)", run_pk)
 
 
 def this_host() -> Host:

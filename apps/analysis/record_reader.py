@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,10 +40,42 @@ BOOL_FIELDS = frozenset({"warmup", "sent", "cancelled", "unfinished"})
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 
 
+@dataclass(frozen=True)
+class Packed:
+    """The records of some runs as flat arrays, before they become a RecordTable: ``columns`` holds
+    "run" (the run's position in the runs read), "cls" (a position in ``class_names``),
+    "error_kind" (int16 codes) and every field of ``fields`` (bool or float64, NaN for NULL).
+    apps/analysis/run_digest.py packs a run's slice of it."""
+
+    columns: dict[str, np.ndarray]
+    class_names: list[str]
+    fields: tuple[str, ...]  # SCALAR_FIELDS, then the SERVER_FIELDS the table has
+
+    def table(self, run_inputs: Sequence[StoredRun]) -> RecordTable:
+        return RecordTable.from_columns(
+            run_keys=[r["key"] for r in run_inputs],
+            run=self.columns["run"],
+            class_names=self.class_names,
+            request_class=self.columns["cls"],
+            columns={name: self.columns[name] for name in self.fields},
+            error_kind=self.columns["error_kind"],
+        )
+
+
+def record_fields() -> tuple[str, ...]:
+    """The scalar fields a table reads: SCALAR_FIELDS and the SERVER_FIELDS the records table has."""
+    columns = {f.name for f in RecordRow._meta.concrete_fields}
+    return (*SCALAR_FIELDS, *(f for f in SERVER_FIELDS if f in columns))
+
+
 def load_table(run_inputs: Sequence[StoredRun]) -> RecordTable:
     """Every record of the given runs as columns (runs coded by their order in ``run_inputs``)."""
-    columns = {f.name for f in RecordRow._meta.concrete_fields}
-    server_fields = tuple(f for f in SERVER_FIELDS if f in columns)
+    return load_packed(run_inputs).table(run_inputs)
+
+
+def load_packed(run_inputs: Sequence[StoredRun]) -> Packed:
+    """Every record of the given runs as flat arrays (see Packed), read from the records table."""
+    server_fields = record_fields()[len(SCALAR_FIELDS) :]
     if connection.vendor == "postgresql":
         return _load_packed(run_inputs, server_fields)
     return _load_rows(run_inputs, server_fields)
@@ -54,30 +87,19 @@ def _batches(run_inputs: Sequence[StoredRun]) -> tuple[np.ndarray, np.ndarray, l
     return pks, pk_order, [[int(p) for p in pks[lo : lo + RUN_BATCH]] for lo in range(0, pks.size, RUN_BATCH)]
 
 
-def _table(
-    run_inputs: Sequence[StoredRun],
-    server_fields: tuple[str, ...],
-    parts: dict[str, list[np.ndarray]],
-    class_names: list[str],
-) -> RecordTable:
+def _packed(
+    server_fields: tuple[str, ...], parts: dict[str, list[np.ndarray]], class_names: list[str]
+) -> Packed:
     def cat(name: str, dtype: Any) -> np.ndarray:
         return np.concatenate(parts[name]) if parts[name] else np.zeros(0, dtype=dtype)
 
-    loaded = {
-        name: cat(name, bool if name in BOOL_FIELDS else np.float64)
-        for name in (*SCALAR_FIELDS, *server_fields)
-    }
-    return RecordTable.from_columns(
-        run_keys=[r["key"] for r in run_inputs],
-        run=cat("run", np.int64),
-        class_names=class_names,
-        request_class=cat("cls", np.int64),
-        columns=loaded,
-        error_kind=cat("error_kind", np.int16),
-    )
+    fields = (*SCALAR_FIELDS, *server_fields)
+    columns = {name: cat(name, bool if name in BOOL_FIELDS else np.float64) for name in fields}
+    columns.update(run=cat("run", np.int64), cls=cat("cls", np.int64), error_kind=cat("error_kind", np.int16))
+    return Packed(columns=columns, class_names=class_names, fields=fields)
 
 
-def _load_rows(run_inputs: Sequence[StoredRun], server_fields: tuple[str, ...]) -> RecordTable:
+def _load_rows(run_inputs: Sequence[StoredRun], server_fields: tuple[str, ...]) -> Packed:
     """A plain client-side cursor per batch of runs: a server-side cursor (what QuerySet.iterator()
     uses on Postgres) costs a round trip per few hundred rows, and model instances or dicts would
     cost far more than the tuples."""
@@ -113,10 +135,10 @@ def _load_rows(run_inputs: Sequence[StoredRun], server_fields: tuple[str, ...]) 
             for name, col in zip((*SCALAR_FIELDS, *server_fields), cols[3:], strict=True):
                 # None becomes NaN in a float array: "never observed" survives.
                 parts[name].append(np.asarray(col, dtype=bool if name in BOOL_FIELDS else np.float64))
-    return _table(run_inputs, server_fields, parts, list(class_code))
+    return _packed(server_fields, parts, list(class_code))
 
 
-def _load_packed(run_inputs: Sequence[StoredRun], server_fields: tuple[str, ...]) -> RecordTable:
+def _load_packed(run_inputs: Sequence[StoredRun], server_fields: tuple[str, ...]) -> Packed:
     """Binary COPY of one row per batch of runs: every column one array (``array_agg``), read by numpy.
 
     COPY sends one message per row, so a row per record would cost a Python call each; a row per
@@ -186,7 +208,7 @@ def _load_packed(run_inputs: Sequence[StoredRun], server_fields: tuple[str, ...]
             parts["error_kind"].append(columns[2].astype(np.int16))
             for (name, _, _), col in zip(arrays[3:], columns[3:], strict=True):
                 parts[name].append(col.astype(bool if name in BOOL_FIELDS else np.float64))
-    return _table(run_inputs, server_fields, parts, list(class_code))
+    return _packed(server_fields, parts, list(class_code))
 
 
 def _copy_arrays(

@@ -24,11 +24,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Count
+from django.db import transaction
 
 from apps.analysis.early_stop import run_over_limits
-from apps.analysis.metrics import run_window
 from apps.analysis.models import Decision
 from apps.analysis.pool_capacity import class_capacities
 from apps.analysis.record_reader import load_table as _load_table
@@ -55,6 +53,7 @@ from apps.analysis.report_inputs import (
     report_run,
 )
 from apps.analysis.report_types import RecoveryCheck, RehearsalEntry, Report, StoredReport
+from apps.analysis.run_digest import report_records as _report_records
 from apps.analysis.server_metrics import COUNTERS, GAUGES, HISTOGRAMS
 from apps.analysis.validators import ValidatorBudget
 from apps.audit.models import AuditEvent
@@ -64,7 +63,7 @@ from apps.runs.engine_time import engine_time_summary
 from apps.runs.models import Host, MetricSample, Run
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.summary_types import rehearsal_facts, run_summary
-from workers.replay.records import SCALAR_RECORD_FIELDS, GapHistogram
+from workers.replay.records import SCALAR_RECORD_FIELDS
 
 _CHUNK = 50_000
 
@@ -175,66 +174,6 @@ def _run_inputs(runs: list[Run]) -> list[StoredRun]:
         }
         for r in runs
     ]
-
-
-def _stop_reasons(run_inputs: Sequence[StoredRun]) -> dict[str, dict[str, dict[str, int]]]:
-    """run key -> class -> finish_reason ("none" when the stream gave none) -> requests, warm-up
-    requests left out: what the model did with the length it was allowed."""
-    keys = {r["pk"]: r["key"] for r in run_inputs}
-    out: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
-    rows = (
-        RecordRow.objects.filter(run_id__in=list(keys), warmup=False, sent=True)
-        .values_list("run_id", "request_class", "finish_reason")
-        .annotate(n=Count("id"))
-    )
-    for run_pk, cls, reason, n in rows:
-        out[keys[run_pk]][cls][reason or "none"] = n
-    return {k: dict(v) for k, v in out.items()}
-
-
-def _cohort_histograms(run_inputs: Sequence[StoredRun], column: str) -> dict[tuple[str, str], GapHistogram]:
-    """Merge one gap-histogram column per (run, class) cohort inside the database.
-
-    One query per distinct observation window (usually one for the whole
-    experiment), grouped by run, class and bucket.
-    """
-    if column not in ("token_gaps", "chunk_gaps"):
-        raise ValueError(column)
-    qn = connection.ops.quote_name
-    table = qn(RecordRow._meta.db_table)
-    col = qn(column)
-    if connection.vendor == "postgresql":
-        each = f"jsonb_each(r.{col}) AS j"
-        value = "CAST(j.value AS double precision)"
-    else:
-        each = f"json_each(r.{col}) AS j"
-        value = "j.value"
-    by_window: dict[tuple[int, int], list[StoredRun]] = defaultdict(list)
-    for run in run_inputs:
-        w = run_window(run)
-        by_window[(w.start_ns, w.end_ns)].append(run)
-    out: dict[tuple[str, str], GapHistogram] = {}
-    with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # The planner's estimate for a set-returning function over a million
-            # rows triggers JIT compilation and a sort-based aggregate; neither
-            # pays off here (measured in bench/results/analysis.md).
-            cursor.execute("SET LOCAL jit = off")
-            cursor.execute("SET LOCAL work_mem = '64MB'")
-        for (start, end), runs in sorted(by_window.items()):
-            key_of = {run["pk"]: run["key"] for run in runs}
-            marks = ", ".join(["%s"] * len(key_of))
-            # Only identifiers from the model's own metadata are interpolated; every value is a parameter.
-            sql = (
-                f"SELECT r.run_id, r.request_class, j.key, SUM({value}) FROM {table} AS r, {each} "  # noqa: S608
-                f"WHERE r.run_id IN ({marks}) AND r.warmup = %s AND r.planned_ns >= %s AND r.planned_ns < %s "
-                "GROUP BY r.run_id, r.request_class, j.key"
-            )
-            cursor.execute(sql, [*key_of, False, start, end])
-            for run_pk, cls, bucket, weight in cursor.fetchall():
-                h = out.setdefault((key_of[run_pk], cls), GapHistogram())
-                h.counts[int(bucket)] = h.counts.get(int(bucket), 0.0) + float(weight)
-    return out
 
 
 def _samples(run_inputs: Sequence[StoredRun]) -> dict[str, list[MetricSampleInput]]:
@@ -349,22 +288,22 @@ def experiment_report_build(
     rows = report_rows(experiment_id=experiment_id)
     experiment = rows.experiment
     done = rows.done
-    table = _load_table(done)
+    records = _report_records(done)
     if options is None:
         options = (experiment.spec or {}).get("analysis")
     report = build_report(
         **rows.inputs,
         runs=[report_run(r) for r in rows.run_inputs],
-        table=table,
+        table=records.table,
         samples=_samples(done),
-        token_hists=_cohort_histograms(done, "token_gaps"),
-        chunk_hists=_cohort_histograms(done, "chunk_gaps"),
+        token_hists=records.token_hists,
+        chunk_hists=records.chunk_hists,
         rollback=_rollback(experiment),
         options=options,
         scenario_verdicts=_scenario_verdicts(experiment_id),
         rehearsals=rehearsal_inputs(experiment=experiment),
         rehearse=bool(recovery_options(experiment.spec or {})["rehearse"]),
-        stop_reasons=_stop_reasons(done),
+        stop_reasons=records.stop_reasons,
         quality_probes=_quality_probes(rows.runs),
         validator_budget=validator_budget(),
         class_capacities=_class_capacities(rows),

@@ -18,7 +18,7 @@ from django.db import IntegrityError, close_old_connections, connection, transac
 from django.utils import timezone
 
 from apps.experiments.models import Experiment
-from apps.runs.models import MetricSample, RequestRecord, Run
+from apps.runs.models import MetricSample, RequestRecord, Run, RunDigest
 from workers.replay.records import SERVER_TIMING_FIELDS
 from workers.replay.records import RequestRecord as Observed
 
@@ -66,14 +66,24 @@ def _row(run_pk: int, rec: Observed) -> dict[str, Any]:
     }
 
 
-def _accepting(run_pk: int) -> None:
-    """Raise RunsRefused when the run's experiment takes no more records of this run's kind.
+def _accepting(run_pk: int) -> bool:
+    """Whether the run is done already; raise RunsRefused when the run's experiment takes no more records of this run's kind.
 
     Read per batch, without a lock: a run still writing is unfinished, and no experiment is
     analysed while a run is unfinished, so this catches a run that outlived its experiment's
     decision (a worker that was given up for lost and came back)."""
-    kind, experiment_id = Run.objects.filter(pk=run_pk).values_list("kind", "experiment_id").get()
+    kind, experiment_id, status = (
+        Run.objects.filter(pk=run_pk).values_list("kind", "experiment_id", "status").get()
+    )
     Experiment(pk=experiment_id).assert_accepts_runs(kind=kind)
+    return status == Run.Status.DONE
+
+
+def _digest_dropped(run_pk: int, done: bool) -> None:
+    """A record written to a run already done (a worker given up for lost that came back): the
+    run's digest no longer packs every record, so it goes; the report packs it again."""
+    if done:
+        RunDigest.objects.filter(run_id=run_pk).delete()
 
 
 def records_ingest(*, run_pk: int, records: Sequence[Observed]) -> int:
@@ -83,17 +93,18 @@ def records_ingest(*, run_pk: int, records: Sequence[Observed]) -> int:
     """
     if not records:
         return 0
-    _accepting(run_pk)
+    done = _accepting(run_pk)
     rows = [_row(run_pk, r) for r in records]
     if connection.vendor == "postgresql":
-        return _copy_ignore_conflicts(
-            RequestRecord._meta.db_table, _RECORD_COLUMNS, rows, ("run_id", "index")
+        new = _copy_ignore_conflicts(RequestRecord._meta.db_table, _RECORD_COLUMNS, rows, ("run_id", "index"))
+    else:
+        before = RequestRecord.objects.filter(run_id=run_pk).count()
+        RequestRecord.objects.bulk_create(
+            [RequestRecord(**row) for row in rows], ignore_conflicts=True, batch_size=500
         )
-    before = RequestRecord.objects.filter(run_id=run_pk).count()
-    RequestRecord.objects.bulk_create(
-        [RequestRecord(**row) for row in rows], ignore_conflicts=True, batch_size=500
-    )
-    return RequestRecord.objects.filter(run_id=run_pk).count() - before
+        new = RequestRecord.objects.filter(run_id=run_pk).count() - before
+    _digest_dropped(run_pk, done and new > 0)
+    return new
 
 
 def _copy_rows(copy: Any, columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
@@ -157,38 +168,41 @@ def records_server_timings_ingest(*, run_pk: int, records: Sequence[Observed]) -
     timed = [r for r in records if any(getattr(r, name) is not None for name in SERVER_TIMING_FIELDS)]
     if not timed:
         return 0
-    _accepting(run_pk)
-    if connection.vendor != "postgresql":
-        rows = {
-            row.index: row
-            for row in RequestRecord.objects.filter(run_id=run_pk, index__in=[r.index for r in timed])
-        }
-        changed = []
-        for rec in timed:
-            row = rows.get(rec.index)
-            if row is not None:
-                for name in SERVER_TIMING_FIELDS:
-                    setattr(row, name, getattr(rec, name))
-                changed.append(row)
-        RequestRecord.objects.bulk_update(changed, list(SERVER_TIMING_FIELDS), batch_size=500)
-        return len(changed)
-    columns = ("index", *SERVER_TIMING_FIELDS)
-    quoted = ", ".join(f'"{c}"' for c in columns)
-    table = RequestRecord._meta.db_table
-    assignments = ", ".join(f'"{c}" = t."{c}"' for c in SERVER_TIMING_FIELDS)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("DROP TABLE IF EXISTS pg_temp.tt_timings")
-        cursor.execute(
-            f"CREATE TEMP TABLE tt_timings ON COMMIT DROP AS SELECT {quoted} FROM {table} WITH NO DATA"  # noqa: S608 - names are ours
-        )
-        with cursor.cursor.copy(f"COPY tt_timings ({quoted}) FROM STDIN") as copy:
+    done = _accepting(run_pk)
+    try:
+        if connection.vendor != "postgresql":
+            rows = {
+                row.index: row
+                for row in RequestRecord.objects.filter(run_id=run_pk, index__in=[r.index for r in timed])
+            }
+            changed = []
             for rec in timed:
-                copy.write_row([getattr(rec, c) for c in columns])
-        cursor.execute(
-            f'UPDATE {table} AS r SET {assignments} FROM tt_timings AS t WHERE r."run_id" = %s AND r."index" = t."index"',  # noqa: S608
-            [run_pk],
-        )
-        return cursor.rowcount
+                row = rows.get(rec.index)
+                if row is not None:
+                    for name in SERVER_TIMING_FIELDS:
+                        setattr(row, name, getattr(rec, name))
+                    changed.append(row)
+            RequestRecord.objects.bulk_update(changed, list(SERVER_TIMING_FIELDS), batch_size=500)
+            return len(changed)
+        columns = ("index", *SERVER_TIMING_FIELDS)
+        quoted = ", ".join(f'"{c}"' for c in columns)
+        table = RequestRecord._meta.db_table
+        assignments = ", ".join(f'"{c}" = t."{c}"' for c in SERVER_TIMING_FIELDS)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("DROP TABLE IF EXISTS pg_temp.tt_timings")
+            cursor.execute(
+                f"CREATE TEMP TABLE tt_timings ON COMMIT DROP AS SELECT {quoted} FROM {table} WITH NO DATA"  # noqa: S608 - names are ours
+            )
+            with cursor.cursor.copy(f"COPY tt_timings ({quoted}) FROM STDIN") as copy:
+                for rec in timed:
+                    copy.write_row([getattr(rec, c) for c in columns])
+            cursor.execute(
+                f'UPDATE {table} AS r SET {assignments} FROM tt_timings AS t WHERE r."run_id" = %s AND r."index" = t."index"',  # noqa: S608
+                [run_pk],
+            )
+            return cursor.rowcount
+    finally:
+        _digest_dropped(run_pk, done)
 
 
 def records_writer(*, run_pk: int) -> Callable[[Sequence[Observed]], None]:

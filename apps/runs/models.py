@@ -278,3 +278,28 @@ class MetricSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.value}"
+
+
+class RunDigest(models.Model):
+    """A done run's records as the report reads them, packed once (apps/analysis/run_digest.py).
+
+    Derived, never evidence: the records stay the measurement and the digest is rebuilt from
+    them whenever it is missing, of another ``version``, or dropped because a record of the run
+    was written after it was packed (apps/runs/ingest.py). The report then reads one row per
+    run instead of every record: the columns as numpy arrays in one ``np.savez`` blob, the gap
+    histograms already merged per class over the run's observation window, and the stop reasons
+    counted per class.
+    """
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="digest")
+    version = models.PositiveSmallIntegerField()
+    records = models.PositiveIntegerField()  # how many records it packs
+    columns = models.BinaryField()  # np.savez of the packed columns (run_digest.pack)
+    class_names = models.JSONField(default=list)  # the run's classes, sorted; "cls" codes index it
+    token_gaps = models.JSONField(default=dict)  # class -> bucket -> weight, observation window only
+    chunk_gaps = models.JSONField(default=dict)
+    stop_reasons = models.JSONField(default=dict)  # class -> finish reason ("none") -> requests
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"digest of run {self.run_id} ({self.records} records, v{self.version})"

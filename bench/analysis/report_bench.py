@@ -50,7 +50,8 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from apps.analysis import services  # noqa: E402
+from apps.analysis import run_digest, services  # noqa: E402
+from apps.analysis.record_reader import load_table  # noqa: E402
 from apps.analysis.report_types import Report  # noqa: E402
 from apps.experiments.models import Experiment  # noqa: E402
 from apps.lifecycle.creation import experiment_create  # noqa: E402
@@ -317,19 +318,32 @@ def timed(label: str, fn, results: dict[str, float]):  # type: ignore[no-untyped
 
 # The phases of experiment_report_build, timed inside the real call (services' own names).
 PHASES = {
-    "_load_table": "load record columns",
-    "_cohort_histograms": "merge gap histograms in SQL (both columns)",
+    "_report_records": "read the runs' records (digests)",
     "_samples": "metric samples",
     "build_report": "build_report (pure)",
 }
 
 
+def records_direct(run_inputs):  # type: ignore[no-untyped-def]
+    """What the report read before run digests: every record (packed columns), the gap
+    histograms merged in SQL and the stop reasons counted in SQL, each time."""
+    return run_digest.ReportRecords(
+        table=load_table(run_inputs),
+        token_hists=run_digest.cohort_histograms(run_inputs, "token_gaps"),
+        chunk_hists=run_digest.cohort_histograms(run_inputs, "chunk_gaps"),
+        stop_reasons=run_digest.stop_reasons(run_inputs),
+    )
+
+
 def build_by_phase(
-    experiment_id: int, *, profile: Path | None = None
+    experiment_id: int, *, profile: Path | None = None, direct: bool = False
 ) -> tuple[Report, dict[str, float], float]:
-    """experiment_report_build once, with the seconds each of its phases took and the total."""
+    """experiment_report_build once, with the seconds each of its phases took and the total;
+    ``direct``: reading every record as before run digests (records_direct)."""
     spent: dict[str, float] = defaultdict(float)
     originals = {name: getattr(services, name) for name in PHASES}
+    if direct:
+        originals["_report_records"] = records_direct
 
     def wrap(name: str, fn):  # type: ignore[no-untyped-def]
         def timed_phase(*a, **kw):  # type: ignore[no-untyped-def]
@@ -344,6 +358,7 @@ def build_by_phase(
 
         return timed_phase
 
+    saved = {name: getattr(services, name) for name in PHASES}
     for name, fn in originals.items():
         setattr(services, name, wrap(name, fn))
     profiler = cProfile.Profile() if profile else None
@@ -357,7 +372,7 @@ def build_by_phase(
         total = time.perf_counter() - t0
         spent["total:cpu"] = time.process_time() - c0
     finally:
-        for name, fn in originals.items():
+        for name, fn in saved.items():
             setattr(services, name, fn)
     if profiler and profile:
         profiler.dump_stats(str(profile))
@@ -370,6 +385,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=1, help="report builds; the median is printed")
     parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="also time one build reading every record, as before run digests",
+    )
     parser.add_argument("--reuse", action="store_true", help="time the existing bench experiment")
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny run (2,520 records) that checks the bench works"
@@ -398,7 +418,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 cursor.execute(f"ANALYZE {RecordRow._meta.db_table}")
     n = RecordRow.objects.filter(run__experiment=experiment).count()
     print(f"runs: {experiment.runs.count()}, records: {n}")
+    # What the pipeline does as each run ends (workers/pipeline.py), here for all at once.
+    done = services.report_rows(experiment_id=experiment.pk).done
+    timed(
+        f"pack run digests ({len(done)} runs, as each run ends)",
+        lambda: run_digest.digests_build(done),
+        results,
+    )
 
+    if args.direct:
+        # The peer in the same run: the same report, every record read as before run digests.
+        _, direct_spent, direct_total = build_by_phase(experiment.pk, direct=True)
+        results["before digests: experiment_report_build (total)"] = direct_total
+        for name, label in PHASES.items():
+            print(f"before digests, phase: {label}: {direct_spent.get(name, 0.0):.2f} s")
+        print(f"before digests: experiment_report_build (total): {direct_total:.2f} s")
     builds = []
     for i in range(max(1, args.repeat)):
         builds.append(build_by_phase(experiment.pk, profile=args.profile if i == 0 else None))

@@ -37,7 +37,7 @@ def load_records(folder: Path) -> list[RequestRecord]:
 
 
 def stop_reasons(records: list[RequestRecord]) -> dict[str, dict[str, dict[str, int]]]:
-    """run key -> class -> finish_reason -> requests, warm-up and unsent left out (services._stop_reasons)."""
+    """run key -> class -> finish_reason -> requests, warm-up and unsent left out (run_digest.stop_reasons)."""
     out: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
     for r in records:
         if r.warmup or not r.sent:

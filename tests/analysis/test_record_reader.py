@@ -31,8 +31,8 @@ def test_the_packed_reader_reads_what_the_row_reader_reads():
     RecordRow.objects.filter(id=ids[2]).update(server_queue_ns=1_234_567, request_class="aaa", cancelled=True)
     runs = _run_inputs(list(experiment.runs.select_related("cell").order_by("plan_position", "id")))
     server = tuple(SERVER_FIELDS)
-    packed = record_reader._load_packed(runs, server)
-    rows = record_reader._load_rows(runs, server)
+    packed = record_reader._load_packed(runs, server).table(runs)
+    rows = record_reader._load_rows(runs, server).table(runs)
     assert len(packed) == len(rows) == len(ids)
     assert packed.class_names == rows.class_names and "aaa" in packed.class_names
     assert packed.run_keys == rows.run_keys
@@ -52,5 +52,5 @@ def test_the_packed_reader_reads_runs_without_records():
     experiment, _ = done_experiment(per_run=5)
     RecordRow.objects.filter(run__experiment=experiment).delete()
     runs = _run_inputs(list(experiment.runs.select_related("cell")))
-    table = record_reader._load_packed(runs, tuple(SERVER_FIELDS))
+    table = record_reader._load_packed(runs, tuple(SERVER_FIELDS)).table(runs)
     assert len(table) == 0 and table.class_names == []

@@ -28,12 +28,15 @@ def _figures(html: str) -> dict[str, Any]:
 def _joined_spans(monkeypatch: pytest.MonkeyPatch) -> None:
     """Records as the spans' join leaves them: every request spent 60% of its TTFT from the send
     in vLLM's queue, 30% in prefill and 5% in the front end (the rest on the way)."""
+    import dataclasses
+
     from apps.analysis import services
 
-    load = services._load_table
+    read = services._report_records
 
     def joined(run_inputs):  # type: ignore[no-untyped-def]
-        table = load(run_inputs)
+        records = read(run_inputs)
+        table = records.table
         from_send = table.first_token_ns - table.sent_ns
         table.server_columns = {
             "server_queue_ns": np.round(0.6 * from_send),
@@ -41,9 +44,9 @@ def _joined_spans(monkeypatch: pytest.MonkeyPatch) -> None:
             "server_ttft_ns": np.round(0.95 * from_send),
             "server_decode_ns": table.last_token_ns - table.first_token_ns,
         }
-        return table
+        return dataclasses.replace(records, table=table)
 
-    monkeypatch.setattr(services, "_load_table", joined)
+    monkeypatch.setattr(services, "_report_records", joined)
 
 
 @pytest.mark.django_db
