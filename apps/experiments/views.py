@@ -25,7 +25,7 @@ from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.accounts.roles import APPROVER, has_role
-from apps.analysis import charts, results_summary
+from apps.analysis import charts, results_summary, stored_report
 from apps.analysis.services import recovery_check_now
 from apps.experiments.form_spec import attach_spec_errors, build_spec, spec_from_upload, validate_built
 from apps.experiments.forms import CAPTURE_SECTION, CellFormSet, ClassFormSet, ExperimentForm
@@ -541,7 +541,8 @@ def _revocation(experiment: Experiment) -> Any:
 @gzip_page
 def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _experiment(request, pk)
-    decision = getattr(experiment, "decision", None) if hasattr(experiment, "decision") else None
+    # The report read once per process and row version, parsed anew per load (stored_report.py).
+    decision = stored_report.decision_of(experiment.pk)
     progress = selectors.experiment_progress(experiment=experiment)
     context: dict[str, Any] = {
         "experiment": experiment,
@@ -554,10 +555,10 @@ def experiment_results(request: HttpRequest, pk: int) -> HttpResponse:
         "b0_origin": b0_origin((experiment.spec or {}).get("baseline")),
         "b0_captured": bool(((experiment.spec or {}).get("baseline") or {}).get("capture")),
     }
-    if decision is None or not decision.report:
+    report = stored_report.report_of(decision) if decision is not None else {}
+    if decision is None or not report:
         context["partial"] = selectors.partial_results(experiment=experiment)
         return render(request, "experiments/results.html", context)
-    report = decision.report
     runs_url = reverse("experiments:detail", args=[experiment.pk])
 
     def url_for_cell(*, cell: str, mixture: str, rate: str) -> str:
