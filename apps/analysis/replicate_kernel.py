@@ -55,11 +55,12 @@ def _replicates(
 
     - coverage: repeat instance j of replicate i is repeat ``ent_rep[i, j]`` with its block
       starts at ``starts[ent_off[i, j]:]`` (one per block, lengths ``lens[lens_ptr[r]:lens_ptr[r+1]]``);
-      a difference array per repeat segment (segment r at ``seg_scratch[r]``, n + 1 wide) summed
-      in place, as resample._block_cover does (a block wraps circularly within its repeat);
+      a difference array per repeat segment (segment r at ``seg_scratch[r]``, n + 1 wide: its end
+      slot closes every block, wrapped or not, so one running sum over the whole buffer is each
+      segment's coverage), as resample._block_cover does (a block wraps circularly in its repeat);
     - good requests per side: ``prefix`` holds each side's running count of good requests
       (positions x sides, one more row than positions), read at each block's two ends;
-    - tail quantile t: its top positions (largest value first) as scratch indices
+    - tail quantile t: its top positions (largest value first) as scratch indices (unsigned)
       ``top_idx[top_ptr[t]:top_ptr[t+1]]`` and their values ``top_val``; the answer is the value
       where the running count first reaches ``need[t, i]``; NaN where the replicate is empty,
       NaN and ``exhausted`` where the tail runs out first (the caller recounts those rows).
@@ -85,6 +86,7 @@ def _replicates(
                 if e > n:
                     cov[base + e - n] -= 1
                     cov[base] += 1
+                    cov[base + n] -= 1  # every segment's differences sum to 0: one running sum
                     for k in range(n_sides):
                         goods[k] += (
                             prefix[glob + n, k]
@@ -96,12 +98,12 @@ def _replicates(
                     cov[base + e] -= 1
                     for k in range(n_sides):
                         goods[k] += prefix[glob + e, k] - prefix[glob + s, k]
-        for r in range(seg_n.size):
-            base = seg_scratch[r]
-            run = 0
-            for p in range(base, base + seg_n[r]):
-                run += cov[p]
-                cov[p] = run
+        # Unsigned loop indices here and in the walk below: numba then skips its check for
+        # negative indices, which otherwise costs about a third of these loops.
+        run = 0
+        for p in range(np.uint64(scratch_size)):
+            run += cov[p]
+            cov[p] = run
         for k in range(n_sides):
             good_out[i, k] = goods[k]
         for t in range(n_quant):
@@ -111,7 +113,7 @@ def _replicates(
             want = need[t, i]
             got = 0
             found = False
-            for p in range(top_ptr[t], top_ptr[t + 1]):
+            for p in range(np.uint64(top_ptr[t]), np.uint64(top_ptr[t + 1])):
                 got += cov[top_idx[p]]
                 if got >= want:
                     q_out[i, t] = top_val[p]

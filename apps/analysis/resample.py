@@ -261,8 +261,9 @@ class FusedReplicates:
         segment = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
         tops = [tq.top.astype(np.int64) for tq in self.quantiles]
         self._top_ptr = np.concatenate([[0], np.cumsum([t.size for t in tops])]).astype(np.int64)
-        self._top_idx = (
-            np.concatenate([t + segment[t] for t in tops]) if tops else np.zeros(0, dtype=np.int64)
+        # Unsigned: the kernel's gathers skip numba's check for negative indices.
+        self._top_idx = (np.concatenate([t + segment[t] for t in tops]) if tops else np.zeros(0)).astype(
+            np.uint32
         )
         self._top_val = (
             np.concatenate([tq.values[t] for tq, t in zip(self.quantiles, tops, strict=True)]).astype(
