@@ -323,7 +323,7 @@ class FusedReplicates:
         rows = np.flatnonzero(exhausted.any(axis=1))
         if rows.size:
             counts_t = np.ascontiguousarray(self.rs.cover(d, rows).T)
-            for t in np.flatnonzero(exhausted[rows].any(axis=0)):
-                sel = exhausted[rows, t]
-                out[rows[sel], t] = self.quantiles[t]._full(counts_t[:, sel], total[rows[sel]])
+            for col in np.flatnonzero(exhausted[rows].any(axis=0)):
+                sel = exhausted[rows, col]
+                out[rows[sel], col] = self.quantiles[col]._full(counts_t[:, sel], total[rows[sel]])
         return good, out

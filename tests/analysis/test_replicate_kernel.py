@@ -133,3 +133,23 @@ def test_every_sides_rows_are_the_numpy_paths(sizes, monkeypatch):
         for metric, rows in plain[name].items():
             _same_bits(fused[name][metric].hi, rows.hi)
             _same_bits(fused[name][metric].lo, rows.lo)
+
+
+def test_it_compiles_in_memory_where_no_cache_folder_can_be_written(monkeypatch):
+    # Every cache folder unwritable (as for a user who owns neither the code nor a home):
+    # numba refuses cache=True at decoration; the kernel's decorator compiles in memory.
+    from numba.core import caching
+
+    from apps.analysis import replicate_kernel
+
+    def unwritable(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(caching._CacheLocator, "ensure_cache_path", unwritable)
+
+    def plus_one(x):
+        return x + 1
+
+    with pytest.raises(RuntimeError, match="no locator available"):
+        replicate_kernel.numba.njit(cache=True)(plus_one)
+    assert replicate_kernel._jit(plus_one)(41) == 42
