@@ -256,7 +256,7 @@ class FusedReplicates:
         lens = [rs.lens(r) if n else np.zeros(0, dtype=np.int64) for r, n in enumerate(rs.sizes)]
         self._lens_ptr = np.concatenate([[0], np.cumsum([x.size for x in lens])]).astype(np.int64)
         self._lens = np.concatenate(lens).astype(np.int64) if lens else np.zeros(0, dtype=np.int64)
-        g = np.asarray(goods).astype(np.int64).reshape(rs.total, -1)
+        g = np.asarray(goods).astype(np.int64)
         self._prefix = np.vstack([np.zeros((1, g.shape[1]), dtype=np.int64), np.cumsum(g, axis=0)])
         segment = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
         tops = [tq.top.astype(np.int64) for tq in self.quantiles]

@@ -102,6 +102,16 @@ def test_it_equals_the_numpy_path_with_one_repeat_and_at_a_slice_boundary(monkey
         _both_ways(Resampling([200, 180, 120], resamples, [4, 9]), goods, [TailQuantile(values, 0.99)])
 
 
+def test_it_equals_the_numpy_path_with_an_empty_repeat_or_no_requests():
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 9, 150).astype(float)
+    goods = (rng.random((150, 2)) < 0.5).astype(np.float32)
+    _both_ways(
+        Resampling([90, 0, 60], 40, [6]), goods, [TailQuantile(values, 0.99), TailQuantile(values, 0.5)]
+    )
+    _both_ways(Resampling([0, 0], 20, [6]), np.zeros((0, 2), np.float32), [TailQuantile(np.zeros(0), 0.99)])
+
+
 def _sides(rng: np.random.Generator, n: int, names: list[str]) -> dict[str, compare.Side]:
     out = {}
     for name in names:
