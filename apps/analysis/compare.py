@@ -29,7 +29,6 @@ apps/analysis/rounds.py.
 
 from __future__ import annotations
 
-import itertools
 import math
 import zlib
 from collections.abc import Collection, Mapping, Sequence
@@ -41,8 +40,12 @@ from apps.analysis import inference, rounds
 from apps.analysis.compare_options import HIGHER_IS_BETTER, LATENCY_KINDS, CompareOptions, latency_metric
 from apps.analysis.metrics import Derived
 from apps.analysis.report_types import MetricVerdict
-from apps.analysis.resample import Resampling, TailQuantile
+from apps.analysis.resample import FusedReplicates, Resampling, TailQuantile
 from workers.replay.records import GapHistogram
+
+# The replicates go through the fused kernel while every replicate holds fewer requests than this:
+# the numpy path's float32 product counts good requests exactly only below 2**24.
+FUSED_MAX_TOTAL = 2**24
 
 
 def group_seed(seed: int, key: str) -> list[int]:
@@ -141,19 +144,37 @@ def _rows_of_sides(
 
     sizes = np.asarray(rs.sizes, dtype=np.int64)
     goods = np.stack([side.good.astype(np.float32) for side in sides.values()], axis=1)
+    flat = [(name, key, tq) for name in sides for key, tq in quantiles[name].items()]
     mults = []
-    for counts, mult in itertools.chain([(rs.fixed(), rs.fixed_mult())], rs.chunks()):
+
+    def record(mult: np.ndarray, total: np.ndarray, good_all: np.ndarray, qs: Sequence[np.ndarray]) -> None:
         mults.append(mult)
+        dur = mult @ obs if obs.size else np.zeros(mult.shape[0])
+        for i, name in enumerate(sides):
+            rates(name, good_all[:, i], total, dur)
+        for (name, (kind, level, end), _), values in zip(flat, qs, strict=True):
+            add(name, f"{latency_metric(kind, level)}:{end}", values)
+
+    def counted(counts: np.ndarray, mult: np.ndarray) -> None:
         total = mult @ sizes  # each drawn repeat contributes exactly its size
-        dur = mult @ obs if obs.size else np.zeros(counts.shape[0])
         # One pass over the counts for every side's good requests (exact in float32 below 2**24).
         good_all = (counts.astype(np.float32) @ goods).astype(np.float64)
         # Positions as rows: each tail quantile reads its top positions as whole rows.
         counts_t = np.ascontiguousarray(counts.T)
-        for i, name in enumerate(sides):
-            rates(name, good_all[:, i], total, dur)
-            for (kind, level, end), tq in quantiles[name].items():
-                add(name, f"{latency_metric(kind, level)}:{end}", tq.of_t(counts_t, total))
+        record(mult, total, good_all, [tq.of_t(counts_t, total) for _, _, tq in flat])
+
+    counted(rs.fixed(), rs.fixed_mult())
+    # The replicates by the fused kernel (resample.FusedReplicates: the same numbers without the
+    # count matrix) while a replicate's good count is exact in float32 as the numpy path's is.
+    if rs.n_repeats and rs.n_repeats * int(sizes.max()) < FUSED_MAX_TOTAL:
+        fused = FusedReplicates(rs, goods, [tq for _, _, tq in flat])
+        for d in rs.draws():
+            total = d.mult @ sizes
+            good_all, qs = fused.of(d, total)
+            record(d.mult, total, good_all, list(qs.T))
+    else:
+        for counts, mult in rs.chunks():
+            counted(counts, mult)
     all_mult = np.vstack(mults)
     out: dict[str, dict[str, Rows]] = {}
     for name in sides:

@@ -70,8 +70,8 @@ class Resampling:
         out[-1] = n - (k - 1) * b
         return out
 
-    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(counts, repeat multiplicities) for consecutive slices of the replicates."""
+    def draws(self) -> Iterator[Draws]:
+        """The bootstrap's draws for consecutive slices of the replicates, the same on every call."""
         rng = np.random.default_rng(list(self.seed))
         n_rep, total = self.n_repeats, self.total
         per_chunk = max(16, CHUNK_CELLS // max(1, total))
@@ -80,15 +80,45 @@ class Resampling:
             c = min(per_chunk, self.resamples - done)
             picks = rng.integers(0, n_rep, size=(c, n_rep)) if n_rep else np.zeros((c, 0), dtype=np.int64)
             mult = np.stack([(picks == r).sum(axis=1) for r in range(n_rep)], axis=1).astype(np.int64)
-            counts = np.zeros((c, total), dtype=np.int32)
-            for r, (o, n) in enumerate(zip(self.offsets, self.sizes, strict=True)):
+            groups: list[tuple[int, np.ndarray, np.ndarray]] = []
+            for r, n in enumerate(self.sizes):
                 k = -(-n // self.blocks[r]) if n else 0
                 for inst in range(int(mult[:, r].max()) if c and n else 0):
                     active = np.flatnonzero(mult[:, r] > inst)
-                    starts = rng.integers(0, n, size=(active.size, k))
-                    counts[active, o : o + n] += _block_cover(starts, self.lens(r), n)
+                    groups.append((r, active, rng.integers(0, n, size=(active.size, k))))
             done += c
-            yield counts, mult
+            yield Draws(mult=mult, groups=groups)
+
+    def cover(self, d: Draws, rows: np.ndarray | None = None) -> np.ndarray:
+        """The replicates' counts (replicates x positions) under their draws; only ``rows``
+        (ascending replicate indices within the slice) when given."""
+        offsets = self.offsets
+        counts = np.zeros((d.mult.shape[0] if rows is None else rows.size, self.total), dtype=np.int32)
+        for r, active, starts in d.groups:
+            o, n = offsets[r], self.sizes[r]
+            if rows is None:
+                counts[active, o : o + n] += _block_cover(starts, self.lens(r), n)
+                continue
+            mine = np.isin(active, rows)
+            if mine.any():
+                at = np.searchsorted(rows, active[mine])
+                counts[at, o : o + n] += _block_cover(starts[mine], self.lens(r), n)
+        return counts
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(counts, repeat multiplicities) for consecutive slices of the replicates."""
+        for d in self.draws():
+            yield self.cover(d), d.mult
+
+
+@dataclass(frozen=True)
+class Draws:
+    """One slice of the replicates' draws: ``mult`` (replicates x repeats) how often each repeat
+    was drawn; ``groups`` per (repeat, instance) in draw order: the repeat, the replicates that
+    drew it that often (ascending) and their circular blocks' starts (those x the repeat's blocks)."""
+
+    mult: np.ndarray
+    groups: list[tuple[int, np.ndarray, np.ndarray]]
 
 
 def _block_cover(starts: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
@@ -199,3 +229,101 @@ class TailQuantile:
         if rest.size:
             out[rest] = self._full(counts_t[:, rest], total[rest])
         return out
+
+
+class FusedReplicates:
+    """Every side's good requests and every tail quantile under the bootstrap replicates of
+    ``rs``, by the fused kernel (apps/analysis/replicate_kernel.py): the same numbers as
+    ``rs.cover`` then ``counts @ goods`` and ``TailQuantile.of_t``, without the count matrix.
+
+    ``goods`` is positions x sides, 0 or 1. The good counts are exact integers, as the float32
+    product of the numpy path is while every replicate holds fewer than 2**24 requests.
+    """
+
+    def __init__(self, rs: Resampling, goods: np.ndarray, quantiles: Sequence[TailQuantile]) -> None:
+        from apps.analysis import replicate_kernel  # numba: loaded only where replicates are drawn
+
+        self._kernel = replicate_kernel.replicates
+        self.rs = rs
+        self.quantiles = list(quantiles)
+        sizes = np.asarray(rs.sizes, dtype=np.int64)
+        offsets = np.asarray(rs.offsets, dtype=np.int64)
+        self._sizes = sizes
+        # Segment r of the scratch buffer is n_r + 1 wide (the difference array's end slot).
+        self._seg_scratch = offsets + np.arange(sizes.size, dtype=np.int64)
+        self._seg_global = offsets
+        self._scratch_size = int(sizes.sum() + sizes.size)
+        lens = [rs.lens(r) if n else np.zeros(0, dtype=np.int64) for r, n in enumerate(rs.sizes)]
+        self._lens_ptr = np.concatenate([[0], np.cumsum([x.size for x in lens])]).astype(np.int64)
+        self._lens = np.concatenate(lens).astype(np.int64) if lens else np.zeros(0, dtype=np.int64)
+        g = np.asarray(goods).astype(np.int64)
+        self._prefix = np.vstack([np.zeros((1, g.shape[1]), dtype=np.int64), np.cumsum(g, axis=0)])
+        segment = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
+        tops = [tq.top.astype(np.int64) for tq in self.quantiles]
+        self._top_ptr = np.concatenate([[0], np.cumsum([t.size for t in tops])]).astype(np.int64)
+        # Unsigned: the kernel's gathers skip numba's check for negative indices.
+        self._top_idx = (np.concatenate([t + segment[t] for t in tops]) if tops else np.zeros(0)).astype(
+            np.uint32
+        )
+        self._top_val = (
+            np.concatenate([tq.values[t] for tq, t in zip(self.quantiles, tops, strict=True)]).astype(
+                np.float64
+            )
+            if tops
+            else np.zeros(0)
+        )
+
+    def of(self, d: Draws, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(good requests: replicates x sides, quantiles: replicates x quantiles) under one slice
+        of draws whose replicates hold ``total`` requests each."""
+        c, n_rep = d.mult.shape
+        ent_rep = np.zeros((c, max(1, n_rep)), dtype=np.int64)
+        ent_off = np.zeros((c, max(1, n_rep)), dtype=np.int64)
+        ent_count = np.zeros(c, dtype=np.int64)
+        flat: list[np.ndarray] = []
+        at = 0
+        for r, active, starts in d.groups:
+            slot = ent_count[active]
+            ent_rep[active, slot] = r
+            ent_off[active, slot] = at + np.arange(active.size, dtype=np.int64) * starts.shape[1]
+            ent_count[active] += 1
+            flat.append(starts.ravel())
+            at += starts.size
+        starts_flat = np.concatenate(flat).astype(np.int64) if flat else np.zeros(0, dtype=np.int64)
+        total = np.asarray(total, dtype=np.int64)
+        need = np.zeros((len(self.quantiles), c), dtype=np.int64)
+        for t, tq in enumerate(self.quantiles):
+            k = np.maximum(1, np.ceil(tq.q * total - 1e-9)).astype(np.int64)
+            need[t] = total - k + 1  # the k-th smallest is the (total - k + 1)-th largest
+        good = np.zeros((c, self._prefix.shape[1]), dtype=np.float64)
+        out = np.zeros((c, len(self.quantiles)), dtype=np.float64)
+        exhausted = np.zeros((c, len(self.quantiles)), dtype=np.bool_)
+        self._kernel(
+            ent_rep,
+            ent_off,
+            ent_count,
+            starts_flat,
+            self._seg_scratch,
+            self._seg_global,
+            self._sizes,
+            self._lens_ptr,
+            self._lens,
+            self._prefix,
+            self._top_idx,
+            self._top_val,
+            self._top_ptr,
+            need,
+            total,
+            self._scratch_size,
+            good,
+            out,
+            exhausted,
+        )
+        # A replicate whose quantile lies below its tail (rare): its counts, then every value.
+        rows = np.flatnonzero(exhausted.any(axis=1))
+        if rows.size:
+            counts_t = np.ascontiguousarray(self.rs.cover(d, rows).T)
+            for col in np.flatnonzero(exhausted[rows].any(axis=0)):
+                sel = exhausted[rows, col]
+                out[rows[sel], col] = self.quantiles[col]._full(counts_t[:, sel], total[rows[sel]])
+        return good, out
