@@ -29,6 +29,7 @@ apps/analysis/rounds.py.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Collection, Mapping, Sequence
@@ -84,25 +85,31 @@ def side_vectors(d: Derived, aligned: Sequence[np.ndarray]) -> Side:
 def _hist_rows(hists: Sequence[GapHistogram | None], mult: np.ndarray) -> np.ndarray:
     """ITL p99 (ms) for each row of repeat multiplicities."""
     n = len(hists)
-    buckets = sorted({b for h in hists if h is not None for b in h.counts})
     out = np.full(mult.shape[0], math.inf)
-    if not buckets:
+    held = [(r, h.counts) for r, h in enumerate(hists) if h is not None and h.counts]
+    if not held:
         return out
-    weights = np.zeros((n, len(buckets)))
-    col = {b: i for i, b in enumerate(buckets)}
-    for r, h in enumerate(hists):
-        if h is not None:
-            for b, c in h.counts.items():
-                weights[r, col[b]] = c
+    keys = {r: np.fromiter(c.keys(), dtype=np.int64, count=len(c)) for r, c in held}
+    buckets = np.unique(np.concatenate(list(keys.values())))
+    weights = np.zeros((n, buckets.size))
+    for r, c in held:
+        weights[r, np.searchsorted(buckets, keys[r])] = np.fromiter(c.values(), dtype=np.float64, count=len(c))
     merged = mult.astype(np.float64) @ weights
     cum = np.cumsum(merged, axis=1)
     total = cum[:, -1]
     # Same rule as GapHistogram.quantile: the first bucket whose running total reaches q * total.
-    pos = np.minimum((cum < (0.99 * total)[:, None]).sum(axis=1), len(buckets) - 1)
-    mids = np.asarray([GapHistogram({b: 1.0}).quantile(0.5) for b in buckets])
+    pos = np.minimum((cum < (0.99 * total)[:, None]).sum(axis=1), buckets.size - 1)
+    mids = np.asarray([_bucket_mid(int(b)) for b in buckets])
     ok = total > 0
     out[ok] = mids[pos[ok]] / 1000.0
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _bucket_mid(bucket: int) -> float:
+    """A gap bucket's middle in microseconds, as GapHistogram.quantile reads it."""
+    value = GapHistogram({bucket: 1.0}).quantile(0.5)
+    return math.inf if value is None else value
 
 
 @dataclass
