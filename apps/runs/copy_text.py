@@ -3,15 +3,17 @@
 Why not psycopg's ``copy.write_row``: it takes one Python sequence per row and adapts each
 value on its own, and the ingest used to build a dict per record and ``json.dumps`` two gap
 histograms per record to feed it; at a thousand records a batch that Python work, not the
-server, was most of an ingest's time (bench/results/ingest.md). Here the batch is built a
+server, was most of an ingest's time (bench/results/ingest.md). Here the records are built a
 column at a time (one pass over the records per column, in comprehensions and ``map``) and
-the rows are joined into one string, written with one ``copy.write``.
+the rows joined into one string, written with one ``copy.write`` (the ingest calls this per
+chunk of a batch: apps/runs/ingest.py).
 
 The text format, as Postgres reads it (the ``COPY`` page of its manual): columns split by a
 tab, rows by a newline, NULL is ``\\N``, and a backslash starts an escape; so a text value has
 its backslashes, tabs, newlines and carriage returns escaped, and nothing else. Booleans are
 ``t``/``f``; integers their decimal digits; a gap histogram the JSON text of
-``GapHistogram.to_json`` (digits, quotes, colons, commas: nothing to escape).
+``GapHistogram.to_json``, its keys unsorted (digits, quotes, colons, commas, points: nothing
+to escape).
 
 Pure: no Django, so it is tested without a database (tests/runs/test_copy_text.py) as well
 as through the real COPY (tests/runs/test_ingest_copy.py).
@@ -39,14 +41,33 @@ def escape(value: str) -> str:
     return value.translate(_ESCAPES)
 
 
+class _Buckets(dict[tuple[int, float], str]):
+    """The text of one bucket of a gap histogram, ``"key": weight``, made once per (bucket,
+    weight) seen: a stream's histograms hold tens of buckets, and formatting each number anew
+    was most of the cost of a record (bench/results/ingest.md, 2026-12-04). Buckets are a few
+    hundred at most and weights mostly small whole numbers, so the table stays small; it stops
+    growing at ``_LIMIT`` entries all the same."""
+
+    _LIMIT = 1 << 16
+
+    def __missing__(self, key: tuple[int, float]) -> str:
+        bucket, weight = key
+        number = int(weight) if float(weight).is_integer() else float(weight)
+        text = f'"{int(bucket)}": {number!r}'
+        if len(self) < self._LIMIT:
+            self[key] = text
+        return text
+
+
+_bucket_text = _Buckets().__getitem__
+
+
 def gaps_json(hist: GapHistogram) -> str:
-    """``json.dumps(hist.to_json())`` without building the dict: bucket keys in order, a weight
-    that is a whole number written as an integer. Postgres parses it into jsonb either way;
-    the text only has to mean the same."""
-    parts = [
-        f'"{b}": {int(c) if float(c).is_integer() else float(c)!r}' for b, c in sorted(hist.counts.items())
-    ]
-    return "{" + ", ".join(parts) + "}"
+    """The JSON of ``hist.to_json()``: the same keys and numbers, a whole weight written as an
+    integer (jsonb keeps ``7`` and ``7.0`` apart). The keys are left in the histogram's order,
+    not sorted as ``to_json`` sorts them: jsonb stores an object's keys in its own order
+    whatever the text's, and sorting was a fifth of this function's time."""
+    return "{" + ", ".join(map(_bucket_text, hist.counts.items())) + "}"
 
 
 def _column(kind: Kind, nullable: bool, values: list[Any]) -> list[str]:
@@ -58,20 +79,7 @@ def _column(kind: Kind, nullable: bool, values: list[Any]) -> list[str]:
         return [NULL if v is None else ("t" if v else "f") for v in values]
     if kind == "text":
         return [NULL if v is None else v.translate(_ESCAPES) for v in values]
-    # Two histograms of a record, or of two records, often hold the same buckets (a stream
-    # of one token per chunk has equal chunk and token gaps): the text is made once per content.
-    seen: dict[tuple[tuple[int, float], ...], str] = {}
-    out = []
-    for hist in values:
-        if hist is None:
-            out.append(NULL)
-            continue
-        key = tuple(hist.counts.items())
-        text = seen.get(key)
-        if text is None:
-            text = seen[key] = gaps_json(hist)
-        out.append(text)
-    return out
+    return [NULL if h is None else gaps_json(h) for h in values]
 
 
 def copy_text(

@@ -100,12 +100,24 @@ def test_the_gap_histograms_json_means_what_json_dumps_of_to_json_means(counts: 
     assert [type(v) for v in mine.values()] == [type(v) for v in theirs.values()]
 
 
-def test_equal_histograms_share_their_text_and_differing_ones_do_not() -> None:
-    a, b = observed("r", 0), observed("r", 1)
-    b.token_gaps = GapHistogram({1: 2.0})
-    rows = _read(copy_text(COLUMNS, [a, b], {"run_id": "1"}))
-    assert json.loads(rows[0][5]) == a.token_gaps.to_json()
-    assert json.loads(rows[1][5]) == {"1": 2}
+def test_it_writes_each_records_own_histogram_whatever_it_wrote_before() -> None:
+    # The text of a bucket is remembered per (bucket, weight): the same bucket with another
+    # weight, and the same weight as an int and a float, must each come out as themselves.
+    hists = [{1: 2.0}, {1: 2.5}, {1: 2}, {1: 3.0, 0: 0.25}, {1: 2.0}]
+    records = []
+    for i, counts in enumerate(hists):
+        rec = observed("r", i)
+        rec.token_gaps = GapHistogram(dict(counts))
+        records.append(rec)
+    rows = _read(copy_text(COLUMNS, records, {"run_id": "1"}))
+    assert [json.loads(row[5]) for row in rows] == [
+        {"1": 2},
+        {"1": 2.5},
+        {"1": 2},
+        {"0": 0.25, "1": 3},
+        {"1": 2},
+    ]
+    assert [type(json.loads(row[5])["1"]) for row in rows] == [int, float, int, int, int]
 
 
 def test_escape_leaves_ordinary_text_alone() -> None:
