@@ -98,6 +98,7 @@ def test_the_gap_histograms_json_means_what_json_dumps_of_to_json_means(counts: 
     assert mine == theirs
     # Whole weights stay integers in the text, as to_json writes them (jsonb keeps 7 and 7.0 apart).
     assert [type(v) for v in mine.values()] == [type(v) for v in theirs.values()]
+    assert gaps_json(hist) == json.dumps(hist.to_json())  # the very text, keys in the same order
 
 
 def test_it_writes_each_records_own_histogram_whatever_it_wrote_before() -> None:
