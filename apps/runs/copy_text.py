@@ -1,4 +1,4 @@
-"""A batch of observed records as the body of one Postgres ``COPY ... FROM STDIN`` in text format.
+"""A batch of observed records as the data of one Postgres ``COPY`` in text format: builds, never writes.
 
 Why not psycopg's ``copy.write_row``: it takes one Python sequence per row and adapts each
 value on its own, and the ingest used to build a dict per record and ``json.dumps`` two gap
