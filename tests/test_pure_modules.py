@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 PURE = [
     "apps.runs.capacity",
     "apps.runs.summary_types",
+    "apps.runs.copy_text",
     "apps.analysis.inference",
     "apps.analysis.resample",
     "apps.analysis.family",

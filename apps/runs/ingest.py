@@ -10,14 +10,14 @@ which is the same guarantee.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from apps.experiments.models import Experiment
+from apps.runs.copy_text import Kind, copy_text
 from apps.runs.models import MetricSample, RequestRecord, Run, RunDigest
 from workers.replay.records import SERVER_TIMING_FIELDS
 from workers.replay.records import RequestRecord as Observed
@@ -29,7 +29,25 @@ _RECORD_COLUMNS = (
     "error_kind", "error", "finish_reason", "cancelled", "unfinished", "cut", "backend",
     *SERVER_TIMING_FIELDS,
 )  # fmt: skip
-_JSON_COLUMNS = {"chunk_gaps", "token_gaps"}
+_KINDS: dict[str, Kind] = {
+    "ForeignKey": "int", "PositiveIntegerField": "int", "IntegerField": "int", "BigIntegerField": "int",
+    "BooleanField": "bool", "CharField": "text", "TextField": "text", "JSONField": "gaps",
+}  # fmt: skip
+
+
+def _copy_columns() -> tuple[tuple[str, Kind, bool], ...]:
+    """How each COPY column is written, read off the model's fields so that a column added to
+    the model is encoded by its type, and a type the encoder does not know fails at import."""
+    fields = {f.column: f for f in RequestRecord._meta.concrete_fields}
+    return tuple(
+        (name, _KINDS[fields[name].get_internal_type()], bool(fields[name].null)) for name in _RECORD_COLUMNS
+    )
+
+
+_COPY_COLUMNS = _copy_columns()
+# Records per COPY write: small enough that the server is busy with one while the next is built,
+# large enough that a write's own cost stays small (bench/results/ingest.md, 2026-12-04).
+_COPY_CHUNK = 100
 
 
 def _row(run_pk: int, rec: Observed) -> dict[str, Any]:
@@ -94,48 +112,55 @@ def records_ingest(*, run_pk: int, records: Sequence[Observed]) -> int:
     if not records:
         return 0
     done = _accepting(run_pk)
-    rows = [_row(run_pk, r) for r in records]
     if connection.vendor == "postgresql":
-        new = _copy_ignore_conflicts(RequestRecord._meta.db_table, _RECORD_COLUMNS, rows, ("run_id", "index"))
+        constants = {"run_id": str(int(run_pk))}
+        chunks = (
+            copy_text(_COPY_COLUMNS, records[i : i + _COPY_CHUNK], constants)
+            for i in range(0, len(records), _COPY_CHUNK)
+        )
+        new = _copy_ignore_conflicts(
+            RequestRecord._meta.db_table, _RECORD_COLUMNS, chunks, len(records), ("run_id", "index")
+        )
     else:
         before = RequestRecord.objects.filter(run_id=run_pk).count()
         RequestRecord.objects.bulk_create(
-            [RequestRecord(**row) for row in rows], ignore_conflicts=True, batch_size=500
+            [RequestRecord(**_row(run_pk, r)) for r in records], ignore_conflicts=True, batch_size=500
         )
         new = RequestRecord.objects.filter(run_id=run_pk).count() - before
     _digest_dropped(run_pk, done and new > 0)
     return new
 
 
-def _copy_rows(copy: Any, columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
-    for row in rows:
-        copy.write_row(
-            [json.dumps(row[c]) if c in _JSON_COLUMNS and row[c] is not None else row[c] for c in columns]
-        )
-
-
 def _copy_ignore_conflicts(
-    table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], conflict: Sequence[str]
+    table: str, columns: Sequence[str], chunks: Iterator[str], rows: int, conflict: Sequence[str]
 ) -> int:
-    """COPY the rows straight into the table inside a savepoint: a new batch (nearly every batch)
-    is written once. A batch holding a row already stored (a retry after a killed worker) breaks
-    the unique constraint on ``conflict``; the savepoint is rolled back, nothing of it kept, and
-    the batch goes through a temporary table and ``ON CONFLICT DO NOTHING`` instead."""
+    """COPY the batch (``rows`` rows, as COPY text in ``chunks``: apps/runs/copy_text.py) straight
+    into the table inside a savepoint: a new batch (nearly every batch) is written once. A batch
+    holding a row already stored (a retry after a killed worker) breaks the unique constraint on
+    ``conflict``; the savepoint is rolled back, nothing of it kept, and the same text goes
+    through a temporary table and ``ON CONFLICT DO NOTHING`` instead.
+
+    Each chunk is sent as soon as it is built, so the server parses and indexes one chunk
+    while this process builds the next (two processes, two cores); a chunk is kept until the
+    COPY is through, for the fallback, which builds whatever the failed COPY left unbuilt."""
     from psycopg.errors import UniqueViolation  # Postgres only: the raw cursor's own error
 
     quoted = ", ".join(f'"{c}"' for c in columns)
+    sent: list[str] = []
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             with cursor.cursor.copy(f"COPY {table} ({quoted}) FROM STDIN") as copy:  # names are ours
-                _copy_rows(copy, columns, rows)
-            return len(rows)
+                for text in chunks:
+                    sent.append(text)
+                    copy.write(text)
+            return rows
     except (IntegrityError, UniqueViolation):
         pass  # a row of this batch is stored already: the savepoint is gone, and with it the batch
-    return _copy_via_temp_table(table, columns, rows, conflict)
+    return _copy_via_temp_table(table, columns, [*sent, *chunks], conflict)
 
 
 def _copy_via_temp_table(
-    table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]], conflict: Sequence[str]
+    table: str, columns: Sequence[str], chunks: Sequence[str], conflict: Sequence[str]
 ) -> int:
     """COPY into a temporary table, then one INSERT ... ON CONFLICT DO NOTHING: the rows not yet
     stored, each once."""
@@ -149,7 +174,8 @@ def _copy_via_temp_table(
         cursor.execute(create)
         raw = cursor.cursor  # the psycopg 3 cursor under Django's wrapper
         with raw.copy(f"COPY tt_ingest ({quoted}) FROM STDIN") as copy:
-            _copy_rows(copy, columns, rows)
+            for text in chunks:
+                copy.write(text)
         keys = ", ".join(f'"{c}"' for c in conflict)
         cursor.execute(
             f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM tt_ingest ON CONFLICT ({keys}) DO NOTHING"  # noqa: S608

@@ -200,7 +200,10 @@ class RequestRecord(models.Model):
     can never double a measurement.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="records")
+    # No index of its own: the unique (run, index) constraint's index leads with run and serves
+    # every lookup by run; a third index on the table was an eighth of a COPY's time
+    # (bench/results/ingest.md, 2026-12-04).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="records", db_index=False)
     index = models.PositiveIntegerField()
     request_class = models.CharField(max_length=64)
     warmup = models.BooleanField(default=False)

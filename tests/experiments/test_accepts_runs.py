@@ -50,6 +50,8 @@ WRITERS: dict[tuple[str, str], str] = {
     ("apps/runs/ingest.py", "_copy_ignore_conflicts"): "records_ingest",
     # A batch the savepointed COPY refused (a row stored already): called only from the above.
     ("apps/runs/ingest.py", "_copy_via_temp_table"): "records_ingest",
+    # Builds the COPY text of the rows records_ingest writes (it writes nothing itself).
+    ("apps/runs/copy_text.py", "copy_text"): "records_ingest",
     ("apps/runs/ingest.py", "metric_samples_ingest"): "metric_samples_ingest",
     ("apps/runs/ingest.py", "records_server_timings_ingest"): "records_server_timings_ingest",
     ("apps/analysis/management/commands/results_import.py", "Command._records"): "results_import",
