@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[dev]'
 	# Compile the bootstrap's kernel into numba's cache: the first report does not wait for it.
-	$(BIN)/python -c 'from apps.analysis import replicate_kernel; replicate_kernel.warm()'
+	$(BIN)/python -c 'from apps.analysis import resample; resample.warm_kernel()'
 	touch $@
 
 setup: $(VENV)/.installed

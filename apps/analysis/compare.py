@@ -93,7 +93,9 @@ def _hist_rows(hists: Sequence[GapHistogram | None], mult: np.ndarray) -> np.nda
     buckets = np.unique(np.concatenate(list(keys.values())))
     weights = np.zeros((n, buckets.size))
     for r, c in held:
-        weights[r, np.searchsorted(buckets, keys[r])] = np.fromiter(c.values(), dtype=np.float64, count=len(c))
+        weights[r, np.searchsorted(buckets, keys[r])] = np.fromiter(
+            c.values(), dtype=np.float64, count=len(c)
+        )
     merged = mult.astype(np.float64) @ weights
     cum = np.cumsum(merged, axis=1)
     total = cum[:, -1]

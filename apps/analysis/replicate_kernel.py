@@ -125,15 +125,3 @@ def _replicates(
 
 
 replicates = _jit(_replicates)
-
-
-def warm() -> None:
-    """Compile the kernel (or load it from the cache) on a tiny bootstrap, with the argument types
-    resample.FusedReplicates passes: ``make setup`` runs it so the first report does not compile."""
-    from apps.analysis.resample import FusedReplicates, Resampling, TailQuantile
-
-    rs = Resampling([40, 30], 20, [0])
-    values = np.arange(70, dtype=np.float64)
-    fused = FusedReplicates(rs, np.ones((70, 1), dtype=np.float32), [TailQuantile(values, 0.99)])
-    for d in rs.draws():
-        fused.of(d, d.mult @ np.asarray(rs.sizes, dtype=np.int64))
