@@ -115,6 +115,15 @@ def _bucket_mid(bucket: int) -> float:
 
 
 @dataclass
+class TailCache:
+    """TailQuantiles of one point's sides, kept across the seeds of one sweep's judging (their
+    values do not depend on the seed; only the draws do). ``point`` names the point."""
+
+    point: str
+    kept: dict[tuple[str, str, str, str, str], TailQuantile]
+
+
+@dataclass
 class Rows:
     """A metric of one side over every row: fixed rows first (full, each repeat), then replicates."""
 
@@ -129,11 +138,26 @@ def _rows_of_sides(
     levels: Sequence[str],
     obs_s: Sequence[float],
     hists: Mapping[str, Sequence[GapHistogram | None]],
+    tails: TailCache | None = None,
 ) -> dict[str, dict[str, Rows]]:
-    """Every side's metrics over the fixed rows and every replicate, in one pass over the draws."""
+    """Every side's metrics over the fixed rows and every replicate, in one pass over the draws.
+
+    ``tails``: TailQuantiles kept from an earlier call on the same point (the second seed's pass
+    reads the first's), each used only where its values equal this side's."""
+
+    def tail(name: str, kind: str, level: str, end: str, vec: np.ndarray) -> TailQuantile:
+        q = inference.QUANTILE_OF_LEVEL[level]
+        if tails is None:
+            return TailQuantile(vec, q)
+        key = (tails.point, name, kind, level, end)
+        kept = tails.kept.get(key)
+        if kept is None or kept.q != q or not np.array_equal(kept.values, vec, equal_nan=True):
+            kept = tails.kept[key] = TailQuantile(vec, q)
+        return kept
+
     quantiles = {
         name: {
-            (kind, level, end): TailQuantile(vec, inference.QUANTILE_OF_LEVEL[level])
+            (kind, level, end): tail(name, kind, level, end, vec)
             for kind in LATENCY_KINDS
             for level in levels
             for end, vec in (("hi", side.hi[kind]), ("lo", side.lo[kind]))
@@ -397,6 +421,7 @@ def compare_group(
     options: CompareOptions,
     incomplete: str | None = None,
     pool: Collection[str] | None = None,
+    tails: TailCache | None = None,
 ) -> GroupResult:
     """Candidate − B0 for every candidate over the shared traffic of one (mixture, rate, class).
 
@@ -418,7 +443,9 @@ def compare_group(
     levels = ["p99"] if level == "p99" else ["p99", "p95"]
     sides = {"": side_vectors(d, base_aligned)}
     sides.update({cell: side_vectors(d, aligned) for cell, aligned in cands.items()})
-    rows = _rows_of_sides(sides, rs, levels=levels, obs_s=obs_s, hists={"": base_hists, **dict(cand_hists)})
+    rows = _rows_of_sides(
+        sides, rs, levels=levels, obs_s=obs_s, hists={"": base_hists, **dict(cand_hists)}, tails=tails
+    )
     notes: dict[str, str | None] = {}
     for kind in LATENCY_KINDS:
         for lv in levels:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,8 @@ class _Judging:
     classes: Sequence[ClassInput] = ()  # their contracts, for the decision's words
     overload: Sequence[Mapping[str, Any]] = ()  # B0's load per point (overload.overload_points)
     by_margin: bool = False  # a search experiment: rank the confirmed cells by margin
+    # Each point's tail quantiles, built under the first seed and read again under the second.
+    tails: dict[tuple[str, str], Any] = field(default_factory=dict, compare=False)
 
 
 def judge_sweep(
@@ -237,6 +239,7 @@ def _compare_point(
         seed=seed,
         options=ctx.options,
         pool=ctx.eligible,
+        tails=ctx.tails,
     )
     result = on(keep=[True] * len(base_runs), cells_in=complete, incomplete=None)
     results = {cell: (result, sizes) for cell in complete}
@@ -342,6 +345,7 @@ def _compare_on(
     options: CompareOptions,
     incomplete: str | None,
     pool: Collection[str],
+    tails: dict[tuple[str, str], Any] | None = None,
 ) -> compare.GroupResult:
     """compare_group of ``cells_in`` against B0 over B0's rounds where ``keep`` is true.
 
@@ -376,6 +380,9 @@ def _compare_on(
         options=options,
         incomplete=incomplete,
         pool=pool,
+        tails=tails.setdefault((key, ",".join(cells_in)), compare.TailCache(key, {}))
+        if tails is not None
+        else None,
     )
 
 

@@ -105,6 +105,19 @@ REPORT_VERSION = 1
 
 def jsonable(value: Any) -> Any:
     """numpy scalars to Python, non-finite floats to None, tuples to lists."""
+    # The exact built-in types first (a seed sweep's report is ~100,000 values): the same results
+    # as the general rules below, which subclasses and numpy types still take.
+    kind = type(value)
+    if kind is str or value is None:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is int or kind is bool:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
+    if kind is list:
+        return [jsonable(v) for v in value]
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -157,3 +157,37 @@ def test_the_cohort_percentiles_are_the_one_at_a_time_ones():
         got = metrics._percentiles(values, bounds)
         assert got == expected, (n, unseen)
         assert list(got) == list(expected) and list(got["p999"]) == list(expected["p999"])
+
+
+def test_jsonable_s_shortcuts_give_what_the_general_rules_give():
+    """report.jsonable takes exact built-in types first; subclasses and numpy values still go
+    through the general rules, and every value comes out as before."""
+    import math
+    from collections import OrderedDict
+
+    import numpy as np
+
+    from apps.analysis.report import jsonable
+
+    class Flag(int):
+        pass
+
+    value = {
+        1: [1.5, math.inf, -math.inf, math.nan, np.float64(2.5), np.float32(np.nan), np.int64(7), np.bool_(True)],
+        "t": (1, "a", None, True, False),
+        "o": OrderedDict([(2, np.int32(3))]),
+        "s": "text",
+        "f": Flag(4),
+        "nested": {"x": [{"y": (np.float64(-0.0),)}]},
+    }
+    out = jsonable(value)
+    assert out == {
+        "1": [1.5, None, None, None, 2.5, None, 7, True],
+        "t": [1, "a", None, True, False],
+        "o": {"2": 3},
+        "s": "text",
+        "f": 4,
+        "nested": {"x": [{"y": [-0.0]}]},
+    }
+    assert type(out["1"][4]) is float and type(out["1"][6]) is int and type(out["1"][7]) is bool
+    assert type(out["f"]) is int and type(out["o"]) is dict
