@@ -173,7 +173,16 @@ def test_jsonable_s_shortcuts_give_what_the_general_rules_give():
         pass
 
     value = {
-        1: [1.5, math.inf, -math.inf, math.nan, np.float64(2.5), np.float32(np.nan), np.int64(7), np.bool_(True)],
+        1: [
+            1.5,
+            math.inf,
+            -math.inf,
+            math.nan,
+            np.float64(2.5),
+            np.float32(np.nan),
+            np.int64(7),
+            np.bool_(True),
+        ],
         "t": (1, "a", None, True, False),
         "o": OrderedDict([(2, np.int32(3))]),
         "s": "text",
