@@ -41,7 +41,7 @@ from apps.analysis import inference, rounds
 from apps.analysis.compare_options import HIGHER_IS_BETTER, LATENCY_KINDS, CompareOptions, latency_metric
 from apps.analysis.metrics import Derived
 from apps.analysis.report_types import MetricVerdict
-from apps.analysis.resample import FusedReplicates, Resampling, TailQuantile
+from apps.analysis.resample import FusedReplicates, Resampling, TailCache, TailQuantile
 from workers.replay.records import GapHistogram
 
 # The replicates go through the fused kernel while every replicate holds fewer requests than this:
@@ -115,15 +115,6 @@ def _bucket_mid(bucket: int) -> float:
 
 
 @dataclass
-class TailCache:
-    """TailQuantiles of one point's sides, kept across the seeds of one sweep's judging (their
-    values do not depend on the seed; only the draws do). ``point`` names the point."""
-
-    point: str
-    kept: dict[tuple[str, str, str, str, str], TailQuantile]
-
-
-@dataclass
 class Rows:
     """A metric of one side over every row: fixed rows first (full, each repeat), then replicates."""
 
@@ -147,13 +138,7 @@ def _rows_of_sides(
 
     def tail(name: str, kind: str, level: str, end: str, vec: np.ndarray) -> TailQuantile:
         q = inference.QUANTILE_OF_LEVEL[level]
-        if tails is None:
-            return TailQuantile(vec, q)
-        key = (tails.point, name, kind, level, end)
-        kept = tails.kept.get(key)
-        if kept is None or kept.q != q or not np.array_equal(kept.values, vec, equal_nan=True):
-            kept = tails.kept[key] = TailQuantile(vec, q)
-        return kept
+        return TailQuantile(vec, q) if tails is None else tails.quantile((name, kind, level, end), vec, q)
 
     quantiles = {
         name: {

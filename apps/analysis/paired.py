@@ -37,6 +37,7 @@ from apps.analysis.report_types import (
     Statistics,
     ValidityCheck,
 )
+from apps.analysis.resample import TailCache
 from workers.replay.records import GapHistogram
 
 
@@ -380,9 +381,7 @@ def _compare_on(
         options=options,
         incomplete=incomplete,
         pool=pool,
-        tails=tails.setdefault((key, ",".join(cells_in)), compare.TailCache(key, {}))
-        if tails is not None
-        else None,
+        tails=tails.setdefault((key, ",".join(cells_in)), TailCache(key, {})) if tails is not None else None,
     )
 
 

@@ -149,6 +149,22 @@ def _tie_order(n: int) -> np.ndarray:
     return out
 
 
+@dataclass
+class TailCache:
+    """TailQuantiles of one point's sides, kept across the seeds of one sweep's judging (their
+    values do not depend on the seed, only the draws do). ``point`` names the point."""
+
+    point: str
+    kept: dict[tuple[str, ...], TailQuantile]
+
+    def quantile(self, key: tuple[str, ...], values: np.ndarray, q: float) -> TailQuantile:
+        """The kept TailQuantile of ``key`` where its values and q are these, else a new one."""
+        kept = self.kept.get((self.point, *key))
+        if kept is None or kept.q != q or not np.array_equal(kept.values, values, equal_nan=True):
+            kept = self.kept[(self.point, *key)] = TailQuantile(values, q)
+        return kept
+
+
 class TailQuantile:
     """Nearest-rank q-quantile of fixed values under many replicates; +inf ranks last.
 
