@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,11 +137,17 @@ def judge_sweep(
         overload=overload,
         by_margin=by_margin,
     )
-    comparisons, b0_own = _compare_all(ctx, groups_in, options.seed)
+    # The second seed's draws (step 4) need nothing of the first's: they run in a thread beside
+    # them. The replicate kernel and most of numpy release the GIL, so on two cores the seeds
+    # overlap; each result is the same as drawn alone (its own generator, its own arrays).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        second = pool.submit(_compare_all, ctx, groups_in, options.seed + 1) if options.seed_check else None
+        comparisons, b0_own = _compare_all(ctx, groups_in, options.seed)
+        alt = second.result() if second is not None else None
     fam, decision = _judged(ctx, comparisons, _designs(b0_own, ctx, family_m))
     borderline = 0
-    if options.seed_check and comparisons:
-        borderline = _seed_check(ctx, groups_in, comparisons, decision, family_m)
+    if alt is not None and comparisons:
+        borderline = _seed_check(ctx, alt, comparisons, decision, family_m)
     statistics: Statistics = {
         "family": {**fam, "planned_size": family_m},
         "resamples": ctx.draws,
@@ -309,15 +316,16 @@ def _judged(
 
 def _seed_check(
     ctx: _Judging,
-    groups_in: Sequence[Group],
+    drawn: tuple[list[Comparison], Any],
     comparisons: Sequence[Comparison],
     decision: Decision,
     family_m: int,
 ) -> int:
-    """Step 4: the same under another seed. What changes is borderline, never silently decided:
-    each metric is marked, the decision gets ``seed_check``; returns how many metrics changed."""
+    """Step 4: the same under another seed (``drawn``: _compare_all under seed + 1). What changes
+    is borderline, never silently decided: each metric is marked, the decision gets
+    ``seed_check``; returns how many metrics changed."""
     other_seed = ctx.options.seed + 1
-    alt, alt_own = _compare_all(ctx, groups_in, other_seed)
+    alt, alt_own = drawn
     _, alt_decision = _judged(ctx, alt, _designs(alt_own, ctx, family_m))
     borderline = 0
     for c, a in zip(comparisons, alt, strict=True):
