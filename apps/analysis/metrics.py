@@ -216,6 +216,18 @@ def _ms(v: float) -> float:
     return float(round(float(v), 3))
 
 
+def _no_value() -> dict[str, Any]:
+    return {"ms": None, "censored": False, "above_ms": None}
+
+
+def _observed(v: float) -> dict[str, Any]:
+    return {"ms": _ms(v), "censored": False, "above_ms": None}
+
+
+def _censored(v: float) -> dict[str, Any]:
+    return {"ms": None, "censored": True, "above_ms": _ms(v)}
+
+
 def censored_percentile(observed: np.ndarray, bounds: np.ndarray, q: float) -> dict[str, Any]:
     """Nearest-rank percentile with unobserved values ranked above all observed ones.
 
@@ -228,12 +240,16 @@ def censored_percentile(observed: np.ndarray, bounds: np.ndarray, q: float) -> d
     n_obs = int(observed.size)
     n = n_obs + int(bounds.size)
     if n == 0:
-        return {"ms": None, "censored": False, "above_ms": None}
-    k = max(1, math.ceil(q * n - 1e-9))
+        return _no_value()
+    k = _rank(q, n)
     if k <= n_obs:
-        return {"ms": _ms(np.partition(observed, k - 1)[k - 1]), "censored": False, "above_ms": None}
+        return _observed(np.partition(observed, k - 1)[k - 1])
     union = np.concatenate([observed, bounds])
-    return {"ms": None, "censored": True, "above_ms": _ms(np.partition(union, k - 1)[k - 1])}
+    return _censored(np.partition(union, k - 1)[k - 1])
+
+
+def _rank(q: float, n: int) -> int:
+    return max(1, math.ceil(q * n - 1e-9))
 
 
 def pvalue(p: Mapping[str, Any] | None) -> float:
@@ -249,19 +265,17 @@ def pvalue(p: Mapping[str, Any] | None) -> float:
 P999_NEED = judgeable_n(0.999)
 
 
+def _p999_of(n: int, value: dict[str, Any] | None) -> dict[str, Any]:
+    """The p99.9 entry of n requests, ``value`` its censored_percentile (None below P999_NEED)."""
+    if n < P999_NEED or value is None:
+        return {**_no_value(), "not_enough": True, "n": n, "need": P999_NEED}
+    return {**value, "not_enough": False, "n": n}
+
+
 def p999(observed: np.ndarray, bounds: np.ndarray) -> dict[str, Any]:
     """The p99.9 with the small-sample rule above: ``not_enough`` (and ``need``) below 2,995."""
     n = int(observed.size + bounds.size)
-    if n < P999_NEED:
-        return {
-            "ms": None,
-            "censored": False,
-            "above_ms": None,
-            "not_enough": True,
-            "n": n,
-            "need": P999_NEED,
-        }
-    return {**censored_percentile(observed, bounds, 0.999), "not_enough": False, "n": n}
+    return _p999_of(n, censored_percentile(observed, bounds, 0.999) if n >= P999_NEED else None)
 
 
 def _percentiles(values: np.ndarray, bounds: np.ndarray) -> dict[str, Any]:
@@ -273,35 +287,18 @@ def _percentiles(values: np.ndarray, bounds: np.ndarray) -> dict[str, Any]:
     bnd = bounds[~seen]
     n_obs = int(obs.size)
     n = n_obs + int(bnd.size)
-    wanted = [*QUANTILES, ("p999", 0.999)]
-    ranks = {name: max(1, math.ceil(q * n - 1e-9)) for name, q in wanted}
-    if n < P999_NEED:
-        del ranks["p999"]
+    wanted = [*QUANTILES, *((("p999", 0.999),) if n >= P999_NEED else ())]
+    ranks = {name: _rank(q, n) for name, q in wanted}
     low = sorted({k - 1 for k in ranks.values() if k <= n_obs})
     high = sorted({k - 1 for k in ranks.values() if k > n_obs})
     at_low = np.partition(obs, low) if low else obs
     at_high = np.partition(np.concatenate([obs, bnd]), high) if high else obs
-    out: dict[str, Any] = {}
-    for name, _ in wanted:
-        if n == 0:
-            out[name] = {"ms": None, "censored": False, "above_ms": None}
-        elif name not in ranks:
-            out[name] = {}
-        elif ranks[name] <= n_obs:
-            out[name] = {"ms": _ms(at_low[ranks[name] - 1]), "censored": False, "above_ms": None}
-        else:
-            out[name] = {"ms": None, "censored": True, "above_ms": _ms(at_high[ranks[name] - 1])}
-    if n < P999_NEED:
-        out["p999"] = {
-            "ms": None,
-            "censored": False,
-            "above_ms": None,
-            "not_enough": True,
-            "n": n,
-            "need": P999_NEED,
-        }
-    else:
-        out["p999"] = {**out["p999"], "not_enough": False, "n": n}
+    got = {
+        name: _no_value() if n == 0 else _observed(at_low[k - 1]) if k <= n_obs else _censored(at_high[k - 1])
+        for name, k in ranks.items()
+    }
+    out: dict[str, Any] = {name: got[name] for name, _ in QUANTILES}
+    out["p999"] = _p999_of(n, got.get("p999"))
     out["observed"] = n_obs
     out["censored"] = int(bnd.size)
     return out
