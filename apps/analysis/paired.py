@@ -85,7 +85,7 @@ class _Judging:
     overload: Sequence[Mapping[str, Any]] = ()  # B0's load per point (overload.overload_points)
     by_margin: bool = False  # a search experiment: rank the confirmed cells by margin
     # Each point's tail quantiles, built under the first seed and read again under the second.
-    tails: dict[tuple[str, str], Any] = field(default_factory=dict, compare=False)
+    tails: dict[tuple[str, str], TailCache] = field(default_factory=dict, compare=False)
 
 
 def judge_sweep(
@@ -354,7 +354,7 @@ def _compare_on(
     options: CompareOptions,
     incomplete: str | None,
     pool: Collection[str],
-    tails: dict[tuple[str, str], Any] | None = None,
+    tails: dict[tuple[str, str], TailCache] | None = None,
 ) -> compare.GroupResult:
     """compare_group of ``cells_in`` against B0 over B0's rounds where ``keep`` is true.
 

@@ -80,15 +80,30 @@ def run_digest_build(*, run_pk: int) -> int:
     return digests_build([cast(StoredRun, stored)])
 
 
+def records_read(run_inputs: Sequence[StoredRun]) -> ReportRecords:
+    """What the report reads, from the records themselves (what a digest packs; the bench's and
+    the tests' reference for the digests)."""
+    packed, token, chunk, stops = _from_records(run_inputs)
+    return ReportRecords(
+        table=packed.table(run_inputs), token_hists=token, chunk_hists=chunk, stop_reasons=stops
+    )
+
+
+def _from_records(
+    run_inputs: Sequence[StoredRun],
+) -> tuple[Packed, Histograms, Histograms, dict[str, dict[str, dict[str, int]]]]:
+    """Every record's columns, the gap histograms merged in SQL and the stop reasons counted in SQL."""
+    token, chunk = (cohort_histograms(run_inputs, column) for column in GAP_COLUMNS)
+    return load_packed(run_inputs), token, chunk, stop_reasons(run_inputs)
+
+
 def digests_build(run_inputs: Sequence[StoredRun]) -> int:
     """Pack each run's records into its RunDigest (replacing one of another version); returns how
     many were written. Read in one pass per batch of runs, as the report used to read them."""
     written = 0
     for lo in range(0, len(run_inputs), RUN_BATCH * 4):
         runs = list(run_inputs[lo : lo + RUN_BATCH * 4])
-        packed = load_packed(runs)
-        token, chunk = (cohort_histograms(runs, column) for column in GAP_COLUMNS)
-        stops = stop_reasons(runs)
+        packed, token, chunk, stops = _from_records(runs)
         rows = []
         order = np.argsort(packed.columns["run"], kind="stable")  # each run's rows in the order read
         bounds = np.searchsorted(packed.columns["run"][order], np.arange(len(runs) + 1))

@@ -51,7 +51,6 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from apps.analysis import run_digest, services  # noqa: E402
-from apps.analysis.record_reader import load_table  # noqa: E402
 from apps.analysis.report_types import Report  # noqa: E402
 from apps.experiments.models import Experiment  # noqa: E402
 from apps.lifecycle.creation import experiment_create  # noqa: E402
@@ -324,26 +323,16 @@ PHASES = {
 }
 
 
-def records_direct(run_inputs):  # type: ignore[no-untyped-def]
-    """What the report read before run digests: every record (packed columns), the gap
-    histograms merged in SQL and the stop reasons counted in SQL, each time."""
-    return run_digest.ReportRecords(
-        table=load_table(run_inputs),
-        token_hists=run_digest.cohort_histograms(run_inputs, "token_gaps"),
-        chunk_hists=run_digest.cohort_histograms(run_inputs, "chunk_gaps"),
-        stop_reasons=run_digest.stop_reasons(run_inputs),
-    )
-
-
 def build_by_phase(
     experiment_id: int, *, profile: Path | None = None, direct: bool = False
 ) -> tuple[Report, dict[str, float], float]:
     """experiment_report_build once, with the seconds each of its phases took and the total;
-    ``direct``: reading every record as before run digests (records_direct)."""
+    ``direct``: reading every record as before run digests (run_digest.records_read)."""
     spent: dict[str, float] = defaultdict(float)
     originals = {name: getattr(services, name) for name in PHASES}
     if direct:
-        originals["_report_records"] = records_direct
+        # What the report read before run digests: every record, each time.
+        originals["_report_records"] = run_digest.records_read
 
     def wrap(name: str, fn):  # type: ignore[no-untyped-def]
         def timed_phase(*a, **kw):  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from apps.analysis import record_reader
-from apps.analysis.columns import SCALAR_FIELDS, SERVER_FIELDS
+from apps.analysis.columns import SCALAR_FIELDS, SERVER_FIELDS, RecordTable
 from apps.analysis.services import _run_inputs
 from apps.runs.models import RequestRecord as RecordRow
 from tests.analysis.factories import done_experiment
@@ -18,6 +18,20 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="binary COPY is Postgres's"),
     pytest.mark.allow_skip(reason="the packed reader is Postgres's; SQLite reads rows (CI runs Postgres)"),
 ]
+
+
+def assert_same_table(a: RecordTable, b: RecordTable) -> None:
+    """The same records in two tables: classes and runs coded alike, every column equal (dtype
+    included) once both are sorted by run and index (the database's row order may differ)."""
+    assert len(a) == len(b)
+    assert a.class_names == b.class_names and a.run_keys == b.run_keys
+    oa, ob = np.lexsort((a.index, a.run)), np.lexsort((b.index, b.run))
+    for name in ("run", "cls", "error_kind", *SCALAR_FIELDS):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype, name
+        np.testing.assert_array_equal(x[oa], y[ob], err_msg=name)
+    for name in SERVER_FIELDS:
+        np.testing.assert_array_equal(a.server(name)[oa], b.server(name)[ob], err_msg=name)
 
 
 def test_the_packed_reader_reads_what_the_row_reader_reads():
@@ -33,17 +47,9 @@ def test_the_packed_reader_reads_what_the_row_reader_reads():
     server = tuple(SERVER_FIELDS)
     packed = record_reader._load_packed(runs, server).table(runs)
     rows = record_reader._load_rows(runs, server).table(runs)
-    assert len(packed) == len(rows) == len(ids)
-    assert packed.class_names == rows.class_names and "aaa" in packed.class_names
-    assert packed.run_keys == rows.run_keys
-    p_order = np.lexsort((packed.index, packed.run))
-    r_order = np.lexsort((rows.index, rows.run))
-    for name in ("run", "cls", "error_kind", *SCALAR_FIELDS):
-        a, b = getattr(packed, name), getattr(rows, name)
-        assert a.dtype == b.dtype, name
-        np.testing.assert_array_equal(a[p_order], b[r_order], err_msg=name)
-    for name in SERVER_FIELDS:
-        np.testing.assert_array_equal(packed.server(name)[p_order], rows.server(name)[r_order], err_msg=name)
+    assert len(packed) == len(ids)
+    assert_same_table(packed, rows)
+    assert "aaa" in packed.class_names
     assert set(packed.error_kind.tolist()) >= {-1, 2, 6}  # none, timeout, other
     assert np.isnan(packed.first_token_ns).any() and np.nanmax(packed.server("server_queue_ns")) == 1_234_567
 

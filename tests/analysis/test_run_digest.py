@@ -10,39 +10,19 @@ import numpy as np
 import pytest
 
 from apps.analysis import run_digest, services
-from apps.analysis.columns import SCALAR_FIELDS, SERVER_FIELDS
-from apps.analysis.record_reader import load_table
 from apps.runs.ingest import records_ingest, records_server_timings_ingest
 from apps.runs.models import RequestRecord as RecordRow
 from apps.runs.models import Run, RunDigest
 from tests.analysis.factories import done_experiment
+from tests.analysis.test_record_reader import assert_same_table
 from tests.runs.factories import observed
 from workers.pipeline import _finish
 
 pytestmark = pytest.mark.django_db
 
 
-def _direct(runs):  # type: ignore[no-untyped-def]
-    """What the report read before digests: every record, histograms and stop reasons in SQL."""
-    return run_digest.ReportRecords(
-        table=load_table(runs),
-        token_hists=run_digest.cohort_histograms(runs, "token_gaps"),
-        chunk_hists=run_digest.cohort_histograms(runs, "chunk_gaps"),
-        stop_reasons=run_digest.stop_reasons(runs),
-    )
-
-
 def _assert_same(a: run_digest.ReportRecords, b: run_digest.ReportRecords) -> None:
-    ta, tb = a.table, b.table
-    assert len(ta) == len(tb)
-    assert ta.class_names == tb.class_names and ta.run_keys == tb.run_keys
-    oa, ob = np.lexsort((ta.index, ta.run)), np.lexsort((tb.index, tb.run))
-    for name in ("run", "cls", "error_kind", *SCALAR_FIELDS):
-        x, y = getattr(ta, name), getattr(tb, name)
-        assert x.dtype == y.dtype, name
-        np.testing.assert_array_equal(x[oa], y[ob], err_msg=name)
-    for name in SERVER_FIELDS:
-        np.testing.assert_array_equal(ta.server(name)[oa], tb.server(name)[ob], err_msg=name)
+    assert_same_table(a.table, b.table)
     for ha, hb in ((a.token_hists, b.token_hists), (a.chunk_hists, b.chunk_hists)):
         assert {k: dict(sorted(h.counts.items())) for k, h in ha.items()} == {
             k: dict(sorted(h.counts.items())) for k, h in hb.items()
@@ -70,9 +50,9 @@ def test_the_report_reads_from_digests_exactly_what_the_records_give():
     assert not RunDigest.objects.exists()
     first = run_digest.report_records(runs)  # packs every run's digest, then reads them
     assert RunDigest.objects.count() == len(runs)
-    _assert_same(first, _direct(runs))
+    _assert_same(first, run_digest.records_read(runs))
     again = run_digest.report_records(runs)  # reads the digests only
-    _assert_same(again, _direct(runs))
+    _assert_same(again, run_digest.records_read(runs))
     assert "aaa" in again.table.class_names
     assert any("length" in by for per_class in again.stop_reasons.values() for by in per_class.values())
 
@@ -80,7 +60,7 @@ def test_the_report_reads_from_digests_exactly_what_the_records_give():
 def test_the_whole_report_is_the_same_read_from_digests_or_from_records(monkeypatch):
     experiment, _ = done_experiment(per_run=60)
     from_digests = services.experiment_report_build(experiment_id=experiment.pk)
-    monkeypatch.setattr(services, "_report_records", _direct)
+    monkeypatch.setattr(services, "_report_records", run_digest.records_read)
     from_records = services.experiment_report_build(experiment_id=experiment.pk)
     assert json.dumps(from_digests, sort_keys=True, default=str) == json.dumps(
         from_records, sort_keys=True, default=str
@@ -97,7 +77,7 @@ def test_a_record_written_after_the_run_was_done_drops_its_digest_and_the_report
     assert not RunDigest.objects.filter(run=run).exists()
     after = run_digest.report_records(runs)
     assert len(after.table) == len(before.table) + 1
-    _assert_same(after, _direct(runs))
+    _assert_same(after, run_digest.records_read(runs))
     # A retried batch that writes nothing keeps the digest.
     assert records_ingest(run_pk=run.pk, records=[observed(str(run.run_id), 999, ttft_ms=77.0)]) == 0
     assert RunDigest.objects.filter(run=run).exists()
@@ -123,7 +103,7 @@ def test_a_digest_of_another_version_or_unreadable_is_packed_again():
     old, broken = runs[0]["pk"], runs[1]["pk"]
     RunDigest.objects.filter(run_id=old).update(version=run_digest.VERSION - 1)
     RunDigest.objects.filter(run_id=broken).update(columns=_blob('[["index", "|O", 5]]'))
-    _assert_same(run_digest.report_records(runs), _direct(runs))
+    _assert_same(run_digest.report_records(runs), run_digest.records_read(runs))
     assert set(RunDigest.objects.filter(run_id__in=[old, broken]).values_list("version", flat=True)) == {
         run_digest.VERSION
     }
@@ -188,7 +168,7 @@ def test_a_digest_whose_run_lost_or_gained_records_behind_its_back_is_not_read()
     first = RecordRow.objects.filter(run_id=runs[0]["pk"]).order_by("index").first()
     RecordRow.objects.filter(pk=first.pk).delete()
     after = run_digest.report_records(runs)
-    _assert_same(after, _direct(runs))
+    _assert_same(after, run_digest.records_read(runs))
     assert (
         RunDigest.objects.get(run_id=runs[0]["pk"]).records
         == RecordRow.objects.filter(run_id=runs[0]["pk"]).count()
