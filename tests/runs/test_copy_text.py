@@ -72,13 +72,43 @@ def test_it_writes_hostile_strings_that_read_back_exactly() -> None:
         assert row[2] == rec.request_class and row[6] == rec.error and row[7] == rec.backend
 
 
-def test_it_writes_null_only_for_none_and_booleans_as_t_and_f() -> None:
+# Postgres's boolean type reads these (and t/f, yes/no, on/off, 1/0), case aside.
+_BOOLEANS = {"True": True, "False": False}
+
+
+def test_it_writes_null_only_for_none_and_booleans_as_the_boolean_type_reads_them() -> None:
     a, b = observed("r", 0), observed("r", 1)
     a.sent_ns, a.error, a.warmup = None, None, True
     b.sent_ns, b.error, b.warmup = 0, "\\N", False
     (ra, rb) = _read(copy_text(COLUMNS, [a, b], {"run_id": "1"}))
-    assert (ra[3], ra[4], ra[6]) == ("t", None, None)
-    assert (rb[3], rb[4], rb[6]) == ("f", "0", "\\N")
+    assert (_BOOLEANS[ra[3]], ra[4], ra[6]) == (True, None, None)
+    assert (_BOOLEANS[rb[3]], rb[4], rb[6]) == (False, "0", "\\N")
+
+
+def test_none_in_a_text_value_is_text_and_only_a_missing_number_is_null() -> None:
+    # The numbers' NULLs come from one replace of "None" over their joined text: a text value
+    # spelling None, next to them or not, must come back as itself.
+    rec = observed("None", 0, cls="None")
+    rec.error, rec.backend, rec.sent_ns = "None of the above\tNone", "None", None
+    (row,) = _read(copy_text(COLUMNS, [rec], {"run_id": "3"}))
+    assert row == ["3", "0", "None", "False", None, row[5], "None of the above\tNone", "None"]
+
+
+def test_the_same_rows_come_out_whatever_the_order_of_the_columns() -> None:
+    records = [observed("r", i, cls=HOSTILE[i % len(HOSTILE)]) for i in range(30)]
+    for i, rec in enumerate(records):
+        rec.sent_ns = None if i % 3 == 0 else rec.sent_ns
+        rec.error = None if i % 2 else HOSTILE[(i + 5) % len(HOSTILE)]
+    grouped = sorted(range(len(COLUMNS)), key=lambda i: COLUMNS[i][1] not in ("int", "bool"))
+    mine = _read(copy_text([COLUMNS[i] for i in grouped], records, {"run_id": "9"}))
+    theirs = _read(copy_text(COLUMNS, records, {"run_id": "9"}))
+    assert [[row[grouped.index(i)] for i in range(len(COLUMNS))] for row in mine] == theirs
+
+
+def test_an_integer_columns_constant_must_be_an_integer() -> None:
+    with pytest.raises(ValueError, match="run_id"):
+        copy_text(COLUMNS, [observed("r", 0)], {"run_id": "1\tNone"})
+    assert _read(copy_text(COLUMNS, [observed("r", 0)], {"run_id": "-12"}))[0][0] == "-12"
 
 
 @pytest.mark.parametrize(
