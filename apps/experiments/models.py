@@ -55,6 +55,13 @@ def runs_refusal(status: str, kind: str) -> str | None:
     return "no run or record is added to an experiment in this status"
 
 
+def runs_refuse(pk: int, status: str, kind: str) -> None:
+    """Raise RunsRefused when experiment ``pk``, read in ``status``, takes no run (or record) of ``kind``."""
+    reason = runs_refusal(status, kind)
+    if reason is not None:
+        raise RunsRefused(f"experiment {pk} is {status}: {reason}")
+
+
 class Experiment(models.Model):
     class Status(models.TextChoices):
         DRAFT = "draft"
@@ -164,9 +171,7 @@ class Experiment(models.Model):
         status = rows.values_list("status", flat=True).first()
         if status is None:
             raise RunsRefused(f"experiment {self.pk} does not exist")
-        reason = runs_refusal(status, kind)
-        if reason is not None:
-            raise RunsRefused(f"experiment {self.pk} is {status}: {reason}")
+        runs_refuse(self.pk, status, kind)
 
 
 class CellManager(models.Manager["ServerConfig"]):

@@ -1,22 +1,22 @@
 """Bulk writes of measurements while a run goes on.
 
-Postgres gets ``COPY`` (through psycopg 3) straight into the table inside a
-savepoint; a batch that breaks the unique (run, index) constraint (a retried
-batch) is rolled back and goes through a temporary table and one ``INSERT ...
-ON CONFLICT DO NOTHING`` instead, so a retried batch stays harmless.
+Postgres gets ``COPY`` (through psycopg 3) straight into the table, one
+transaction a batch; a batch that breaks the unique (run, index) constraint (a
+retried batch) is rolled back and goes through a temporary table and one
+``INSERT ... ON CONFLICT DO NOTHING`` instead, so a retried batch stays harmless.
 SQLite (the embedded default) gets ``bulk_create(ignore_conflicts=True)``,
 which is the same guarantee.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.utils import timezone
 
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, runs_refuse
 from apps.runs.copy_text import Kind, copy_text
 from apps.runs.models import MetricSample, RequestRecord, Run, RunDigest
 from workers.replay.records import SERVER_TIMING_FIELDS
@@ -35,16 +35,23 @@ _KINDS: dict[str, Kind] = {
 }  # fmt: skip
 
 
+_KIND_ORDER: dict[Kind, int] = {"int": 0, "bool": 0, "text": 1, "gaps": 2}
+
+
 def _copy_columns() -> tuple[tuple[str, Kind, bool], ...]:
     """How each COPY column is written, read off the model's fields so that a column added to
-    the model is encoded by its type, and a type the encoder does not know fails at import."""
+    the model is encoded by its type, and a type the encoder does not know fails at import.
+    The integers and booleans come first, together: copy_text formats them in one go
+    (apps/runs/copy_text.py); the COPY names its columns, so their order is ours."""
     fields = {f.column: f for f in RequestRecord._meta.concrete_fields}
-    return tuple(
+    columns = [
         (name, _KINDS[fields[name].get_internal_type()], bool(fields[name].null)) for name in _RECORD_COLUMNS
-    )
+    ]
+    return tuple(sorted(columns, key=lambda c: _KIND_ORDER[c[1]]))
 
 
 _COPY_COLUMNS = _copy_columns()
+_COPY_NAMES = tuple(name for name, _kind, _null in _COPY_COLUMNS)
 # Records per COPY write: small enough that the server is busy with one while the next is built,
 # large enough that a write's own cost stays small (bench/results/ingest.md, 2026-12-04).
 _COPY_CHUNK = 100
@@ -84,16 +91,38 @@ def _row(run_pk: int, rec: Observed) -> dict[str, Any]:
     }
 
 
-def _accepting(run_pk: int) -> bool:
-    """Whether the run is done already; raise RunsRefused when the run's experiment takes no more records of this run's kind.
-
-    Read per batch, without a lock: a run still writing is unfinished, and no experiment is
-    analysed while a run is unfinished, so this catches a run that outlived its experiment's
-    decision (a worker that was given up for lost and came back)."""
-    kind, experiment_id, status = (
-        Run.objects.filter(pk=run_pk).values_list("kind", "experiment_id", "status").get()
+def _accepting_sql() -> str:
+    run, experiment = Run._meta.db_table, Experiment._meta.db_table
+    return (
+        f'SELECT r."kind", r."status", r."experiment_id", e."status" FROM "{run}" r '  # noqa: S608 - names are ours
+        f'JOIN "{experiment}" e ON e."id" = r."experiment_id" WHERE r."id" = %s'
     )
-    Experiment(pk=experiment_id).assert_accepts_runs(kind=kind)
+
+
+def _accepting(run_pk: int) -> bool:
+    """Whether the run is done already; raise RunsRefused when the run's experiment takes no more
+    records of this run's kind, Run.DoesNotExist when there is no such run.
+
+    One query per batch (the two ORM queries it took before were a tenth of a batch's time:
+    bench/results/ingest.md, 2026-12-04). The experiment is read without a lock: a run still
+    writing is unfinished, and no experiment is analysed while a run is unfinished, so this
+    catches a run that outlived its experiment's decision (a worker that was given up for lost
+    and came back).
+
+    On Postgres the run's row is locked ``FOR KEY SHARE`` until the caller's transaction ends,
+    the lock a foreign key's check takes: the records' foreign key has no per-row check on the
+    database (migration runs/0019), and this one lock per batch, with the run's delete guard,
+    keeps what the check kept: no record of a run that does not exist."""
+    sql = _accepting_sql()
+    if connection.vendor == "postgresql":
+        sql += " FOR KEY SHARE OF r"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [run_pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise Run.DoesNotExist(f"run {run_pk} does not exist")
+    kind, status, experiment_id, experiment_status = row
+    runs_refuse(experiment_id, experiment_status, kind)
     return status == Run.Status.DONE
 
 
@@ -107,56 +136,61 @@ def _digest_dropped(run_pk: int, done: bool) -> None:
 def records_ingest(*, run_pk: int, records: Sequence[Observed]) -> int:
     """Store a batch of observed records for one run; returns how many were new.
 
-    Refused (RunsRefused) when the run's experiment takes no more records (Experiment.assert_accepts_runs).
+    One transaction (a savepoint inside a caller's): the run's row locked (``_accepting``), the
+    records, the run's digest dropped where the run was done. Refused (RunsRefused) when the
+    run's experiment takes no more records (Experiment.assert_accepts_runs).
     """
     if not records:
         return 0
-    done = _accepting(run_pk)
     if connection.vendor == "postgresql":
-        constants = {"run_id": str(int(run_pk))}
-        chunks = (
-            copy_text(_COPY_COLUMNS, records[i : i + _COPY_CHUNK], constants)
-            for i in range(0, len(records), _COPY_CHUNK)
-        )
-        new = _copy_ignore_conflicts(
-            RequestRecord._meta.db_table, _RECORD_COLUMNS, chunks, len(records), ("run_id", "index")
-        )
-    else:
+        return _records_copy(run_pk, records)
+    with transaction.atomic():
+        done = _accepting(run_pk)
         before = RequestRecord.objects.filter(run_id=run_pk).count()
         RequestRecord.objects.bulk_create(
             [RequestRecord(**_row(run_pk, r)) for r in records], ignore_conflicts=True, batch_size=500
         )
         new = RequestRecord.objects.filter(run_id=run_pk).count() - before
-    _digest_dropped(run_pk, done and new > 0)
+        _digest_dropped(run_pk, done and new > 0)
     return new
 
 
-def _copy_ignore_conflicts(
-    table: str, columns: Sequence[str], chunks: Iterator[str], rows: int, conflict: Sequence[str]
-) -> int:
-    """COPY the batch (``rows`` rows, as COPY text in ``chunks``: apps/runs/copy_text.py) straight
-    into the table inside a savepoint: a new batch (nearly every batch) is written once. A batch
-    holding a row already stored (a retry after a killed worker) breaks the unique constraint on
-    ``conflict``; the savepoint is rolled back, nothing of it kept, and the same text goes
-    through a temporary table and ``ON CONFLICT DO NOTHING`` instead.
+def _records_copy(run_pk: int, records: Sequence[Observed]) -> int:
+    """COPY the batch straight into the table: a new batch (nearly every batch) is written once,
+    in one transaction and no savepoint. A batch holding a row already stored (a retry after a
+    killed worker) breaks the unique (run, index) constraint; the transaction is rolled back,
+    nothing of it kept, and a second one sends the same text through a temporary table and
+    ``ON CONFLICT DO NOTHING`` instead.
 
-    Each chunk is sent as soon as it is built, so the server parses and indexes one chunk
-    while this process builds the next (two processes, two cores); a chunk is kept until the
-    COPY is through, for the fallback, which builds whatever the failed COPY left unbuilt."""
+    The batch goes in chunks (apps/runs/copy_text.py), each sent as soon as it is built, so the
+    server parses and indexes one chunk while this process builds the next (two processes, two
+    cores); a chunk is kept until the COPY is through, for the fallback, which builds whatever
+    the failed COPY left unbuilt."""
     from psycopg.errors import UniqueViolation  # Postgres only: the raw cursor's own error
 
-    quoted = ", ".join(f'"{c}"' for c in columns)
+    table, quoted = RequestRecord._meta.db_table, ", ".join(f'"{c}"' for c in _COPY_NAMES)
+    constants = {"run_id": str(int(run_pk))}
+    chunks = (
+        copy_text(_COPY_COLUMNS, records[i : i + _COPY_CHUNK], constants)
+        for i in range(0, len(records), _COPY_CHUNK)
+    )
     sent: list[str] = []
     try:
         with transaction.atomic(), connection.cursor() as cursor:
+            done = _accepting(run_pk)
             with cursor.cursor.copy(f"COPY {table} ({quoted}) FROM STDIN") as copy:  # names are ours
                 for text in chunks:
                     sent.append(text)
                     copy.write(text)
-            return rows
+            _digest_dropped(run_pk, done)
+            return len(records)
     except (IntegrityError, UniqueViolation):
-        pass  # a row of this batch is stored already: the savepoint is gone, and with it the batch
-    return _copy_via_temp_table(table, columns, [*sent, *chunks], conflict)
+        pass  # a row of this batch is stored already: the transaction is gone, and with it the batch
+    with transaction.atomic():
+        done = _accepting(run_pk)
+        new = _copy_via_temp_table(table, _COPY_NAMES, [*sent, *chunks], ("run_id", "index"))
+        _digest_dropped(run_pk, done and new > 0)
+    return new
 
 
 def _copy_via_temp_table(

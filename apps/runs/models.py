@@ -202,8 +202,15 @@ class RequestRecord(models.Model):
 
     # No index of its own: the unique (run, index) constraint's index leads with run and serves
     # every lookup by run; a third index on the table was an eighth of a COPY's time
-    # (bench/results/ingest.md, 2026-12-04).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="records", db_index=False)
+    # (bench/results/ingest.md, 2026-12-04). No foreign key constraint on the database either:
+    # its check, one query per row, was two thirds of the server's time for a batch. What the
+    # check kept is kept otherwise (migration 0019): the ingest locks the run's row once per
+    # batch, as the check would (apps/runs/ingest.py ``_accepting``), and the database refuses to
+    # delete (or renumber) a run that still has records. Django's CASCADE deletes the records
+    # first, as before.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="records", db_index=False, db_constraint=False
+    )
     index = models.PositiveIntegerField()
     request_class = models.CharField(max_length=64)
     warmup = models.BooleanField(default=False)
@@ -247,8 +254,11 @@ class RequestRecord(models.Model):
     server_first_token_ns = models.BigIntegerField(null=True)
 
     class Meta:
+        # The unique (run, index) index is the table's only index besides the primary key's: it
+        # serves every lookup by run. A (run, request_class) index cost each record an eighth of
+        # the server's time in a COPY and saved the per-run grouped reads one to two milliseconds
+        # (bench/results/ingest.md, 2026-12-04, later).
         constraints = [models.UniqueConstraint(fields=["run", "index"], name="uniq_record_per_run_index")]
-        indexes = [models.Index(fields=["run", "request_class"])]
 
     def __str__(self) -> str:
         return f"run {self.run_id} request {self.index}"

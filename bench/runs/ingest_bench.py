@@ -20,6 +20,9 @@ median CPU seconds of this process and (a server on this machine) of the server'
 - ``temp table + ON CONFLICT``: every batch through a temporary table and
   ``INSERT ... ON CONFLICT DO NOTHING``, rows fed as the previous ingest fed them (the path
   every batch took before the savepoint);
+- ``records_ingest + per-row foreign key check``: ``records_ingest`` with the records' foreign key
+  constraint put back on the database for the pass (``DEFERRABLE INITIALLY DEFERRED``, as
+  Django made it until migration runs/0019), the schema's peer: the check is one query per row;
 - ``retried batches``: every batch written twice, the second time by ``records_ingest`` (all its
   rows stored already: the fallback's worst case), counting both writes.
 
@@ -39,7 +42,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -139,20 +143,62 @@ def with_gaps(records: list[Observed], gaps: int) -> None:
             rec.token_gaps.add(gap_us / tokens, tokens)
 
 
+_FOREIGN_KEY = "bench_records_run_checked"
+
+
+@contextmanager
+def per_row_check() -> Iterator[None]:
+    """The records' foreign key constraint on the database for one pass, as Django made it before
+    migration runs/0019 (NOT VALID: the rows stored already are not checked, new rows are)."""
+    table, runs = RequestRecord._meta.db_table, Run._meta.db_table
+    with connection.cursor() as cursor:
+        # Inside a transaction (the smoke test) the checks due so far fire first: a table with
+        # checks pending cannot be altered.
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+        cursor.execute(
+            f'ALTER TABLE "{table}" ADD CONSTRAINT "{_FOREIGN_KEY}" FOREIGN KEY ("run_id") '
+            f'REFERENCES "{runs}" ("id") DEFERRABLE INITIALLY DEFERRED NOT VALID'
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+            cursor.execute(f'ALTER TABLE "{table}" DROP CONSTRAINT "{_FOREIGN_KEY}"')
+
+
 def timed(
-    run: Run, batches: list[list[Observed]], write: Callable[[int, Sequence[Observed]], int]
+    run: Run,
+    batches: list[list[Observed]],
+    write: Callable[[int, Sequence[Observed]], int],
+    schema: Callable[[], AbstractContextManager[None]] = nullcontext,
 ) -> tuple[float, float, float | None]:
     """Wall seconds, this process's CPU seconds and the server process's CPU seconds of one pass."""
     RequestRecord.objects.filter(run=run).delete()
     if connection.vendor == "postgresql" and not connection.in_atomic_block:  # the smoke test's is
         with connection.cursor() as cursor:
             cursor.execute(f"VACUUM {RequestRecord._meta.db_table}")
-    server0, cpu0, t0 = _server_cpu(), time.process_time(), time.perf_counter()
-    for batch in batches:
-        write(run.pk, batch)
-    took, cpu, server1 = time.perf_counter() - t0, time.process_time() - cpu0, _server_cpu()
+    with schema():
+        server0, cpu0, t0 = _server_cpu(), time.process_time(), time.perf_counter()
+        for batch in batches:
+            write(run.pk, batch)
+        took, cpu, server1 = time.perf_counter() - t0, time.process_time() - cpu0, _server_cpu()
     assert RequestRecord.objects.filter(run=run).count() == sum(len(b) for b in batches)
     return took, cpu, None if server0 is None or server1 is None else server1 - server0
+
+
+_CHECKED = "records_ingest + per-row foreign key check"
+
+
+def reference_loop(n: int = 5_000_000) -> float:
+    """CPU seconds of a fixed pure-Python loop, none of the code measured here: this VM's speed
+    drifts by a third or more within an hour, and the loop's time says which speed a run had."""
+    cpu, total = time.process_time(), 0
+    for i in range(n):
+        total += i
+    return time.process_time() - cpu
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -179,9 +225,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     modes: dict[str, Callable[[int, Sequence[Observed]], int]] = {
         "records_ingest": lambda pk, b: ingest.records_ingest(run_pk=pk, records=b)
     }
+    schemas: dict[str, Callable[[], AbstractContextManager[None]]] = {}
     if connection.vendor == "postgresql":
         modes["previous records_ingest"] = previous
         modes["temp table + ON CONFLICT"] = temp_table
+        modes[_CHECKED] = modes["records_ingest"]
+        schemas[_CHECKED] = per_row_check
     modes["retried batches (each written twice)"] = retried
     buckets = statistics.mean(len(r.token_gaps.counts) + len(r.chunk_gaps.counts) for r in records) / 2
     print(
@@ -189,9 +238,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f", {buckets:.1f} buckets a gap histogram"
     )
     passes: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in modes}
+    loops = [] if args.smoke else [reference_loop()]
     for _ in range(max(1, args.repeat)):
         for name, write in modes.items():
-            passes[name].append(timed(run, batches, write))
+            passes[name].append(timed(run, batches, write, schemas.get(name, nullcontext)))
+    loops += [] if args.smoke else [reference_loop()]
+    if loops:
+        print(f"reference loop (5M additions), before and after: {loops[0]:.2f} s, {loops[1]:.2f} s of CPU")
     rates: dict[str, float] = {}
     for name, each in passes.items():
         took = statistics.median(p[0] for p in each)
@@ -201,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         servers = [p[2] for p in each if p[2] is not None]
         cpu += f", server {statistics.median(servers):.2f} s" if servers else ""
         print(f"{name}: {took:.2f} s ({walls}), {rates[name]:,.0f} records/s; {cpu}")
-    for peer in ("previous records_ingest", "temp table + ON CONFLICT"):
+    for peer in ("previous records_ingest", "temp table + ON CONFLICT", _CHECKED):
         if peer in rates:
             print(f"ratio records_ingest / {peer}: {rates['records_ingest'] / rates[peer]:.2f}x")
     run.experiment.delete()

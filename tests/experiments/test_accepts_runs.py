@@ -47,7 +47,7 @@ WRITERS: dict[tuple[str, str], str] = {
     ("apps/lifecycle/runs.py", "run_build"): "experiment_plan",
     ("apps/lifecycle/runs.py", "run_retry_build"): "run_requeue_once",
     ("apps/runs/ingest.py", "records_ingest"): "records_ingest",
-    ("apps/runs/ingest.py", "_copy_ignore_conflicts"): "records_ingest",
+    ("apps/runs/ingest.py", "_records_copy"): "records_ingest",
     # A batch the savepointed COPY refused (a row stored already): called only from the above.
     ("apps/runs/ingest.py", "_copy_via_temp_table"): "records_ingest",
     # Builds the COPY text of the rows records_ingest writes (it writes nothing itself).
