@@ -11,8 +11,10 @@ which is the same guarantee.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.utils import timezone
 
@@ -51,7 +53,25 @@ def _copy_columns() -> tuple[tuple[str, Kind, bool], ...]:
 
 
 _COPY_COLUMNS = _copy_columns()
-_COPY_NAMES = tuple(name for name, _kind, _null in _COPY_COLUMNS)
+# The server's timings are joined onto the records after the run (records_server_timings_ingest),
+# so a replay's batch has none: such a batch leaves their columns out of the COPY, and the table
+# fills them with NULL (their columns have no default). Seven columns fewer to format and parse
+# was an eighth of a batch's time (bench/results/ingest.md, 2026-12-04, evening).
+_UNTIMED_COLUMNS = tuple(c for c in _COPY_COLUMNS if c[0] not in SERVER_TIMING_FIELDS)
+_timings = attrgetter(*SERVER_TIMING_FIELDS)
+_NO_TIMINGS = (None,) * len(SERVER_TIMING_FIELDS)
+if len(SERVER_TIMING_FIELDS) < 2 or not all(
+    null for n, _k, null in _COPY_COLUMNS if n in SERVER_TIMING_FIELDS
+):
+    raise ImproperlyConfigured("the server's timings must be two or more nullable columns")
+
+
+def _batch_columns(records: Sequence[Observed]) -> tuple[tuple[str, Kind, bool], ...]:
+    """The COPY's columns for this batch: all of them, or all but the server's timings where no
+    record of the batch has one."""
+    return _UNTIMED_COLUMNS if all(map(_NO_TIMINGS.__eq__, map(_timings, records))) else _COPY_COLUMNS
+
+
 # Records per COPY write: small enough that the server is busy with one while the next is built,
 # large enough that a write's own cost stays small (bench/results/ingest.md, 2026-12-04).
 _COPY_CHUNK = 100
@@ -168,10 +188,12 @@ def _records_copy(run_pk: int, records: Sequence[Observed]) -> int:
     the failed COPY left unbuilt."""
     from psycopg.errors import UniqueViolation  # Postgres only: the raw cursor's own error
 
-    table, quoted = RequestRecord._meta.db_table, ", ".join(f'"{c}"' for c in _COPY_NAMES)
+    columns = _batch_columns(records)
+    names = tuple(name for name, _kind, _null in columns)
+    table, quoted = RequestRecord._meta.db_table, ", ".join(f'"{c}"' for c in names)
     constants = {"run_id": str(int(run_pk))}
     chunks = (
-        copy_text(_COPY_COLUMNS, records[i : i + _COPY_CHUNK], constants)
+        copy_text(columns, records[i : i + _COPY_CHUNK], constants)
         for i in range(0, len(records), _COPY_CHUNK)
     )
     sent: list[str] = []
@@ -188,7 +210,7 @@ def _records_copy(run_pk: int, records: Sequence[Observed]) -> int:
         pass  # a row of this batch is stored already: the transaction is gone, and with it the batch
     with transaction.atomic():
         done = _accepting(run_pk)
-        new = _copy_via_temp_table(table, _COPY_NAMES, [*sent, *chunks], ("run_id", "index"))
+        new = _copy_via_temp_table(table, names, [*sent, *chunks], ("run_id", "index"))
         _digest_dropped(run_pk, done and new > 0)
     return new
 

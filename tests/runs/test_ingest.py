@@ -122,6 +122,24 @@ def test_a_record_that_already_has_its_timings_keeps_them_through_the_copy() -> 
     ]
 
 
+@pytest.mark.django_db
+def test_a_batch_with_one_timed_record_writes_its_timings_and_the_others_stay_null() -> None:
+    # A batch without timings leaves their columns out of the COPY (the table fills NULL); one
+    # record with them brings every column back for the whole batch.
+    run = make_experiment().runs.first()
+    untimed = [observed(str(run.run_id), i) for i in range(3)]
+    mixed = [observed(str(run.run_id), i) for i in range(3, 6)]
+    mixed[1] = _with_timings(mixed[1], 0)
+    assert records_ingest(run_pk=run.pk, records=untimed) == 3
+    assert records_ingest(run_pk=run.pk, records=mixed) == 3
+    rows = {
+        r["index"]: [r[name] for name in SERVER_TIMING_FIELDS]
+        for r in RequestRecord.objects.filter(run=run).values("index", *SERVER_TIMING_FIELDS)
+    }
+    assert rows[4] == [1000, 2000, 3000, 4000, 9000, 10_000, 14_000]
+    assert all(rows[i] == [None] * len(SERVER_TIMING_FIELDS) for i in (0, 1, 2, 3, 5))
+
+
 def test_every_record_field_is_a_column_the_ingest_writes_and_the_import_reads() -> None:
     from apps.analysis.management.commands.results_import import RECORD_TYPES
     from apps.runs.ingest import _RECORD_COLUMNS
