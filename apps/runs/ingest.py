@@ -111,12 +111,10 @@ def _row(run_pk: int, rec: Observed) -> dict[str, Any]:
     }
 
 
-def _accepting_sql() -> str:
-    run, experiment = Run._meta.db_table, Experiment._meta.db_table
-    return (
-        f'SELECT r."kind", r."status", r."experiment_id", e."status" FROM "{run}" r '  # noqa: S608 - names are ours
-        f'JOIN "{experiment}" e ON e."id" = r."experiment_id" WHERE r."id" = %s'
-    )
+_ACCEPTING_SQL = (
+    f'SELECT r."kind", r."status", r."experiment_id", e."status" FROM "{Run._meta.db_table}" r '  # noqa: S608 - names are ours
+    f'JOIN "{Experiment._meta.db_table}" e ON e."id" = r."experiment_id" WHERE r."id" = %s'
+)
 
 
 def _accepting(run_pk: int) -> bool:
@@ -133,9 +131,7 @@ def _accepting(run_pk: int) -> bool:
     the lock a foreign key's check takes: the records' foreign key has no per-row check on the
     database (migration runs/0019), and this one lock per batch, with the run's delete guard,
     keeps what the check kept: no record of a run that does not exist."""
-    sql = _accepting_sql()
-    if connection.vendor == "postgresql":
-        sql += " FOR KEY SHARE OF r"
+    sql = _ACCEPTING_SQL + (" FOR KEY SHARE OF r" if connection.vendor == "postgresql" else "")
     with connection.cursor() as cursor:
         cursor.execute(sql, [run_pk])
         row = cursor.fetchone()
@@ -219,9 +215,9 @@ def _copy_via_temp_table(
     table: str, columns: Sequence[str], chunks: Sequence[str], conflict: Sequence[str]
 ) -> int:
     """COPY into a temporary table, then one INSERT ... ON CONFLICT DO NOTHING: the rows not yet
-    stored, each once."""
+    stored, each once. Inside the caller's transaction (``_records_copy``)."""
     quoted = ", ".join(f'"{c}"' for c in columns)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         # A column-only copy of the table: no identity, no constraints, dropped at commit.
         # Inside an outer transaction (a test, a caller's atomic block) the table from
         # an earlier batch is still there: ON COMMIT DROP only fires at the outer commit.

@@ -146,16 +146,20 @@ def with_gaps(records: list[Observed], gaps: int) -> None:
 _FOREIGN_KEY = "bench_records_run_checked"
 
 
+def _due_checks_fired(cursor: Any) -> None:
+    """Inside a transaction (the smoke test) the deferred checks due so far fire now: a table
+    with checks pending cannot be altered."""
+    cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+
+
 @contextmanager
 def per_row_check() -> Iterator[None]:
     """The records' foreign key constraint on the database for one pass, as Django made it before
     migration runs/0019 (NOT VALID: the rows stored already are not checked, new rows are)."""
     table, runs = RequestRecord._meta.db_table, Run._meta.db_table
     with connection.cursor() as cursor:
-        # Inside a transaction (the smoke test) the checks due so far fire first: a table with
-        # checks pending cannot be altered.
-        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+        _due_checks_fired(cursor)
         cursor.execute(
             f'ALTER TABLE "{table}" ADD CONSTRAINT "{_FOREIGN_KEY}" FOREIGN KEY ("run_id") '
             f'REFERENCES "{runs}" ("id") DEFERRABLE INITIALLY DEFERRED NOT VALID'
@@ -164,8 +168,7 @@ def per_row_check() -> Iterator[None]:
         yield
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+            _due_checks_fired(cursor)
             cursor.execute(f'ALTER TABLE "{table}" DROP CONSTRAINT "{_FOREIGN_KEY}"')
 
 
